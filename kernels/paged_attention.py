@@ -1,0 +1,291 @@
+"""Paged attention over a depth-aware (per-round "plane") KV cache.
+
+Per layer the cache is k_cache / v_cache: [num_planes, num_blocks, block_size, Hkv, D]. A token's
+key at position ``pos`` of a sequence lives at block ``block_table[pos // block_size]``, offset
+``pos % block_size``, in the plane of the round that reads it. Query head ``h`` reads KV head
+``h // (Hq // Hkv)`` (GQA, same grouping as Hugging Face ``repeat_kv``).
+
+The Triton kernels gather keys position by position through the block table, so the key tile
+size is independent of ``block_size`` (any block size works, power of two or not).
+"""
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+_LOG2E = 1.4426950408889634
+_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def _gather_keys(cache, plane, block_table, positions, block_size):
+    """cache[plane, block_table[pos // bs], pos % bs] for each position -> [L, Hkv, D]."""
+    pages = block_table[positions // block_size].long()
+    return cache[plane, pages, positions % block_size]
+
+
+def _attend(q, k, v, mask, scale):
+    """q [M, Hq, D], k/v [L, Hkv, D], mask [M, L] (True = visible) -> [M, Hq, D] in q.dtype."""
+    group = q.shape[1] // k.shape[1]
+    k = k.float().repeat_interleave(group, dim=1)
+    v = v.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("mhd,lhd->hml", q.float(), k) * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.einsum("hml,lhd->mhd", scores.softmax(dim=-1), v).to(q.dtype)
+
+
+def paged_decode_attention_ref(q, k_cache, v_cache, planes, block_tables, context_lens, scale):
+    """One query token per row; row b reads plane planes[b], keys 0..context_lens[b]-1."""
+    out = torch.empty_like(q)
+    block_size = k_cache.shape[2]
+    for b in range(q.shape[0]):
+        positions = torch.arange(int(context_lens[b]), device=q.device)
+        plane = int(planes[b])
+        k = _gather_keys(k_cache, plane, block_tables[b], positions, block_size)
+        v = _gather_keys(v_cache, plane, block_tables[b], positions, block_size)
+        visible = torch.ones(1, len(positions), dtype=torch.bool, device=q.device)
+        out[b] = _attend(q[b : b + 1], k, v, visible, scale)[0]
+    return out
+
+
+def paged_prefill_attention_ref(q, k_cache, v_cache, plane, block_table, start_pos, scale):
+    """Causal chunk of one sequence: query i (position start_pos+i) sees keys 0..start_pos+i."""
+    num_q = q.shape[0]
+    positions = torch.arange(start_pos + num_q, device=q.device)
+    k = _gather_keys(k_cache, plane, block_table, positions, k_cache.shape[2])
+    v = _gather_keys(v_cache, plane, block_table, positions, k_cache.shape[2])
+    query_pos = start_pos + torch.arange(num_q, device=q.device)
+    return _attend(q, k, v, positions[None, :] <= query_pos[:, None], scale)
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, k_ptr, v_ptr, planes_ptr, bt_ptr, ctx_ptr, out_ptr, lse_ptr,
+    qk_scale, block_size, tiles_per_split,
+    stride_qb, stride_qh,
+    stride_kp, stride_kb, stride_ks, stride_kh,
+    stride_vp, stride_vb, stride_vs, stride_vh,
+    stride_btb,
+    stride_ob, stride_oh, stride_os,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # One program = (row, kv head, split of the key range). It serves the whole GQA group of
+    # that kv head, so every K/V element is read from memory once per row.
+    row = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    ctx = tl.load(ctx_ptr + row)
+    plane = tl.load(planes_ptr + row).to(tl.int64)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    g_mask = g < GROUP
+    d_mask = d < HEAD_DIM
+    heads = kv_head * GROUP + g
+    q = tl.load(q_ptr + row * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    # Fold scale * log2(e) into q once so the inner loop can use exp2.
+    q = q.to(tl.float32) * qk_scale
+
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    start = split * tiles_per_split * BLOCK_N
+    end = tl.minimum(start + tiles_per_split * BLOCK_N, ctx)
+    k_base = k_ptr + plane * stride_kp + kv_head * stride_kh
+    v_base = v_ptr + plane * stride_vp + kv_head * stride_vh
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = n < end
+        page = tl.load(bt_ptr + row * stride_btb + n // block_size, mask=n_mask, other=0)
+        page = page.to(tl.int64)
+        off = n % block_size
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_base + (page * stride_kb + off * stride_ks)[:, None] + d[None, :],
+                    mask=kv_mask, other=0.0).to(tl.float32)
+        # Decode has one query per head, so a broadcast-multiply-reduce is as fast as tl.dot
+        # here (memory bound) and has no minimum tile size.
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m - m_new)
+        v = tl.load(v_base + (page * stride_vb + off * stride_vs)[:, None] + d[None, :],
+                    mask=kv_mask, other=0.0).to(tl.float32)
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m = m_new
+
+    # An empty split (start >= ctx) leaves l == 0: write zeros with lse = -inf so the merge
+    # gives it zero weight.
+    has_keys = l > 0
+    out = acc / tl.where(has_keys, l, 1.0)[:, None]
+    lse = tl.where(has_keys, m + tl.log2(tl.where(has_keys, l, 1.0)), float("-inf"))
+    out_offs = row * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :]
+    tl.store(out_ptr + out_offs, out, mask=g_mask[:, None] & d_mask[None, :])
+    # lse is a contiguous [B, Hq, num_splits] buffer.
+    lse_offs = (row * GROUP * tl.num_programs(1) + heads) * tl.num_programs(2) + split
+    tl.store(lse_ptr + lse_offs, lse, mask=g_mask)
+
+
+# triton.jit chose interpreter or compiler when the kernel above was defined (TRITON_INTERPRET at
+# import time); setting the variable later has no effect, so record what actually happened.
+INTERPRETED = isinstance(_decode_kernel, InterpretedFunction)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    part_ptr, lse_ptr, out_ptr, num_heads, num_splits, stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    # Combine per-split softmax results: weight each split's normalized output by exp2(lse).
+    pid = tl.program_id(0)  # row * num_heads + head
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    s_mask = s < num_splits
+    d_mask = d < HEAD_DIM
+    lse = tl.load(lse_ptr + pid * num_splits + s, mask=s_mask, other=float("-inf"))
+    w = tl.exp2(lse - tl.max(lse, axis=0))  # split 0 always has keys, so the max is finite
+    part = tl.load(part_ptr + (pid * num_splits + s)[:, None] * HEAD_DIM + d[None, :],
+                   mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    out = tl.sum(w[:, None] * part, axis=0) / tl.sum(w, axis=0)
+    row = pid // num_heads
+    head = pid % num_heads
+    tl.store(out_ptr + row * stride_ob + head * stride_oh + d, out, mask=d_mask)
+
+
+def _default_num_splits(work_items, max_context_len, device):
+    """Split the key range until there are ~2 programs per SM, with >= 256 keys per split.
+
+    Decode at small batch has few (row, kv head) programs; without splitting most SMs idle.
+    """
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(triton.cdiv(max_context_len, 256), (2 * sms) // work_items))
+
+
+def paged_decode_attention(q, k_cache, v_cache, planes, block_tables, context_lens, scale, *,
+                           max_context_len=None, num_splits=None, block_n=None):
+    """Triton version of paged_decode_attention_ref (same arguments and result).
+
+    max_context_len: host-side upper bound on context_lens (default: block table capacity);
+    only used to size the key-range split. num_splits / block_n override the heuristics.
+    """
+    batch, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[2], k_cache.shape[3]
+    group = num_heads // num_kv_heads
+    assert q.stride(-1) == k_cache.stride(-1) == v_cache.stride(-1) == 1, "head_dim must be contiguous"
+    block_g, block_d = triton.next_power_of_2(group), triton.next_power_of_2(head_dim)
+    if block_n is None:  # keep the [group, keys, head_dim] product tile within ~8K fp32 values
+        block_n = max(16, min(64, 8192 // (block_g * block_d)))
+    if max_context_len is None:
+        max_context_len = block_tables.shape[1] * block_size
+    num_tiles = triton.cdiv(max_context_len, block_n)
+    if num_splits is None:
+        num_splits = _default_num_splits(batch * num_kv_heads, max_context_len, q.device)
+    tiles_per_split = triton.cdiv(num_tiles, max(1, min(num_splits, num_tiles)))
+    num_splits = triton.cdiv(num_tiles, tiles_per_split)
+
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, num_heads, num_splits, device=q.device, dtype=torch.float32)
+    # With one split the kernel writes the final result (cast to q.dtype) straight into out.
+    part = out.unsqueeze(2) if num_splits == 1 else torch.empty(
+        batch, num_heads, num_splits, head_dim, device=q.device, dtype=torch.float32)
+    _decode_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, planes, block_tables, context_lens, part, lse,
+        scale * _LOG2E, block_size, tiles_per_split,
+        q.stride(0), q.stride(1),
+        *k_cache.stride()[:4], *v_cache.stride()[:4],
+        block_tables.stride(0),
+        part.stride(0), part.stride(1), part.stride(2),
+        GROUP=group, BLOCK_G=block_g, BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        num_warps=4,
+    )
+    if num_splits > 1:
+        _merge_splits_kernel[(batch * num_heads,)](
+            part, lse, out, num_heads, num_splits, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_splits),
+        )
+    return out
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, out_ptr,
+    qk_scale, start_pos, num_q, block_size,
+    stride_qt, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ot, stride_oh,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    # Flash-attention forward for one (query tile, query head), keys gathered via the block table.
+    head = tl.program_id(1)
+    kv_head = head // GROUP
+    i = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    q = tl.load(q_ptr + i[:, None] * stride_qt + head * stride_qh + d[None, :],
+                mask=(i < num_q)[:, None] & d_mask[None, :], other=0.0).to(DOT_DTYPE)
+    q_pos = start_pos + i
+
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # Causal: this tile's last query sees keys up to its own position, never past the chunk.
+    kv_end = start_pos + tl.minimum((tl.program_id(0) + 1) * BLOCK_M, num_q)
+    k_base = k_ptr + kv_head * stride_kh
+    v_base = v_ptr + kv_head * stride_vh
+    for n0 in range(0, kv_end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = n < kv_end
+        page = tl.load(bt_ptr + n // block_size, mask=n_mask, other=0).to(tl.int64)
+        off = n % block_size
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_base + (page * stride_kb + off * stride_ks)[:, None] + d[None, :],
+                    mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+        # Key 0 is visible to every row, so m is finite after the first tile (no NaN rows).
+        s = tl.where(n_mask[None, :] & (n[None, :] <= q_pos[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m - m_new)
+        v = tl.load(v_base + (page * stride_vb + off * stride_vs)[:, None] + d[None, :],
+                    mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=INPUT_PRECISION)
+        m = m_new
+
+    out = acc / l[:, None]
+    tl.store(out_ptr + i[:, None] * stride_ot + head * stride_oh + d[None, :], out,
+             mask=(i < num_q)[:, None] & d_mask[None, :])
+
+
+def paged_prefill_attention(q, k_cache, v_cache, plane, block_table, start_pos, scale, *,
+                            block_m=64, block_n=64):
+    """Triton version of paged_prefill_attention_ref (plane and start_pos are Python ints)."""
+    num_q, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[2], k_cache.shape[3]
+    assert q.stride(-1) == k_cache.stride(-1) == v_cache.stride(-1) == 1, "head_dim must be contiguous"
+    # Slice the plane on the host: the kernel sees one plane, [num_blocks, block_size, Hkv, D].
+    k_plane, v_plane = k_cache[plane], v_cache[plane]
+    out = torch.empty_like(q)
+    # bf16/fp16 dots use tensor cores; fp32 ones stay exact (tf32 would miss the 1e-5 tolerance).
+    # The interpreter's tl.dot multiplies the raw bits of 16-bit floats, so it gets fp32 operands.
+    dot_dtype = tl.float32 if INTERPRETED else _TL_DTYPES[k_cache.dtype]
+    precision = "ieee" if dot_dtype == tl.float32 else "tf32"
+    _prefill_kernel[(triton.cdiv(num_q, block_m), num_heads)](
+        q, k_plane, v_plane, block_table, out,
+        scale * _LOG2E, start_pos, num_q, block_size,
+        q.stride(0), q.stride(1),
+        *k_plane.stride()[:3], *v_plane.stride()[:3],
+        out.stride(0), out.stride(1),
+        GROUP=num_heads // num_kv_heads, BLOCK_M=block_m, BLOCK_N=block_n,
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        DOT_DTYPE=dot_dtype, INPUT_PRECISION=precision,
+    )
+    return out

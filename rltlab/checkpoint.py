@@ -1,0 +1,324 @@
+"""Load and save Ouro checkpoints in the Hugging Face layout (config.json + safetensors).
+
+Loading is defensive because checkpoints come from outside: the model is built on the meta
+device, every tensor header is checked against it before any memory is allocated, and every
+tensor is checked for NaN/Inf before it goes in. Any problem raises; no half-loaded model is
+ever returned. Pickle checkpoints are refused (unpickling can run arbitrary code).
+
+Saving is atomic: everything is written into a temporary sibling directory that is renamed
+into place, so a crash leaves either the old checkpoint or the new one, never a mix.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import safetensors.torch
+import torch
+from safetensors import SafetensorError, safe_open
+
+from rltlab.config import OuroConfig
+from rltlab.model import OuroForCausalLM
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+_SHARD_NAME = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_STORED_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def from_pretrained(path_or_id: str | os.PathLike, dtype: torch.dtype | str | None = None,
+                    device: torch.device | str = "cpu") -> OuroForCausalLM:
+    """Load a validated OuroForCausalLM from a local directory or a hub id ("org/name").
+
+    dtype: torch dtype or "float32"/"bfloat16"/"float16"/"auto"; None/"auto" means the config's
+    torch_dtype, else the stored dtype.
+    """
+    root = _resolve_dir(path_or_id)
+    config_path = root / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{root} has no config.json")
+    config = OuroConfig.from_json_file(config_path)
+    files, weight_map = _weight_files(root)
+    with torch.device("meta"):
+        model = OuroForCausalLM(config)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    headers = _validate_headers(root, files, weight_map, expected)
+
+    requested = _parse_dtype(dtype)
+    config_dtype = _parse_dtype(config.extra.get("torch_dtype") or config.extra.get("dtype"))
+    stored = {_STORED_DTYPES[stored_dtype] for _, stored_dtype in headers.values()}
+    target = requested or config_dtype or (stored.pop() if len(stored) == 1 else torch.float32)
+    # to_empty leaves tensors uninitialised: fine, as every state-dict entry is copied in below.
+    model = model.to(target).to_empty(device=device)
+    state = model.state_dict()  # detached views sharing the parameters' storage
+    for file in files:
+        with safe_open(file, framework="pt") as handle:
+            for name in handle.keys():
+                source = handle.get_tensor(name)
+                tensor = source.to(device=device, dtype=target)
+                if not bool(torch.isfinite(tensor).all()):
+                    why = ("holds NaN/Inf values" if not bool(torch.isfinite(source).all()) else
+                           f"overflows to Inf when cast {source.dtype} -> {target}")
+                    raise ValueError(f"tensor {name} in {file} {why}; refusing to load")
+                state[name].copy_(tensor)
+    return model.eval()  # like transformers' from_pretrained
+
+
+def load_tokenizer(path_or_id: str | os.PathLike):
+    """The checkpoint's tokenizer (tokenizer.json plus tokenizer_config.json when present)."""
+    from transformers import PreTrainedTokenizerFast  # heavy import, only when asked for
+
+    root = _resolve_dir(path_or_id)
+    if not (root / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"{root} has no tokenizer.json")
+    return PreTrainedTokenizerFast.from_pretrained(str(root))
+
+
+def load_model_and_tokenizer(path: str | os.PathLike, dtype: torch.dtype | str | None = None,
+                             device: torch.device | str = "cpu"):
+    root = _resolve_dir(path)  # resolve a hub id once for both
+    tokenizer = load_tokenizer(root)  # first: a missing tokenizer should not cost a model load
+    return from_pretrained(root, dtype=dtype, device=device), tokenizer
+
+
+def _resolve_dir(path_or_id: str | os.PathLike) -> Path:
+    path = Path(path_or_id).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise NotADirectoryError(f"{path} is a file; pass the checkpoint directory")
+    if isinstance(path_or_id, str) and _HUB_ID.match(path_or_id):
+        from huggingface_hub import snapshot_download
+
+        try:
+            return Path(snapshot_download(path_or_id, allow_patterns=["*.json", "*.safetensors"]))
+        except Exception as err:
+            raise FileNotFoundError(f"{path_or_id!r} is not a local directory and the hub "
+                                    f"could not be reached: {err}") from err
+    raise FileNotFoundError(f"checkpoint directory {path} does not exist")
+
+
+def _weight_files(root: Path) -> tuple[list[Path], dict[str, str] | None]:
+    """The safetensors files to read and, for a sharded checkpoint, the index weight_map."""
+    single, index = root / SINGLE_FILE, root / INDEX_FILE
+    if single.is_file() and index.is_file():
+        raise ValueError(f"{root} holds both {SINGLE_FILE} and {INDEX_FILE}; remove the stale one")
+    if single.is_file():
+        return [single], None
+    if not index.is_file():
+        pickles = sorted(p.name for p in root.iterdir() if p.name.endswith(_PICKLE_SUFFIXES))
+        if pickles:
+            raise ValueError(  # unpickling can execute arbitrary code
+                f"{root} holds only pickle checkpoints ({_names(pickles)}): refused for safety. "
+                "Convert once, in a trusted environment: sd = torch.load(path, weights_only=True); "
+                "safetensors.torch.save_file({k: v.contiguous().clone() for k, v in sd.items()}, "
+                f"'{SINGLE_FILE}', metadata={{'format': 'pt'}})")
+        raise FileNotFoundError(f"{root} has neither {SINGLE_FILE} nor {INDEX_FILE}")
+    weight_map = _read_index(index)
+    shard_names = sorted(set(weight_map.values()))
+    bad = [s for s in shard_names if not _SHARD_NAME.match(s)]  # also blocks "../" paths
+    if bad:
+        raise ValueError(f"{index} names shards outside the model-XXXXX-of-YYYYY pattern: {bad}")
+    missing = [s for s in shard_names if not (root / s).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{index} lists shards that do not exist: {missing}")
+    return [root / s for s in shard_names], weight_map
+
+
+def _read_index(index: Path) -> dict[str, str]:
+    def no_duplicate_keys(pairs):  # json.loads would silently keep the last entry
+        dupes = sorted({k for k, _ in pairs if sum(k == j for j, _ in pairs) > 1})
+        if dupes:
+            raise ValueError(f"{index} lists tensors twice: {_names(dupes)}")
+        return dict(pairs)
+
+    try:
+        data = json.loads(index.read_text(), object_pairs_hook=no_duplicate_keys)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{index} is not valid JSON: {err}") from err
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ValueError(f"{index} has no weight_map of tensor name -> shard file")
+    return weight_map
+
+
+def _validate_headers(root: Path, files: list[Path], weight_map: dict[str, str] | None,
+                      expected: dict[str, tuple[int, ...]]) -> dict[str, tuple[Path, str]]:
+    """Check names, shapes and dtypes from the headers alone; returns name -> (file, dtype)."""
+    found: dict[str, tuple[Path, str]] = {}
+    duplicated, misplaced, wrong_shape, bad_dtype = [], [], [], []
+    for file in files:
+        try:
+            with safe_open(file, framework="pt") as handle:
+                for name in handle.keys():
+                    header = handle.get_slice(name)
+                    shape, stored_dtype = tuple(header.get_shape()), header.get_dtype()
+                    if name in found:
+                        duplicated.append(f"{name} ({found[name][0].name}, {file.name})")
+                        continue
+                    found[name] = (file, stored_dtype)
+                    if weight_map is not None and weight_map.get(name) != file.name:
+                        misplaced.append(f"{name} (index: {weight_map.get(name)}, "
+                                         f"actual: {file.name})")
+                    if name in expected and shape != expected[name]:
+                        wrong_shape.append(f"{name} {list(shape)} != {list(expected[name])}")
+                    if stored_dtype not in _STORED_DTYPES:
+                        bad_dtype.append(f"{name} ({stored_dtype})")
+        except SafetensorError as err:
+            raise ValueError(f"{file} is not a valid safetensors file: {err}") from err
+    problems = [
+        ("duplicated across shards", duplicated), (f"not where {INDEX_FILE} says", misplaced),
+        (f"listed in {INDEX_FILE} but in no shard", sorted(set(weight_map or ()) - set(found))),
+        ("missing", sorted(set(expected) - set(found))),
+        ("unexpected", sorted(set(found) - set(expected))), ("with the wrong shape", wrong_shape),
+        (f"with an unsupported dtype (need one of {sorted(_STORED_DTYPES)})", bad_dtype)]
+    lines = [f"  - {len(names)} tensor(s) {label}: {_names(names)}"
+             for label, names in problems if names]
+    if lines:
+        raise ValueError(f"checkpoint {root} does not match the OuroForCausalLM of its "
+                         "config.json:\n" + "\n".join(lines))
+    return found
+
+
+def _names(names: list[str], limit: int = 5) -> str:
+    more = f", ... ({len(names) - limit} more)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _parse_dtype(value: torch.dtype | str | None) -> torch.dtype | None:
+    if value is None or value == "auto":
+        return None
+    name = value if isinstance(value, str) else str(value)
+    dtype = _DTYPES.get(name.removeprefix("torch."))
+    if dtype is None:
+        raise ValueError(f"unsupported dtype {value!r}; use one of {sorted(_DTYPES)} or 'auto'")
+    return dtype
+
+
+def save_pretrained(model: OuroForCausalLM, out_dir: str | os.PathLike, tokenizer=None,
+                    max_shard_bytes: int | None = None,
+                    dtype: torch.dtype | str | None = None) -> Path:
+    """Atomically write config.json, weights (sharded above max_shard_bytes), tokenizer.
+
+    An existing out_dir is replaced as a whole: files in it that are not rewritten are gone.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NotADirectoryError(f"{out_dir} exists and is not a directory")
+    state = _materialized_state(model)
+    dtypes = {t.dtype for t in state.values()}
+    target = _parse_dtype(dtype) or (dtypes.pop() if len(dtypes) == 1 else None)
+    if target is None:
+        raise ValueError(f"model mixes dtypes {sorted(map(str, dtypes))}; pass dtype=")
+    shards = _plan_shards(state, target, max_shard_bytes)
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        config = model.config.to_dict()
+        config["torch_dtype"] = str(target).removeprefix("torch.")
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        names = [SINGLE_FILE] if len(shards) == 1 else [
+            f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
+        for file_name, shard in zip(names, shards):
+            # Fresh contiguous CPU copies, one shard at a time: safetensors refuses shared
+            # storage, and cloning everything at once would double peak memory.
+            tensors = {n: state[n].detach().to("cpu", target).clone(
+                memory_format=torch.contiguous_format) for n in shard}
+            safetensors.torch.save_file(tensors, tmp / file_name, metadata={"format": "pt"})
+        if len(shards) > 1:
+            index = {"metadata": {"total_size": sum(
+                         t.numel() * target.itemsize for t in state.values())},
+                     "weight_map": {n: f for f, shard in zip(names, shards) for n in shard}}
+            (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+        _fsync_tree(tmp)
+        _swap_into_place(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _plan_shards(state: dict[str, torch.Tensor], dtype: torch.dtype,
+                 max_shard_bytes: int | None) -> list[list[str]]:
+    """Greedy, in state-dict order; a tensor larger than the limit gets a shard of its own."""
+    if max_shard_bytes is not None and max_shard_bytes <= 0:
+        raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, tensor in state.items():
+        nbytes = tensor.numel() * dtype.itemsize
+        if max_shard_bytes is not None and shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    return shards
+
+
+def _fsync_tree(directory: Path) -> None:
+    """Flush file contents before the rename, or a power loss could publish empty files."""
+    for path in [*directory.iterdir(), directory]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _swap_into_place(tmp: Path, out_dir: Path) -> None:
+    if not out_dir.exists():
+        os.rename(tmp, out_dir)
+        return
+    # A directory cannot be atomically replaced by another: move the old one aside first and
+    # put it back if the second rename fails.
+    old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
+    os.rename(out_dir, old)
+    try:
+        os.rename(tmp, out_dir)
+    except BaseException:
+        os.rename(old, out_dir)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def manifest(model: torch.nn.Module) -> dict[str, list[int]]:
+    """Tensor name -> shape of every checkpoint tensor (works on a meta-device model)."""
+    return {name: list(t.shape) for name, t in model.state_dict().items()}
+
+
+def num_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def model_hash(model: torch.nn.Module) -> str:
+    """sha256 (16 hex chars) of sorted names, shapes, dtypes and raw bytes; add-ons record it
+    to detect being loaded onto another base model (or the same one in another dtype)."""
+    state = _materialized_state(model)
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach()
+        digest.update(f"{name}\0{list(tensor.shape)}\0{tensor.dtype}\0".encode())
+        # Size follows from shape and dtype, so the byte stream needs no length prefix.
+        raw = tensor.to("cpu").contiguous().reshape(-1).view(torch.uint8)
+        digest.update(raw.numpy())
+    return digest.hexdigest()[:16]
+
+
+def _materialized_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    state = model.state_dict()
+    meta = [name for name, t in state.items() if t.is_meta]
+    if meta:
+        raise ValueError(f"model has meta (unallocated) tensors: {_names(meta)}")
+    return state

@@ -1,0 +1,75 @@
+"""EngineConfig: the rollout engine's knobs, validated on construction."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def parse_dtype(value: torch.dtype | str | None) -> torch.dtype | None:
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    if value not in _DTYPES:
+        raise ValueError(f"EngineConfig.dtype must be one of {sorted(_DTYPES)}, got {value!r}")
+    return _DTYPES[value]
+
+
+@dataclass
+class EngineConfig:
+    """Limits of one engine.
+
+    max_num_seqs: sequences holding KV blocks at once (one row each per step).
+    max_num_batched_tokens: query tokens per step (one step = one round for every row).
+    prefill_chunk: most prompt tokens one sequence puts in one chunk.
+    num_blocks: KV blocks in the pool; None sizes it from kv_cache_memory_gib, capped at
+    what max_num_seqs sequences of max_model_len tokens can use.
+    max_model_len: prompt + output tokens of one sequence; None = min(model limit, 4096).
+    exit_policy / exit_policy_args: the default exit policy (a registered name) and the keyword
+    arguments of its factory; a request may name another policy in its SamplingParams.
+    """
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    prefill_chunk: int = 512
+    block_size: int = 16
+    num_blocks: int | None = None
+    kv_cache_memory_gib: float = 2.0
+    max_model_len: int | None = None
+    dtype: torch.dtype | str | None = None
+    device: torch.device | str | None = None
+    logprobs_mode: str = "raw_logprobs"
+    exit_policy: str = "q_exit"
+    exit_policy_args: dict[str, Any] = field(default_factory=dict)
+    default_min_loops: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "prefill_chunk", "block_size",
+                     "default_min_loops"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
+        for name in ("num_blocks", "max_model_len"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value <= 0):
+                raise ValueError(f"EngineConfig.{name} must be a positive int or None, "
+                                 f"got {value!r}")
+        if not self.kv_cache_memory_gib > 0:
+            raise ValueError("EngineConfig.kv_cache_memory_gib must be positive, got "
+                             f"{self.kv_cache_memory_gib!r}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"EngineConfig.logprobs_mode must be one of {LOGPROBS_MODES}, "
+                             f"got {self.logprobs_mode!r}")
+        if not isinstance(self.exit_policy, str) or not self.exit_policy:
+            raise ValueError(f"EngineConfig.exit_policy must be a policy name, "
+                             f"got {self.exit_policy!r}")
+        if not isinstance(self.exit_policy_args, dict):
+            raise ValueError("EngineConfig.exit_policy_args must be a dict")
+        self.dtype = parse_dtype(self.dtype)
+        if self.device is not None:
+            self.device = torch.device(self.device)

@@ -1,0 +1,90 @@
+"""RequestOutput / CompletionOutput (vLLM names), built from a request's state."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rltlab.engine.sampling import SamplingParams
+from rltlab.engine.sequence import Request, Sequence
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    token_ids: list[int]
+    logprobs: list[float] | None                 # 1:1 with token_ids (None if not asked)
+    top_logprobs: list[dict[int, float]] | None  # when SamplingParams.logprobs > 0
+    exit_depths: list[int]                       # round that produced each token (selected)
+    executed_depths: list[int]                   # rounds actually computed for it
+    weight_versions: list[int]                   # weight version each token was generated under
+    finish_reason: str | None                    # stop | length | abort | error | None (running)
+    error: str | None = None
+    text: str | None = None
+
+    @property
+    def weight_version(self) -> int | None:
+        return self.weight_versions[-1] if self.weight_versions else None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_token_time: float | None
+    finished_time: float | None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    sampling_params: SamplingParams     # the effective params (seed, loops, policy filled in)
+    finished: bool
+    weight_version: int | None          # version of the last token (engine version if none)
+    metrics: RequestMetrics
+    prompt: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def _single(self) -> CompletionOutput:
+        if len(self.outputs) != 1:
+            raise AttributeError(f"request {self.request_id} has n={len(self.outputs)} samples; "
+                                 "read them from .outputs")
+        return self.outputs[0]
+
+    # n == 1 convenience: the fields of the single completion.
+    token_ids = property(lambda self: self._single().token_ids)
+    logprobs = property(lambda self: self._single().logprobs)
+    top_logprobs = property(lambda self: self._single().top_logprobs)
+    exit_depths = property(lambda self: self._single().exit_depths)
+    executed_depths = property(lambda self: self._single().executed_depths)
+    weight_versions = property(lambda self: self._single().weight_versions)
+    finish_reason = property(lambda self: self._single().finish_reason)
+    error = property(lambda self: self._single().error)
+    text = property(lambda self: self._single().text)
+
+
+def _completion(seq: Sequence, tokenizer) -> CompletionOutput:
+    want = seq.params.logprobs is not None
+    text = tokenizer.decode(seq.output_token_ids) if tokenizer is not None else None
+    return CompletionOutput(
+        index=seq.index, token_ids=list(seq.output_token_ids),
+        logprobs=list(seq.logprobs) if want else None,
+        top_logprobs=list(seq.top_logprobs) if want and seq.params.logprobs else None,
+        exit_depths=list(seq.exit_depths), executed_depths=list(seq.executed_depths),
+        weight_versions=list(seq.weight_versions), finish_reason=seq.finish_reason,
+        error=seq.error, text=text)
+
+
+def build_output(request: Request, engine_version: int, tokenizer=None) -> RequestOutput:
+    outputs = [_completion(seq, tokenizer) for seq in request.seqs]
+    versions = [o.weight_version for o in outputs if o.weight_version is not None]
+    firsts = [s.first_token_time for s in request.seqs if s.first_token_time is not None]
+    metrics = RequestMetrics(request.arrival_time, min(firsts) if firsts else None,
+                             request.finished_time)
+    return RequestOutput(
+        request_id=request.request_id, prompt_token_ids=list(request.prompt_token_ids),
+        outputs=outputs, sampling_params=request.params, finished=request.is_finished,
+        weight_version=max(versions) if versions else engine_version, metrics=metrics)

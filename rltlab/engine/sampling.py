@@ -1,0 +1,179 @@
+"""SamplingParams and the sampler.
+
+Each sequence owns a torch.Generator; one uniform draw per sampled token (inverse CDF), none for
+greedy rows. Log-probs are computed in fp32 from the same logits and never touch a generator, so
+asking for them cannot change the sampled tokens.
+
+raw_logprobs:       log_softmax(logits)[token]
+processed_logprobs: log_softmax(processed)[token], processed = logits / temperature (skipped
+                    at temperature 0) with tokens outside top-k / top-p set to -inf.
+"""
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_SEED_MIX = 0x9E3779B97F4A7C15
+_SEED_MOD = 2 ** 63
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _fail(name: str, value: Any, what: str) -> None:
+    raise ValueError(f"SamplingParams.{name} {what}, got {value!r}")
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1                 # -1 (or 0): all tokens
+    max_tokens: int = 16
+    seed: int | None = None         # None: a fresh seed, reported in the effective params
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None     # None: none; 0: the selected token's; k: plus the top k
+    min_loops: int | None = None    # None: the engine default (2, at most the model's R)
+    max_loops: int | None = None    # None: the model's R
+    exit_threshold: float | None = None   # None: the model config's early_exit_threshold
+    exit_policy: str | None = None  # None: the engine's default policy
+    exit_policy_args: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.n) or self.n < 1:
+            _fail("n", self.n, "must be an int >= 1")
+        if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool) \
+                or not 0.0 <= self.temperature < float("inf"):
+            _fail("temperature", self.temperature, "must be a finite float >= 0")
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            _fail("top_p", self.top_p, "must lie in (0, 1]")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            _fail("top_k", self.top_k, "must be an int >= -1 (-1 or 0 = all tokens)")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            _fail("max_tokens", self.max_tokens, "must be an int >= 1")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < _SEED_MOD):
+            _fail("seed", self.seed, "must be None or an int in [0, 2**63)")
+        if not isinstance(self.stop_token_ids, (list, tuple)) or \
+                not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
+            _fail("stop_token_ids", self.stop_token_ids, "must be a list of token ids >= 0")
+        self.stop_token_ids = list(self.stop_token_ids)
+        if not isinstance(self.ignore_eos, bool):
+            _fail("ignore_eos", self.ignore_eos, "must be a bool")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
+            _fail("logprobs", self.logprobs, "must be None or an int >= 0")
+        for name in ("min_loops", "max_loops"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 1):
+                _fail(name, value, "must be None or an int >= 1")
+        if self.min_loops is not None and self.max_loops is not None \
+                and self.min_loops > self.max_loops:
+            _fail("max_loops", self.max_loops, f"must be >= min_loops={self.min_loops}")
+        if self.exit_threshold is not None and (
+                not isinstance(self.exit_threshold, (int, float))
+                or not 0.0 <= self.exit_threshold <= 1.0):
+            _fail("exit_threshold", self.exit_threshold, "must be None or lie in [0, 1]")
+        if self.exit_policy is not None and (not isinstance(self.exit_policy, str)
+                                             or not self.exit_policy):
+            _fail("exit_policy", self.exit_policy, "must be None or a policy name")
+        if not isinstance(self.exit_policy_args, dict):
+            _fail("exit_policy_args", self.exit_policy_args, "must be a dict")
+
+    def resolve(self, *, num_rounds: int, vocab_size: int, default_min_loops: int,
+                default_threshold: float, default_policy: str) -> "SamplingParams":
+        """The effective params of a request: every None filled in, model limits checked."""
+        for token in self.stop_token_ids:
+            if token >= vocab_size:
+                _fail("stop_token_ids", self.stop_token_ids,
+                      f"holds ids outside the vocabulary of {vocab_size}")
+        if self.logprobs is not None and self.logprobs > vocab_size:
+            _fail("logprobs", self.logprobs, f"exceeds the vocabulary size {vocab_size}")
+        max_loops = num_rounds if self.max_loops is None else self.max_loops
+        min_loops = min(default_min_loops, max_loops) if self.min_loops is None else self.min_loops
+        if not 1 <= max_loops <= num_rounds:
+            _fail("max_loops", max_loops, f"must lie in [1, {num_rounds}] (the model's rounds)")
+        if not 1 <= min_loops <= max_loops:
+            _fail("min_loops", min_loops, f"must lie in [1, max_loops={max_loops}]")
+        seed = secrets.randbelow(_SEED_MOD) if self.seed is None else self.seed
+        threshold = default_threshold if self.exit_threshold is None else self.exit_threshold
+        return dataclasses.replace(
+            self, min_loops=min_loops, max_loops=max_loops, exit_threshold=float(threshold),
+            seed=seed, exit_policy=self.exit_policy or default_policy,
+            exit_policy_args=dict(self.exit_policy_args))
+
+    def sample_seed(self, index: int) -> int:
+        """Seed of sample `index` of n: the request's seed for sample 0, derived ones after."""
+        assert self.seed is not None, "resolve() first"
+        return (self.seed + index * _SEED_MIX) % _SEED_MOD
+
+
+# ----------------------------------------------------------------------------------- sampler
+def process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                   top_p: torch.Tensor) -> torch.Tensor:
+    """fp32 logits [N, V] -> processed logits (temperature, then top-k and top-p as -inf)."""
+    logits = logits.float()
+    scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    processed = logits / scale[:, None]
+    vocab = logits.shape[-1]
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
+    if bool((k < vocab).any()) or bool((top_p < 1.0).any()):
+        sorted_vals, order = processed.sort(dim=-1, descending=True)
+        rank = torch.arange(vocab, device=logits.device)[None, :]
+        drop = rank >= k[:, None]
+        probs = torch.softmax(sorted_vals.masked_fill(drop, float("-inf")), dim=-1)
+        before = probs.cumsum(dim=-1) - probs   # mass of strictly better tokens
+        drop = drop | ((before >= top_p[:, None]) & (top_p[:, None] < 1.0) & (rank > 0))
+        drop = torch.zeros_like(drop).scatter(-1, order, drop)
+        processed = processed.masked_fill(drop, float("-inf"))
+    return processed
+
+
+@dataclass
+class SampleResult:
+    tokens: list[int]
+    logprobs: list[float | None]
+    top_logprobs: list[dict[int, float] | None]
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams],
+           generators: list[torch.Generator], logprobs_mode: str) -> SampleResult:
+    """One token per row of logits [N, V], row i drawn with generators[i] and params[i]."""
+    device = logits.device
+    logits = logits.float()
+    temperature = torch.tensor([p.temperature for p in params], device=device)
+    top_k = torch.tensor([p.top_k for p in params], device=device)
+    top_p = torch.tensor([p.top_p for p in params], device=device)
+    processed = process_logits(logits, temperature, top_k, top_p)
+    probs = torch.softmax(processed, dim=-1)
+    tokens = []
+    for row, (param, gen) in enumerate(zip(params, generators)):
+        if param.temperature == 0:
+            tokens.append(int(processed[row].argmax()))
+            continue
+        cdf = probs[row].cumsum(0)
+        u = torch.rand((), generator=gen, device=gen.device).to(device)
+        idx = int(torch.searchsorted(cdf, u * cdf[-1], right=True).clamp(max=cdf.numel() - 1))
+        if probs[row, idx] <= 0:   # u * total rounded up onto the end of the support
+            idx = int(torch.nonzero(probs[row] > 0)[-1])
+        tokens.append(idx)
+    want = [p.logprobs is not None for p in params]
+    result = SampleResult(tokens, [None] * len(params), [None] * len(params))
+    if not any(want):
+        return result
+    source = logits if logprobs_mode == "raw_logprobs" else processed
+    logp = torch.log_softmax(source, dim=-1)
+    chosen = logp.gather(-1, torch.tensor(tokens, device=device)[:, None]).squeeze(-1).tolist()
+    for row, param in enumerate(params):
+        if param.logprobs is None:
+            continue
+        result.logprobs[row] = chosen[row]
+        if param.logprobs > 0:
+            vals, ids = logp[row].topk(param.logprobs)
+            result.top_logprobs[row] = dict(zip(ids.tolist(), vals.tolist()))
+    return result

@@ -1,0 +1,133 @@
+"""Request and sequence state.
+
+A request holds n sequences (samples). A sequence moves through its tokens one *span* at a
+time; a span is a run of positions that go through the rounds together, one round per engine
+step:
+
+* a fixed span: prompt positions (always R rounds), or, after a weight update, already generated
+  positions recomputed at their recorded exit rounds. A position whose exit round is reached
+  leaves the span (its K/V is copied into the deeper planes). If the span ends at the last known
+  token, that token's final state samples the next token.
+* a decode span: the single last token; the exit policy decides when it leaves, then it samples.
+
+Position numbering: prompt tokens are 0..P-1; output token i is the input at position P+i.
+exit_depths[i] is the round at which the position that *produced* output token i exited
+(position P+i-1; for i = 0 that is the last prompt token, which always runs R rounds).
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from rltlab.engine.sampling import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Span:
+    start: int                          # first position
+    length: int
+    exit_rounds: torch.Tensor | None    # int64 [length]; None = a decode span (policy decides)
+    emits: bool                         # the last position samples the next token
+    round: int = 0                      # rounds completed
+    active: torch.Tensor | None = None  # int64 offsets (into the span) still running
+    hidden: torch.Tensor | None = None  # [len(active), H]: h of the last completed round
+    gates: list[float] = field(default_factory=list)   # decode span: gate logit per round
+    planned_exit: int | None = None     # decode span: round the policy committed to
+
+    def __post_init__(self) -> None:
+        if self.active is None:
+            self.active = torch.arange(self.length)
+
+    @property
+    def num_active(self) -> int:
+        return int(self.active.numel())
+
+
+class Sequence:
+    def __init__(self, seq_id: int, request: "Request", index: int, generator: torch.Generator):
+        self.seq_id, self.request, self.index, self.generator = seq_id, request, index, generator
+        self.prompt_token_ids: list[int] = request.prompt_token_ids
+        self.params: SamplingParams = request.params
+        self.output_token_ids: list[int] = []
+        self.logprobs: list[float | None] = []
+        self.top_logprobs: list[dict[int, float] | None] = []
+        self.exit_depths: list[int] = []
+        self.executed_depths: list[int] = []
+        self.weight_versions: list[int] = []
+        self.status = SeqStatus.WAITING
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self.block_table: list[int] = []
+        self.num_computed = 0           # positions whose K/V is final in every plane
+        self.span: Span | None = None
+        self.first_token_time: float | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        prompt = self.num_prompt_tokens
+        if end <= prompt:
+            return self.prompt_token_ids[start:end]
+        return (self.prompt_token_ids + self.output_token_ids)[start:end]
+
+    def fixed_exit_round(self, position: int, num_rounds: int) -> int:
+        """Exit round of an already known position: R for the prompt, recorded for outputs."""
+        if position < self.num_prompt_tokens:
+            return num_rounds
+        return self.exit_depths[position - self.num_prompt_tokens + 1]
+
+    def reset_computation(self) -> None:
+        """Forget all K/V (e.g. computed under older weights): recompute from position 0."""
+        self.num_computed, self.span = 0, None
+
+    def append_token(self, token: int, logprob, top_logprobs, exit_depth: int,
+                     executed_depth: int, weight_version: int) -> None:
+        if self.first_token_time is None:
+            self.first_token_time = time.perf_counter()
+        self.output_token_ids.append(token)
+        self.logprobs.append(logprob)
+        self.top_logprobs.append(top_logprobs)
+        self.exit_depths.append(exit_depth)
+        self.executed_depths.append(executed_depth)
+        self.weight_versions.append(weight_version)
+
+
+class Request:
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 stream: bool = False):
+        self.request_id, self.prompt_token_ids, self.params = request_id, prompt_token_ids, params
+        self.stream = stream
+        self.seqs: list[Sequence] = []
+        self.arrival_time = time.perf_counter()
+        self.finished_time: float | None = None
+
+    @property
+    def is_finished(self) -> bool:
+        return all(seq.is_finished for seq in self.seqs)

@@ -1,0 +1,100 @@
+"""The model's plain cached generation loop: the simple baseline the engine is measured against.
+
+Left-padded batch, one contiguous K/V plane per round (LoopedKVCache), prefill at full depth,
+then one token per step with an exit decision after every round. Rows that finished keep
+stepping (their tokens are discarded): simple, not fast.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rltlab import gates
+from rltlab.model import LoopedKVCache, OuroForCausalLM
+
+
+@dataclass
+class PlainGeneration:
+    token_ids: list[list[int]]
+    exit_rounds: list[list[int]]   # per output token; the first (from prefill) is always R
+    logprobs: list[list[float]]    # raw log-prob of each output token at its exit round
+
+
+def make_exit_fn(num_rounds: int, depth: int | None = None, threshold: float = 1.0,
+                 min_loops: int = 1, max_loops: int | None = None):
+    """Fixed depth (`depth`) or the stock Q-exit (threshold/min_loops/max_loops)."""
+    if depth is not None:
+        min_loops, max_loops, threshold = depth, depth, 1.0
+    max_loops = num_rounds if max_loops is None else max_loops
+    gates.validate_loops(num_rounds, min_loops, max_loops, threshold)
+
+    def exit_fn(round_idx, gate_logits, _hidden):
+        cdf = gates.exit_cdf(gate_logits)[..., -1]
+        return gates.q_exit_now(cdf, round_idx, threshold, min_loops, max_loops)
+    return exit_fn
+
+
+@torch.no_grad()
+def generate_plain(model: OuroForCausalLM, prompts: list[list[int]], max_new_tokens: int, *,
+                   depth: int | None = None, threshold: float = 1.0, min_loops: int = 1,
+                   max_loops: int | None = None, temperature: float = 0.0,
+                   eos_token_id: int | None = None, seed: int = 0) -> PlainGeneration:
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("generate_plain needs at least one non-empty prompt")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    num_rounds = model.config.num_rounds
+    exit_fn = make_exit_fn(num_rounds, depth, threshold, min_loops, max_loops)
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    bsz, width = len(prompts), max(len(p) for p in prompts)
+    pad = model.config.eos_token_id or 0
+    ids = torch.full((bsz, width), pad, dtype=torch.long, device=device)
+    key_mask = torch.zeros(bsz, width, dtype=torch.bool, device=device)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt, device=device)
+        key_mask[row, width - len(prompt):] = True
+    # Positions count real tokens only, so a left-padded row matches its unpadded self.
+    positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)
+    next_pos = positions[:, -1] + 1
+
+    cache = LoopedKVCache(model.config, bsz, width + max_new_tokens, dtype, device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    out = model(ids, positions=positions, key_mask=key_mask, cache=cache)
+    logits, exit_round = out.final_logits[:, -1], torch.full((bsz,), num_rounds, device=device)
+    tokens, rounds, logps = [], [], []
+    done = torch.zeros(bsz, dtype=torch.bool, device=device)
+    for step in range(max_new_tokens):
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        if temperature > 0:
+            probs = torch.softmax(logits.float() / temperature, dim=-1)
+            token = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+        else:
+            token = logits.argmax(-1)
+        tokens.append(token)
+        rounds.append(exit_round)
+        logps.append(logp.gather(-1, token[:, None]).squeeze(-1))
+        if eos_token_id is not None:
+            done = done | (token == eos_token_id)
+        if bool(done.all()) or step == max_new_tokens - 1:
+            break
+        out = model(token[:, None], positions=(next_pos + step)[:, None], cache=cache,
+                    exit_fn=exit_fn)
+        logits, exit_round = out.final_logits[:, -1], out.exit_rounds[:, -1]
+    return _collect(tokens, rounds, logps, eos_token_id)
+
+
+def _collect(tokens, rounds, logps, eos_token_id) -> PlainGeneration:
+    tok = torch.stack(tokens, 1).tolist()
+    rnd = torch.stack(rounds, 1).tolist()
+    lp = torch.stack(logps, 1).tolist()
+    result = PlainGeneration([], [], [])
+    for t, r, p in zip(tok, rnd, lp):
+        end = len(t)
+        if eos_token_id is not None and eos_token_id in t:
+            end = t.index(eos_token_id) + 1
+        result.token_ids.append(t[:end])
+        result.exit_rounds.append([int(x) for x in r[:end]])
+        result.logprobs.append(p[:end])
+    return result
