@@ -37,8 +37,8 @@ def _last_exited_copy_kernel(
     # One program = (token, layer * 2 + k/v): read the exit plane's row once, store it to every
     # deeper plane.
     token = tl.program_id(0)
-    layer_kv = tl.program_id(1)
-    slot = tl.load(slots_ptr + token)
+    layer_kv = tl.program_id(1).to(tl.int64)  # layer * stride_l overflows int32 on real caches
+    slot = tl.load(slots_ptr + token).to(tl.int64)
     if slot >= 0:
         exit_plane = tl.load(exit_planes_ptr + token)
         h = tl.arange(0, BLOCK_H)
@@ -94,7 +94,7 @@ def _write_kv_kernel(
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     n = tl.program_id(0)
-    slot = tl.load(slots_ptr + n)
+    slot = tl.load(slots_ptr + n).to(tl.int64)
     if slot >= 0:
         plane = tl.load(planes_ptr + n).to(tl.int64)
         h = tl.arange(0, BLOCK_H)

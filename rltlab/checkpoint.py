@@ -1,12 +1,9 @@
 """Load and save Ouro checkpoints in the Hugging Face layout (config.json + safetensors).
 
-Loading is defensive because checkpoints come from outside: the model is built on the meta
-device, every tensor header is checked against it before any memory is allocated, and every
-tensor is checked for NaN/Inf before it goes in. Any problem raises; no half-loaded model is
-ever returned. Pickle checkpoints are refused (unpickling can run arbitrary code).
-
-Saving is atomic: everything is written into a temporary sibling directory that is renamed
-into place, so a crash leaves either the old checkpoint or the new one, never a mix.
+Checkpoints come from outside, so loading is defensive: the model is built on the meta device,
+every tensor header is checked against it before anything is allocated, every tensor is checked
+for NaN/Inf before it goes in, pickle files are refused, and no half-loaded model is returned.
+Saving is atomic (temporary sibling directory renamed into place): a crash never mixes versions.
 """
 from __future__ import annotations
 
@@ -38,25 +35,19 @@ _STORED_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bflo
 def from_pretrained(path_or_id: str | os.PathLike, dtype: torch.dtype | str | None = None,
                     device: torch.device | str = "cpu") -> OuroForCausalLM:
     """Load a validated OuroForCausalLM from a local directory or a hub id ("org/name").
-
-    dtype: torch dtype or "float32"/"bfloat16"/"float16"/"auto"; None/"auto" means the config's
-    torch_dtype, else the stored dtype.
-    """
+    dtype: torch dtype, "float32"/"bfloat16"/"float16", or None/"auto" (config torch_dtype, else
+    the stored dtype)."""
     root = _resolve_dir(path_or_id)
-    config_path = root / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{root} has no config.json")
-    config = OuroConfig.from_json_file(config_path)
+    config = OuroConfig.from_json_file(root / "config.json")  # FileNotFoundError names it
     files, weight_map = _weight_files(root)
     with torch.device("meta"):
         model = OuroForCausalLM(config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     headers = _validate_headers(root, files, weight_map, expected)
-
-    requested = _parse_dtype(dtype)
-    config_dtype = _parse_dtype(config.extra.get("torch_dtype") or config.extra.get("dtype"))
-    stored = {_STORED_DTYPES[stored_dtype] for _, stored_dtype in headers.values()}
-    target = requested or config_dtype or (stored.pop() if len(stored) == 1 else torch.float32)
+    stored = {_STORED_DTYPES[d] for _, d in headers.values()}  # if several, float32 holds all
+    target = (_parse_dtype(dtype)
+              or _parse_dtype(config.extra.get("torch_dtype") or config.extra.get("dtype"))
+              or (stored.pop() if len(stored) == 1 else torch.float32))
     # to_empty leaves tensors uninitialised: fine, as every state-dict entry is copied in below.
     model = model.to(target).to_empty(device=device)
     state = model.state_dict()  # detached views sharing the parameters' storage
@@ -85,8 +76,8 @@ def load_tokenizer(path_or_id: str | os.PathLike):
 
 def load_model_and_tokenizer(path: str | os.PathLike, dtype: torch.dtype | str | None = None,
                              device: torch.device | str = "cpu"):
-    root = _resolve_dir(path)  # resolve a hub id once for both
-    tokenizer = load_tokenizer(root)  # first: a missing tokenizer should not cost a model load
+    root = _resolve_dir(path)  # resolve a hub id once; a missing tokenizer fails before the load
+    tokenizer = load_tokenizer(root)
     return from_pretrained(root, dtype=dtype, device=device), tokenizer
 
 
@@ -123,7 +114,12 @@ def _weight_files(root: Path) -> tuple[list[Path], dict[str, str] | None]:
                 "safetensors.torch.save_file({k: v.contiguous().clone() for k, v in sd.items()}, "
                 f"'{SINGLE_FILE}', metadata={{'format': 'pt'}})")
         raise FileNotFoundError(f"{root} has neither {SINGLE_FILE} nor {INDEX_FILE}")
-    weight_map = _read_index(index)
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map")
+    except (json.JSONDecodeError, AttributeError) as err:
+        raise ValueError(f"{index} is not a JSON object: {err}") from err
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ValueError(f"{index} has no weight_map of tensor name -> shard file")
     shard_names = sorted(set(weight_map.values()))
     bad = [s for s in shard_names if not _SHARD_NAME.match(s)]  # also blocks "../" paths
     if bad:
@@ -132,23 +128,6 @@ def _weight_files(root: Path) -> tuple[list[Path], dict[str, str] | None]:
     if missing:
         raise FileNotFoundError(f"{index} lists shards that do not exist: {missing}")
     return [root / s for s in shard_names], weight_map
-
-
-def _read_index(index: Path) -> dict[str, str]:
-    def no_duplicate_keys(pairs):  # json.loads would silently keep the last entry
-        dupes = sorted({k for k, _ in pairs if sum(k == j for j, _ in pairs) > 1})
-        if dupes:
-            raise ValueError(f"{index} lists tensors twice: {_names(dupes)}")
-        return dict(pairs)
-
-    try:
-        data = json.loads(index.read_text(), object_pairs_hook=no_duplicate_keys)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{index} is not valid JSON: {err}") from err
-    weight_map = data.get("weight_map") if isinstance(data, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise ValueError(f"{index} has no weight_map of tensor name -> shard file")
-    return weight_map
 
 
 def _validate_headers(root: Path, files: list[Path], weight_map: dict[str, str] | None,
@@ -197,8 +176,7 @@ def _names(names: list[str], limit: int = 5) -> str:
 def _parse_dtype(value: torch.dtype | str | None) -> torch.dtype | None:
     if value is None or value == "auto":
         return None
-    name = value if isinstance(value, str) else str(value)
-    dtype = _DTYPES.get(name.removeprefix("torch."))
+    dtype = _DTYPES.get(str(value).removeprefix("torch."))  # also accepts torch.dtype
     if dtype is None:
         raise ValueError(f"unsupported dtype {value!r}; use one of {sorted(_DTYPES)} or 'auto'")
     return dtype
@@ -207,10 +185,8 @@ def _parse_dtype(value: torch.dtype | str | None) -> torch.dtype | None:
 def save_pretrained(model: OuroForCausalLM, out_dir: str | os.PathLike, tokenizer=None,
                     max_shard_bytes: int | None = None,
                     dtype: torch.dtype | str | None = None) -> Path:
-    """Atomically write config.json, weights (sharded above max_shard_bytes), tokenizer.
-
-    An existing out_dir is replaced as a whole: files in it that are not rewritten are gone.
-    """
+    """Atomically write config.json, weights (sharded above max_shard_bytes) and tokenizer.
+    An existing out_dir is replaced as a whole: files in it that are not rewritten are gone."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"{out_dir} exists and is not a directory")
@@ -220,12 +196,12 @@ def save_pretrained(model: OuroForCausalLM, out_dir: str | os.PathLike, tokenize
     if target is None:
         raise ValueError(f"model mixes dtypes {sorted(map(str, dtypes))}; pass dtype=")
     shards = _plan_shards(state, target, max_shard_bytes)
-
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         config = model.config.to_dict()
         config["torch_dtype"] = str(target).removeprefix("torch.")
+        config.pop("dtype", None)  # transformers-5 spelling; a stale copy would contradict it
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         names = [SINGLE_FILE] if len(shards) == 1 else [
             f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
@@ -311,8 +287,7 @@ def model_hash(model: torch.nn.Module) -> str:
         tensor = state[name].detach()
         digest.update(f"{name}\0{list(tensor.shape)}\0{tensor.dtype}\0".encode())
         # Size follows from shape and dtype, so the byte stream needs no length prefix.
-        raw = tensor.to("cpu").contiguous().reshape(-1).view(torch.uint8)
-        digest.update(raw.numpy())
+        digest.update(tensor.to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy())
     return digest.hexdigest()[:16]
 
 

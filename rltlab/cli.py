@@ -13,6 +13,8 @@ SUBCOMMANDS = {
     "pretrain": ("rltlab.pretrain", "train the embedded default model (Stage I + Stage II)"),
     "rounds": ("rltlab.rounds_report",
                "generate with a model and print per-round depth and quality figures"),
+    "run": ("rltlab.runs_cli", "execute a workbench notebook with papermill into a run directory"),
+    "runs": ("rltlab.runs_cli", "list notebook runs with their status and headline metrics"),
 }
 
 

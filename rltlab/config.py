@@ -37,6 +37,14 @@ class OuroConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"OuroConfig.{name} must be a positive int, got {value!r}")
+        for name in ("rms_norm_eps", "rope_theta", "early_exit_threshold"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ValueError(f"OuroConfig.{name} must be a number, got {value!r}")
+        for name in ("bos_token_id", "eos_token_id"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ValueError(f"OuroConfig.{name} must be an int or null, got {value!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("OuroConfig.num_attention_heads must be a multiple of "
                              f"num_key_value_heads ({self.num_attention_heads} vs "

@@ -25,10 +25,10 @@ TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_laye
 def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32) -> OuroForCausalLM:
     model = OuroForCausalLM(OuroConfig(**TINY)).init_weights(seed).to(dtype)
     with torch.no_grad():  # non-trivial norms and gate bias, so that every tensor matters
+        gen = torch.Generator().manual_seed(seed)
         for name, param in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
-                param.add_(0.1 * torch.randn(param.shape, generator=torch.Generator()
-                                             .manual_seed(hash(name) % 2**31)))
+                param.add_(0.1 * torch.randn(param.shape, generator=gen).to(dtype))
     return model
 
 
@@ -42,8 +42,7 @@ def assert_same_state(a: torch.nn.Module, b: torch.nn.Module) -> None:
     assert list(sa) == list(sb)
     for name in sa:
         assert sa[name].dtype == sb[name].dtype, name
-        assert torch.equal(sa[name].view(torch.uint8) if sa[name].dim() else sa[name],
-                           sb[name].view(torch.uint8) if sb[name].dim() else sb[name]), name
+        assert torch.equal(sa[name].view(torch.uint8), sb[name].view(torch.uint8)), name
 
 
 @pytest.fixture
@@ -109,7 +108,7 @@ def test_dtype_casting_on_save_and_load(saved, tmp_path):
         from_pretrained(out, dtype="int8")
 
 
-def test_manifest_hash_and_meta_models(saved):
+def test_manifest_hash_and_meta_models(saved, tmp_path):
     model, _ = saved
     assert num_parameters(model) == model.config.num_parameters()
     assert manifest(model)["model.layers.1.self_attn.k_proj.weight"] == [16, 32]
@@ -122,7 +121,25 @@ def test_manifest_hash_and_meta_models(saved):
     with pytest.raises(ValueError, match="meta"):
         model_hash(meta)
     with pytest.raises(ValueError, match="meta"):
-        save_pretrained(meta, Path("/nonexistent/never-written"))
+        save_pretrained(meta, tmp_path / "never-written")
+    assert not (tmp_path / "never-written").exists()
+
+
+def test_mixed_dtypes_and_transformers5_dtype_key(saved, tmp_path):
+    model, out = saved
+    model.model.early_exit_gate.to(torch.float64)
+    with pytest.raises(ValueError, match="mixes dtypes"):
+        save_pretrained(model, tmp_path / "mixed")
+    save_pretrained(model, tmp_path / "mixed", dtype="bfloat16")
+    assert from_pretrained(tmp_path / "mixed").model.early_exit_gate.bias.dtype == torch.bfloat16
+    # transformers 5 writes "dtype" instead of "torch_dtype": honoured on load, dropped on save.
+    config = json.loads((out / "config.json").read_text())
+    config["dtype"] = config.pop("torch_dtype").replace("float32", "float16")
+    (out / "config.json").write_text(json.dumps(config))
+    loaded = from_pretrained(out)
+    assert loaded.lm_head.weight.dtype == torch.float16
+    again = json.loads((save_pretrained(loaded, out) / "config.json").read_text())
+    assert again["torch_dtype"] == "float16" and "dtype" not in again
 
 
 # ------------------------------------------------------------------------------- rejections
@@ -154,6 +171,18 @@ def test_rejects_bad_tensors(saved, edit, error, words):
         from_pretrained(out)
     for word in words:
         assert word in str(info.value)
+
+
+def test_header_problems_are_found_before_allocation(saved, monkeypatch):
+    _, out = saved
+    rewrite_weights(out, lambda s: s.update({"lm_head.weight": torch.zeros(65, 32)}))
+
+    def no_allocation(*args, **kwargs):
+        raise AssertionError("allocated before validating the headers")
+
+    monkeypatch.setattr(torch.nn.Module, "to_empty", no_allocation)
+    with pytest.raises(ValueError, match=r"wrong shape: lm_head.weight \[65, 32\] != \[64, 32\]"):
+        from_pretrained(out)
 
 
 def test_reports_many_missing_tensors_with_a_count(saved):
@@ -202,23 +231,12 @@ def test_rejects_index_inconsistent_with_shards(tmp_path):
     assert "not where model.safetensors.index.json says: lm_head.weight" in message
     assert "in no shard: model.extra.weight" in message
 
-    # A tensor listed twice in the index JSON itself.
-    text = index_path.read_text().replace('"weight_map": {', '"weight_map": {"lm_head.weight":'
-                                          f' "{shards[0]}", ', 1)
-    index_path.write_text(text)
-    with pytest.raises(ValueError, match="lists tensors twice: lm_head.weight"):
-        from_pretrained(out)
 
-
-def test_rejects_missing_and_stray_shards(tmp_path):
+def test_rejects_index_pointing_to_missing_shard(tmp_path):
     out = sharded(tmp_path)
     shard = sorted(out.glob("model-*.safetensors"))[-1]
-    shard.rename(out / "model-00099-of-00099.safetensors")
+    shard.unlink()
     with pytest.raises(FileNotFoundError, match=f"shards that do not exist: .*{shard.name}"):
-        from_pretrained(out)
-    (out / "model-00099-of-00099.safetensors").rename(shard)
-    (out / "model-00098-of-00099.safetensors").write_bytes(shard.read_bytes())
-    with pytest.raises(ValueError, match="does not list: .*model-00098-of-00099"):
         from_pretrained(out)
 
 
@@ -263,7 +281,7 @@ def test_rejects_missing_files_and_bad_configs(saved, tmp_path):
     with pytest.raises(ValueError, match="not valid JSON"):
         from_pretrained(out)
     (out / "config.json").unlink()
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    with pytest.raises(FileNotFoundError, match="config.json"):
         from_pretrained(out)
 
 

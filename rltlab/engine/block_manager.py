@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections import deque
 
+import torch
+
 from rltlab.engine.sequence import Sequence
 
 
@@ -48,6 +50,7 @@ class BlockManager:
         if needed > len(self.free_blocks):
             raise RuntimeError(f"out of KV blocks: need {needed}, {len(self.free_blocks)} free")
         seq.block_table = [self.free_blocks.popleft() for _ in range(needed)]
+        seq.block_table_t = torch.tensor(seq.block_table, dtype=torch.long)
         for block in seq.block_table:
             self.owner[block] = seq.seq_id
 
@@ -57,4 +60,4 @@ class BlockManager:
                 raise RuntimeError(f"block {block} freed by sequence {seq.seq_id} "
                                    "that does not own it")
             self.free_blocks.append(block)
-        seq.block_table = []
+        seq.block_table, seq.block_table_t = [], None

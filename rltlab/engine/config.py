@@ -73,3 +73,20 @@ class EngineConfig:
         self.dtype = parse_dtype(self.dtype)
         if self.device is not None:
             self.device = torch.device(self.device)
+
+    def resolve_max_model_len(self, model_config) -> int:
+        limit = model_config.max_position_embeddings
+        value = self.max_model_len or min(limit, 4096)
+        if value > limit:
+            raise ValueError(f"EngineConfig.max_model_len={value} exceeds the model's "
+                             f"max_position_embeddings={limit}")
+        return value
+
+    def resolve_num_blocks(self, cfg, max_model_len: int, elem_size: int) -> int:
+        if self.num_blocks is not None:
+            return self.num_blocks
+        per_block = (cfg.num_hidden_layers * 2 * cfg.num_rounds * self.block_size
+                     * cfg.num_key_value_heads * cfg.head_dim * elem_size)
+        from_memory = int(self.kv_cache_memory_gib * 2 ** 30) // per_block
+        useful = self.max_num_seqs * -(-max_model_len // self.block_size)
+        return max(1, min(from_memory, useful))

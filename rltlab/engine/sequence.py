@@ -67,6 +67,9 @@ class Sequence:
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.block_table: list[int] = []
+        self.block_table_t: torch.Tensor | None = None   # the same, as int64 (set on allocation)
+        self.max_output_tokens = request.params.max_tokens   # capped by max_model_len
+        self.reserved_positions = 0     # KV positions reserved at admission
         self.num_computed = 0           # positions whose K/V is final in every plane
         self.span: Span | None = None
         self.first_token_time: float | None = None
@@ -95,7 +98,9 @@ class Sequence:
         prompt = self.num_prompt_tokens
         if end <= prompt:
             return self.prompt_token_ids[start:end]
-        return (self.prompt_token_ids + self.output_token_ids)[start:end]
+        if start >= prompt:
+            return self.output_token_ids[start - prompt: end - prompt]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - prompt]
 
     def fixed_exit_round(self, position: int, num_rounds: int) -> int:
         """Exit round of an already known position: R for the prompt, recorded for outputs."""

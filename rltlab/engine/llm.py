@@ -1,0 +1,120 @@
+"""LLM: the offline front end (vLLM names): LLM(model_or_path).generate(prompts, params)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Sequence as Seq
+
+import torch
+
+from rltlab.engine.config import EngineConfig
+from rltlab.engine.llm_engine import LLMEngine
+from rltlab.engine.outputs import RequestOutput
+from rltlab.engine.sampling import SamplingParams
+from rltlab.model import OuroForCausalLM
+
+_CONFIG_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
+
+
+def build_engine(model_or_path, tokenizer=None, *, weight_version: int = 0,
+                 **kwargs: Any) -> LLMEngine:
+    """An LLMEngine from an OuroForCausalLM (+ tokenizer) or a local checkpoint directory.
+    Keyword arguments are EngineConfig fields."""
+    unknown = set(kwargs) - _CONFIG_FIELDS
+    if unknown:
+        raise ValueError(f"unknown engine arguments {sorted(unknown)}; "
+                         f"EngineConfig fields are {sorted(_CONFIG_FIELDS)}")
+    config = EngineConfig(**kwargs)
+    if isinstance(model_or_path, (str, os.PathLike)):
+        from rltlab import checkpoint
+        device = config.device or "cpu"
+        if (Path(model_or_path) / "tokenizer.json").is_file():
+            model, loaded = checkpoint.load_model_and_tokenizer(model_or_path, config.dtype,
+                                                                device)
+            tokenizer = tokenizer or loaded
+        else:   # a token-in / token-out checkpoint without a tokenizer
+            model = checkpoint.from_pretrained(model_or_path, dtype=config.dtype, device=device)
+    elif isinstance(model_or_path, OuroForCausalLM):
+        model = model_or_path
+    else:
+        raise TypeError("LLM needs an OuroForCausalLM or a checkpoint directory, got "
+                        f"{type(model_or_path).__name__}")
+    return LLMEngine(model, config, tokenizer=tokenizer, weight_version=weight_version)
+
+
+class LLM:
+    def __init__(self, model_or_path, tokenizer=None, *, weight_version: int = 0, **kwargs):
+        self.llm_engine = build_engine(model_or_path, tokenizer, weight_version=weight_version,
+                                       **kwargs)
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    # ---------------------------------------------------------------------------- generate
+    def generate(self, prompts, sampling_params: SamplingParams | Seq[SamplingParams] | None
+                 = None, use_tqdm: bool = False) -> list[RequestOutput]:
+        """prompts: str, token-id list, {"prompt_token_ids": [...]} or a list of those.
+        Returns one RequestOutput per prompt, in input order (use_tqdm: vLLM compat, unused)."""
+        engine = self.llm_engine
+        if engine.has_unfinished_requests():
+            raise RuntimeError("generate() needs an idle engine: finish or abort the requests "
+                               "added with add_request() first")
+        if engine.paused:
+            raise RuntimeError("generation is paused: resume_generation() first")
+        engine.weights.check_ready()
+        token_lists, texts = self._tokenize(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(token_lists)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(token_lists):
+                raise ValueError(f"{len(params)} sampling params for {len(token_lists)} prompts")
+        ids: list[str] = []
+        results: dict[str, RequestOutput] = {}
+        try:
+            for tokens, param in zip(token_lists, params):
+                ids.append(engine.add_request(None, tokens, param))
+            while len(results) < len(ids):
+                for out in engine.step():
+                    if out.finished:
+                        results[out.request_id] = out
+        except BaseException:   # leave the engine idle: abort what this call started
+            engine.abort_request(ids)
+            engine._drain_outputs()
+            raise
+        for rid, text in zip(ids, texts):
+            results[rid].prompt = text
+        return [results[rid] for rid in ids]
+
+    def _tokenize(self, prompts) -> tuple[list[list[int]], list[str | None]]:
+        if isinstance(prompts, (str, dict)) or (
+                isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        tokens, texts = [], []
+        for prompt in prompts:
+            if isinstance(prompt, str):
+                tok = self.get_tokenizer()
+                if tok is None:
+                    raise ValueError("text prompts need a tokenizer; pass token ids instead")
+                tokens.append(list(tok.encode(prompt)))
+                texts.append(prompt)
+            elif isinstance(prompt, dict):
+                tokens.append(list(prompt["prompt_token_ids"]))
+                texts.append(prompt.get("prompt"))
+            elif isinstance(prompt, torch.Tensor):
+                tokens.append(prompt.tolist())
+                texts.append(None)
+            else:
+                tokens.append(list(prompt))
+                texts.append(None)
+        return tokens, texts
+
+    # --------------------------------------------------------------- incremental + updates
+    def __getattr__(self, name: str):
+        """add_request, step, abort_request, has_unfinished_requests, start_weight_update,
+        update_weights, finish_weight_update, get_weight_version, pause_generation,
+        resume_generation, reset_prefix_cache, add_round_observer, ...: the engine's."""
+        if name == "llm_engine":
+            raise AttributeError(name)
+        return getattr(self.llm_engine, name)

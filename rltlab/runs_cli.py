@@ -1,0 +1,107 @@
+"""`rltlab run NOTEBOOK [-p key value ...]` and `rltlab runs` (list runs with headline metrics).
+
+Both subcommands live here; cli.py registers this module under both names, and the subparser's
+name (its prog's last word, and args.command at run time) picks which arguments and which action.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rltlab import runs
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    if parser.prog.split()[-1] == "runs":
+        parser.add_argument("--root", default=None,
+                            help="runs directory (default artifacts/runs or $RLTLAB_RUNS_DIR)")
+        parser.add_argument("--all-metrics", action="store_true",
+                            help="print every headline metric instead of the first few")
+        return
+    parser.add_argument("notebook", metavar="NOTEBOOK",
+                        help="a notebook path or a short name (10, 10_rollout_update_evaluate)")
+    parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[],
+                        metavar=("KEY", "VALUE"),
+                        help="set a notebook parameter (repeatable); the value is converted to "
+                             "the type of the default in the notebook's parameters cell")
+    parser.add_argument("--run-dir", default=None,
+                        help="run directory; an existing one is resumed with the same RUN_DIR")
+    parser.add_argument("--name", default=None,
+                        help="run name (default: the notebook's name)")
+    parser.add_argument("--kernel", default="python3", help="Jupyter kernel name")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--list-parameters", action="store_true",
+                        help="print the notebook's parameters and exit")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.command == "runs":
+        return _list(args)
+    try:
+        notebook = runs.resolve_notebook(args.notebook)
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.list_parameters:
+        for name, spec in runs.notebook_parameters(notebook).items():
+            help_text = f"  # {spec['help']}" if spec["help"] else ""
+            print(f"{name} = {spec['default']!r}  ({spec['type']}){help_text}")
+        return 0
+    params = dict(args.parameter)
+    try:
+        params = runs.coerce_parameters(notebook, params)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    run_dir = args.run_dir
+    if run_dir is None:
+        run_dir = runs.new_run_dir(args.name or notebook.stem)
+    print(f"run dir: {run_dir}", flush=True)
+    failed = None
+    try:
+        runs.execute_notebook(notebook, params, run_dir=run_dir, kernel_name=args.kernel,
+                              progress=not args.no_progress)
+    except Exception as err:  # the executed notebook (with the failing cell) is still written
+        failed = err
+    run_dir = Path(run_dir)
+    plots = runs.run_artifacts(run_dir)
+    if plots:
+        print("plots:")
+        for path in plots:
+            print(f"  {path}")
+    metrics = runs.headline_metrics(runs.read_json(run_dir / runs.METRICS_FILE, {}) or {})
+    if metrics:
+        print("metrics: " + ", ".join(f"{k}={_fmt(v)}" for k, v in metrics.items()))
+    print(f"run dir: {run_dir}")
+    if failed is not None:
+        print(f"error: notebook failed: {runs._short_error(failed)}", file=sys.stderr)
+        print(f"see {run_dir / notebook.name}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _list(args: argparse.Namespace) -> int:
+    entries = runs.list_runs(args.root)
+    if not entries:
+        print(f"no runs under {args.root or runs.runs_root()}")
+        return 0
+    rows = []
+    for entry in entries:
+        metrics = entry["metrics"]
+        items = list(metrics.items()) if args.all_metrics else list(metrics.items())[:4]
+        seconds = entry["seconds"]
+        rows.append([entry["name"], entry["notebook"] or "-", entry["status"],
+                     f"{seconds:.0f}" if isinstance(seconds, (int, float)) else "-",
+                     ", ".join(f"{k}={_fmt(v)}" for k, v in items) or "-"])
+    header = ["RUN", "NOTEBOOK", "STATUS", "SECONDS", "HEADLINE METRICS"]
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header) - 1)]
+    for row in [header] + rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1])
+    return 0

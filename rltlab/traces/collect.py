@@ -1,0 +1,332 @@
+"""Trace collection during real generations, through the engine's per-round observer hook.
+
+    collector = TraceCollector(llm, out_dir, teacher=True, hidden_dtype="bfloat16")
+    outputs = collector.generate(prompts, SamplingParams(temperature=0, max_tokens=64,
+                                                         exit_threshold=0.5))
+    collector.close()            # flushes the last shard; the manifest lists every shard
+
+For every DECODE token (the input at position P + i - 1 whose rounds produce output token
+i >= 1; the first output token comes from the full-depth prefill and is not traced) and every
+round it executes, the collector stores h_r (optionally through a fixed random projection),
+the gate logit, hazard, CDF and the prediction statistics of rltlab.traces.stats, plus the
+request metadata (prompt id, position, weight version, model hash per version, seed).
+
+Teacher mode runs all R rounds for every token, so every round has labels, while recording the
+round the request's exit policy WOULD have selected (field `selected`): the request's policy is
+wrapped by a policy that asks it after each round and always answers "continue". The generated
+text is then the full-depth rollout (its tokens come from round R). Without teacher mode the
+policy acts for real (LAST_EXITED); tokens have `executed` = selected rounds and the reference
+statistics refer to the exit round.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from rltlab.engine.exit_policies import (ExitPolicy, RoundInfo, create_exit_policy,
+                                         register_exit_policy)
+from rltlab.traces.stats import stats_from_logprobs
+from rltlab.traces.storage import TraceWriter, dtype_name
+
+_COLLECTOR_IDS = itertools.count()
+
+
+def random_projection(in_dim: int, out_dim: int, seed: int = 0) -> torch.Tensor:
+    """A fixed Gaussian projection [in_dim, out_dim] / sqrt(out_dim) from a seed."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(in_dim, out_dim, generator=gen) / out_dim ** 0.5
+
+
+class _TeacherPolicy(ExitPolicy):
+    """Wraps the requests' exit policies: records what they select, always continues.
+
+    The wrapped policy is named per request in exit_policy_args["teacher_of"]; it is created
+    like the engine creates policies (the engine's default policy with EngineConfig's
+    exit_policy_args). Registered under a unique name through register_exit_policy; it holds
+    no reference to the engine.
+    """
+
+    def __init__(self, model_config, default_policy: str, default_args: dict, selected: dict):
+        self.name = f"teacher-{uuid.uuid4().hex[:8]}"
+        self.model_config, self.selected = model_config, selected
+        self.default_policy, self.default_args = default_policy, dict(default_args)
+        self.inner: dict[str, ExitPolicy] = {}
+
+    def _inner(self, name: str) -> ExitPolicy:
+        if name not in self.inner:
+            kwargs = self.default_args if name == self.default_policy else {}
+            self.inner[name] = create_exit_policy(name, self.model_config, **kwargs)
+        return self.inner[name]
+
+    def validate(self, params, num_rounds):
+        if "teacher_of" not in params.exit_policy_args:
+            raise ValueError("teacher policy needs exit_policy_args['teacher_of']")
+        self._inner(params.exit_policy_args["teacher_of"]).validate(params, num_rounds)
+
+    def decide(self, info):
+        rounds = info.rounds.cpu()
+        groups: dict[str, list[int]] = {}
+        for row, seq in enumerate(info.seqs):
+            key = (seq.request_id, seq.index, seq.num_tokens - 1)
+            if key not in self.selected:
+                groups.setdefault(seq.params.exit_policy_args["teacher_of"], []).append(row)
+        for name, rows in groups.items():
+            idx = torch.tensor(rows)
+            sub = RoundInfo(info.rounds[idx], info.gate_logits[idx], info.hidden[idx],
+                            [info.seqs[i] for i in rows], info.num_rounds)
+            targets = self._inner(name).decide(sub).tolist()
+            for row, target in zip(rows, targets):
+                seq, rnd = info.seqs[row], int(rounds[row])
+                if target >= rnd:  # exit now (== r) or a committed later round (> r)
+                    self.selected[(seq.request_id, seq.index, seq.num_tokens - 1)] = int(target)
+        return torch.zeros_like(rounds)   # always continue; round R exits by itself
+
+
+@dataclasses.dataclass
+class _Pending:
+    hidden: list = dataclasses.field(default_factory=list)
+    logp: list = dataclasses.field(default_factory=list)
+    gates: list = dataclasses.field(default_factory=list)
+    version: int = 0
+
+
+class TraceCollector:
+    """Attach to an engine (rltlab.engine.LLM or LLMEngine), generate, write trace shards.
+
+    hidden_dtype: storage dtype of h_r ("float32", "bfloat16", "float16").
+    projection_dim: store h_r @ P (P fixed, Gaussian, from projection_seed) instead of h_r.
+    store_hidden: False drops the hidden state (statistics only; hidden is [N, R, 0]).
+    """
+
+    def __init__(self, llm, out_dir: str | Path, *, teacher: bool = False,
+                 hidden_dtype: str = "float32", projection_dim: int | None = None,
+                 projection_seed: int = 0, store_hidden: bool = True,
+                 shard_tokens: int = 4096, info: dict[str, Any] | None = None):
+        self.engine = getattr(llm, "llm_engine", llm)
+        self.num_rounds = self.engine.num_rounds
+        hidden_size = self.engine.model_config.hidden_size
+        self.projection = None
+        dim = hidden_size
+        if projection_dim is not None:
+            self.projection = random_projection(hidden_size, projection_dim, projection_seed)
+            dim = projection_dim
+        if not store_hidden:
+            dim, self.projection = 0, None
+        self.store_hidden, self.dim = store_hidden, dim
+        self.teacher = teacher
+        self.writer = TraceWriter(
+            out_dir, num_rounds=self.num_rounds, hidden_dim=dim, dtype=hidden_dtype,
+            shard_tokens=shard_tokens, projection=self.projection,
+            projection_seed=projection_seed if self.projection is not None else None,
+            info={"teacher": teacher, **(info or {})})
+        self.out_dir = self.writer.dir
+        self.model_hashes: dict[str, str] = dict(self.writer.manifest["info"].get(
+            "model_hashes", {}))
+        self._pending: dict[tuple, _Pending] = {}
+        self._done: dict[str, list[dict[str, Any]]] = {}
+        self._requests: dict[str, dict[str, Any]] = {}
+        self._selected: dict[tuple, int] = {}
+        self._teacher_policy = None
+        if teacher:
+            cfg = self.engine.config
+            self._teacher_policy = _TeacherPolicy(self.engine.model_config, cfg.exit_policy,
+                                                  cfg.exit_policy_args, self._selected)
+            policy = self._teacher_policy
+            register_exit_policy(policy.name, lambda _cfg, **_kw: policy)
+        self._handle = self.engine.add_round_observer(self._observe, with_logits=True)
+        self._tag = f"t{next(_COLLECTOR_IDS)}-{uuid.uuid4().hex[:6]}"
+        self.stats = {"tokens": 0, "requests": 0, "observe_s": 0.0, "generate_s": 0.0}
+
+    # --------------------------------------------------------------------------- generation
+    def generate(self, prompts: Sequence[Sequence[int]], params, prompt_ids: Sequence[int]
+                 | None = None) -> list:
+        """Generate for every prompt (token ids) and trace it; returns the RequestOutputs in
+        input order. params: one SamplingParams or one per prompt. prompt_ids default to
+        0..N-1 (give stable ids to join traces with tasks)."""
+        from rltlab.engine import SamplingParams
+
+        engine = self.engine
+        if engine.has_unfinished_requests():
+            raise RuntimeError("TraceCollector.generate needs an idle engine")
+        self._ensure_hash(engine.get_weight_version())
+        params_list = [params] * len(prompts) if isinstance(params, SamplingParams) \
+            else list(params)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"{len(params_list)} sampling params for {len(prompts)} prompts")
+        prompt_ids = list(range(len(prompts))) if prompt_ids is None else list(prompt_ids)
+        start = time.perf_counter()
+        ids = []
+        for prompt, param, pid in zip(prompts, params_list, prompt_ids):
+            if self.teacher:
+                inner = param.exit_policy or engine.config.exit_policy
+                param = dataclasses.replace(
+                    param, exit_policy=self._teacher_policy.name,
+                    exit_policy_args={**param.exit_policy_args, "teacher_of": inner})
+            rid = f"{self._tag}-{pid}-{len(self._requests)}"
+            self._requests[rid] = {"prompt_id": int(pid), "prompt_len": len(prompt)}
+            ids.append(engine.add_request(rid, list(prompt), param))
+        results = {}
+        while len(results) < len(ids):
+            for out in engine.step():
+                if out.finished:
+                    results[out.request_id] = out
+                    self._finish_request(out)
+        self.stats["generate_s"] += time.perf_counter() - start
+        return [results[rid] for rid in ids]
+
+    def close(self) -> dict[str, Any]:
+        """Flush the last shard, detach from the engine; returns the manifest."""
+        if self._handle is not None:
+            self.engine.remove_round_observer(self._handle)
+            self._handle = None
+        self.writer.update_info(model_hashes=self.model_hashes,
+                                collection_stats={k: round(v, 4) if isinstance(v, float) else v
+                                                  for k, v in self.stats.items()})
+        return self.writer.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ----------------------------------------------------------------------------- internals
+    def _ensure_hash(self, version: int) -> None:
+        if str(version) not in self.model_hashes:
+            from rltlab.checkpoint import model_hash
+            self.model_hashes[str(version)] = model_hash(self.engine.model)
+            self.writer.update_info(model_hashes=self.model_hashes)
+
+    def _observe(self, event) -> None:
+        start = time.perf_counter()
+        rows = [i for i, (d, rid) in enumerate(zip(event.is_decode.tolist(), event.request_ids))
+                if d and rid in self._requests]
+        if not rows:
+            self.stats["observe_s"] += time.perf_counter() - start
+            return
+        idx = torch.tensor(rows)
+        logp = torch.log_softmax(event.logits[idx].float(), dim=-1).cpu()
+        hidden = event.hidden[idx].float().cpu()
+        if self.projection is not None:
+            hidden = hidden @ self.projection
+        gate = event.gate_logits[idx].float().cpu()
+        rounds = event.rounds[idx].tolist()
+        positions = event.positions[idx].tolist()
+        exits = event.exits[idx].tolist()
+        for j, row in enumerate(rows):
+            key = (event.request_ids[row], event.sample_indices[row], positions[j])
+            if rounds[j] == 1 or key not in self._pending:
+                self._pending[key] = _Pending()   # (a restart after a weight update resets it)
+            entry = self._pending[key]
+            entry.hidden.append(hidden[j] if self.store_hidden else hidden[j, :0])
+            entry.logp.append(logp[j])
+            entry.gates.append(gate[j])
+            entry.version = event.weight_version
+            if exits[j] or rounds[j] >= self.num_rounds:
+                self._finish_token(key, self._pending.pop(key))
+        self.stats["observe_s"] += time.perf_counter() - start
+
+    def _finish_token(self, key, entry: _Pending) -> None:
+        request_id, sample_index, position = key
+        req = self._requests[request_id]
+        executed = len(entry.logp)
+        stats = stats_from_logprobs(torch.stack(entry.logp), torch.stack(entry.gates))
+        selected = self._selected.pop(key, self.num_rounds) if self.teacher else executed
+        R, pad = self.num_rounds, self.num_rounds - executed
+
+        def padded(x, fill=0.0):
+            return torch.cat([x, torch.full((pad,), fill, dtype=x.dtype)]) if pad else x
+        hidden = torch.stack(entry.hidden)
+        if pad:
+            hidden = torch.cat([hidden, hidden.new_zeros(pad, hidden.shape[1])])
+        record = {
+            "hidden": hidden, "round_mask": torch.arange(R) < executed,
+            "top1_id": padded(stats["top1_id"], 0).int(),
+            **{k: padded(stats[k]) for k in ("gate_logit", "hazard", "cdf", "top1_prob",
+                                              "margin", "entropy", "logprob_ref", "kl_ref")},
+            "executed": executed, "selected": selected, "ref_round": executed,
+            "ref_token": int(stats["ref_token"]), "token": -1, "position": position,
+            "output_index": position - req["prompt_len"] + 1, "prompt_id": req["prompt_id"],
+            "sample_index": sample_index, "weight_version": entry.version, "seed": 0}
+        self._done.setdefault(request_id, []).append(record)
+
+    def _finish_request(self, out) -> None:
+        records = self._done.pop(out.request_id, [])
+        params = out.sampling_params
+        for rec in records:
+            comp = out.outputs[rec["sample_index"]]
+            i = rec["output_index"]
+            rec["token"] = comp.token_ids[i] if i < len(comp.token_ids) else -1
+            rec["seed"] = params.sample_seed(rec["sample_index"]) if params.seed is not None \
+                else -1
+        records.sort(key=lambda r: (r["sample_index"], r["position"]))
+        self.writer.add(records)
+        self.stats["tokens"] += len(records)
+        self.stats["requests"] += 1
+        for version in {r["weight_version"] for r in records}:
+            self._ensure_hash(version)
+
+
+def collect_traces(llm, prompts: Sequence[Sequence[int]], params, out_dir: str | Path, *,
+                   prompt_ids: Sequence[int] | None = None, batch_size: int | None = None,
+                   **collector_kwargs) -> tuple[list, dict[str, Any]]:
+    """One-shot: trace generations of `prompts` into out_dir; returns (outputs, manifest)."""
+    collector = TraceCollector(llm, out_dir, **collector_kwargs)
+    outputs = []
+    try:
+        ids = list(range(len(prompts))) if prompt_ids is None else list(prompt_ids)
+        step = batch_size or len(prompts) or 1
+        for start in range(0, len(prompts), step):
+            outputs += collector.generate(prompts[start:start + step], params,
+                                          ids[start:start + step])
+    finally:
+        manifest = collector.close()
+    return outputs, manifest
+
+
+def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: str | Path,
+                        repeats: int = 1, **collector_kwargs) -> dict[str, Any]:
+    """Wall time of plain generation vs the same generation with trace collection (same
+    prompts, params and mode; warm-up run first). Returns seconds (median of repeats), output
+    tokens, the ratio and the share of the traced run spent inside the observer."""
+    import shutil
+    import statistics
+
+    from rltlab.engine.llm import LLM
+
+    engine = getattr(llm, "llm_engine", llm)
+    front = llm if isinstance(llm, LLM) else None
+
+    def plain():
+        if front is not None:
+            return front.generate([list(p) for p in prompts], params)
+        raise TypeError("collection_overhead needs an rltlab.engine.LLM")
+
+    plain()  # warm-up
+    plain_s, traced_s, observe_s, tokens = [], [], [], 0
+    for k in range(repeats):
+        t0 = time.perf_counter()
+        outs = plain()
+        plain_s.append(time.perf_counter() - t0)
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        target = Path(out_dir) / f"overhead-{k}"
+        shutil.rmtree(target, ignore_errors=True)
+        t0 = time.perf_counter()
+        collector = TraceCollector(engine, target, **collector_kwargs)
+        collector.generate(prompts, params)
+        collector.close()
+        traced_s.append(time.perf_counter() - t0)
+        observe_s.append(collector.stats["observe_s"])
+        shutil.rmtree(target, ignore_errors=True)
+    p, t = statistics.median(plain_s), statistics.median(traced_s)
+    return {"plain_s": p, "traced_s": t, "overhead_x": t / p if p > 0 else float("nan"),
+            "observer_s": statistics.median(observe_s), "output_tokens": tokens,
+            "teacher": bool(collector_kwargs.get("teacher", False)),
+            "hidden_dtype": collector_kwargs.get("hidden_dtype", "float32"),
+            "engine_dtype": dtype_name(next(engine.model.parameters()).dtype)}

@@ -1,0 +1,46 @@
+"""Per-round statistics of one token's trace, shared by the collector and by direct recomputes.
+
+For a token that ran rounds 1..E (E = R in teacher mode), with round-r logits z_r:
+
+    p_r = softmax(z_r) (fp32)     top1_id / top1_prob = argmax / max of p_r
+    margin_r  = p_r[top1] - p_r[top2]              (probability units)
+    entropy_r = -sum p_r log p_r                   (nats)
+    ref round = E, ref token = argmax p_E (the round-R token in teacher mode)
+    logprob_ref_r = log p_r(ref token)             (nats; -CE_r of the round-R token)
+    kl_ref_r      = KL(p_E || p_r)                 (nats; 0 at r = E)
+    hazard_r = sigmoid(g_r); cdf_r = 1 - prod_{j<=r} (1 - hazard_j)   (rltlab.gates)
+"""
+from __future__ import annotations
+
+import torch
+
+from rltlab import gates
+
+STAT_FIELDS = ("top1_id", "top1_prob", "margin", "entropy", "logprob_ref", "kl_ref")
+
+
+def round_stats(logits: torch.Tensor, gate_logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """logits [E, V], gate_logits [E] for rounds 1..E of one token -> dict of [E] tensors
+    (STAT_FIELDS + gate_logit, hazard, cdf) and the scalar ref_token."""
+    logp = torch.log_softmax(logits.double() if logits.dtype == torch.float64 else
+                             logits.float(), dim=-1)
+    return stats_from_logprobs(logp, gate_logits)
+
+
+def stats_from_logprobs(logp: torch.Tensor, gate_logits: torch.Tensor
+                        ) -> dict[str, torch.Tensor]:
+    """Same as round_stats from log-softmax rows [E, V] (already normalized)."""
+    probs = logp.exp()
+    top2 = probs.topk(min(2, probs.shape[-1]), dim=-1)
+    top1_prob, top1_id = top2.values[:, 0], top2.indices[:, 0]
+    second = top2.values[:, 1] if probs.shape[-1] > 1 else torch.zeros_like(top1_prob)
+    entropy = -(probs * logp).sum(-1)
+    ref = logp[-1]
+    ref_token = int(ref.argmax())
+    kl = (ref.exp()[None, :] * (ref[None, :] - logp)).sum(-1).clamp_min(0.0)
+    g = gates.at_least_fp32(gate_logits)
+    return {"top1_id": top1_id, "top1_prob": top1_prob.float(),
+            "margin": (top1_prob - second).float(), "entropy": entropy.float(),
+            "logprob_ref": logp[:, ref_token].float(), "kl_ref": kl.float(),
+            "gate_logit": g.float(), "hazard": gates.hazards(g).float(),
+            "cdf": gates.exit_cdf(g).float(), "ref_token": torch.tensor(ref_token)}

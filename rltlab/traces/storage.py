@@ -1,0 +1,337 @@
+"""On-disk trace format: safetensors shards + a JSON manifest with sha256 checksums.
+
+    <dir>/manifest.json           format, schema, rounds, hidden dim/dtype, projection, shards
+    <dir>/shard-00000.safetensors one tensor per field, first axis = token
+    <dir>/projection.safetensors  the fixed random projection matrix [H, D] (if any)
+
+Every file is written to a temporary sibling, fsynced and renamed into place; the manifest is
+rewritten (atomically) after each shard, so a killed collection leaves a valid dataset of the
+shards finished so far. Readers check every shard's size and sha256 against the manifest
+before using it: a truncated or corrupt shard raises TraceCorruptError naming it.
+
+Fields per token (N tokens in a shard, R = rounds, D = stored hidden dim):
+
+    hidden        [N, R, D]  h_r (after model.norm), storage dtype; zeros where not executed
+    round_mask    [N, R]     bool: round r was executed (observed)
+    gate_logit, hazard, cdf, top1_prob, margin, entropy, logprob_ref, kl_ref   [N, R] fp32
+    top1_id       [N, R]     int32
+    executed      [N]        int32: rounds executed (R in teacher mode)
+    selected      [N]        int32: the policy's exit round (in teacher mode: what it would pick)
+    ref_round     [N]        int32: round the ref statistics refer to (= executed)
+    ref_token     [N]        int32: argmax at ref_round
+    token         [N]        int32: the token actually emitted (-1 if the request did not finish)
+    position      [N]        int32: input position of the token (prompt length P + i - 1)
+    output_index  [N]        int32: index i of the output token its rounds produced (>= 1)
+    prompt_id     [N]        int64
+    sample_index  [N]        int32
+    weight_version [N]       int64
+    seed          [N]        int64: the sample's seed (SamplingParams.sample_seed)
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import safetensors.torch
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from rltlab.runs import read_json, write_json_atomic
+
+FORMAT = "rltlab-traces"
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+PROJECTION_FILE = "projection.safetensors"
+ROUND_FIELDS_F32 = ("gate_logit", "hazard", "cdf", "top1_prob", "margin", "entropy",
+                    "logprob_ref", "kl_ref")
+TOKEN_FIELDS_I32 = ("executed", "selected", "ref_round", "ref_token", "token", "position",
+                    "output_index", "sample_index")
+TOKEN_FIELDS_I64 = ("prompt_id", "weight_version", "seed")
+ALL_FIELDS = ("hidden", "round_mask", "top1_id", *ROUND_FIELDS_F32, *TOKEN_FIELDS_I32,
+              *TOKEN_FIELDS_I64)
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class TraceCorruptError(RuntimeError):
+    """A shard is missing, truncated, or does not match its manifest checksum."""
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while True:
+            block = handle.read(chunk)
+            if not block:
+                break
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _atomic_save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
+    data = safetensors.torch.save({k: v.contiguous() for k, v in tensors.items()},
+                                  metadata=metadata)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def hidden_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in _DTYPES:
+        raise ValueError(f"hidden dtype must be one of {sorted(_DTYPES)}, got {name!r}")
+    return _DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class TraceWriter:
+    """Accumulates per-token records and writes a shard every `shard_tokens` tokens.
+
+    records: dicts holding every field of ALL_FIELDS for one token (tensors or numbers).
+    An existing directory with a manifest is appended to when its settings match.
+    """
+
+    def __init__(self, out_dir: str | os.PathLike, *, num_rounds: int, hidden_dim: int,
+                 dtype: str | torch.dtype = "float32", shard_tokens: int = 4096,
+                 projection: torch.Tensor | None = None, projection_seed: int | None = None,
+                 info: dict[str, Any] | None = None):
+        self.dir = Path(out_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dtype = hidden_dtype(dtype)
+        if shard_tokens < 1:
+            raise ValueError("shard_tokens must be >= 1")
+        self.shard_tokens = shard_tokens
+        self.pending: list[dict[str, Any]] = []
+        old = read_json(self.dir / MANIFEST)
+        settings = {"num_rounds": num_rounds, "hidden_dim": hidden_dim,
+                    "hidden_dtype": dtype_name(self.dtype)}
+        if old is not None:
+            _check_manifest(old, self.dir)
+            clash = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+            if clash:
+                raise ValueError(f"{self.dir} holds traces with other settings {clash}; "
+                                 "use a new directory")
+            self.manifest = old
+        else:
+            self.manifest = {"format": FORMAT, "schema_version": SCHEMA_VERSION, **settings,
+                             "fields": list(ALL_FIELDS), "projection": None, "shards": [],
+                             "num_tokens": 0, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                             "info": {}}
+        if projection is not None and self.manifest["projection"] is None:
+            path = self.dir / PROJECTION_FILE
+            _atomic_save({"projection": projection.float().cpu()}, path, {"format": "pt"})
+            self.manifest["projection"] = {
+                "file": PROJECTION_FILE, "in_dim": int(projection.shape[0]),
+                "out_dim": int(projection.shape[1]), "seed": projection_seed,
+                "sha256": sha256_file(path), "bytes": path.stat().st_size}
+        self.manifest["info"].update(info or {})
+        write_json_atomic(self.dir / MANIFEST, self.manifest)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.manifest["num_tokens"] + len(self.pending)
+
+    def add(self, records: Sequence[dict[str, Any]]) -> None:
+        self.pending.extend(records)
+        while len(self.pending) >= self.shard_tokens:
+            self._write(self.pending[:self.shard_tokens])
+            self.pending = self.pending[self.shard_tokens:]
+
+    def update_info(self, **info: Any) -> None:
+        self.manifest["info"].update(info)
+        write_json_atomic(self.dir / MANIFEST, self.manifest)
+
+    def close(self) -> dict[str, Any]:
+        if self.pending:
+            self._write(self.pending)
+            self.pending = []
+        return self.manifest
+
+    def _write(self, records: list[dict[str, Any]]) -> None:
+        tensors = stack_records(records, self.dtype)
+        index = len(self.manifest["shards"])
+        name = f"shard-{index:05d}.safetensors"
+        path = self.dir / name
+        versions = sorted({int(v) for v in tensors["weight_version"].tolist()})
+        meta = {"format": FORMAT, "schema_version": str(SCHEMA_VERSION),
+                "weight_versions": json.dumps(versions),
+                "model_hashes": json.dumps({str(v): self.manifest["info"].get(
+                    "model_hashes", {}).get(str(v)) for v in versions})}
+        _atomic_save(tensors, path, meta)
+        self.manifest["shards"].append({
+            "file": name, "num_tokens": len(records), "bytes": path.stat().st_size,
+            "sha256": sha256_file(path), "weight_versions": versions})
+        self.manifest["num_tokens"] += len(records)
+        write_json_atomic(self.dir / MANIFEST, self.manifest)
+
+
+def stack_records(records: list[dict[str, Any]], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    out = {"hidden": torch.stack([torch.as_tensor(r["hidden"]) for r in records]).to(dtype),
+           "round_mask": torch.stack([torch.as_tensor(r["round_mask"]) for r in records]).bool(),
+           "top1_id": torch.stack([torch.as_tensor(r["top1_id"]) for r in records]).int()}
+    for name in ROUND_FIELDS_F32:
+        out[name] = torch.stack([torch.as_tensor(r[name]) for r in records]).float()
+    for name in TOKEN_FIELDS_I32:
+        out[name] = torch.tensor([int(r[name]) for r in records], dtype=torch.int32)
+    for name in TOKEN_FIELDS_I64:
+        out[name] = torch.tensor([int(r[name]) for r in records], dtype=torch.int64)
+    return out
+
+
+# ----------------------------------------------------------------------------- reading
+
+def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    root = Path(path)
+    manifest = read_json(root / MANIFEST)
+    if manifest is None:
+        raise FileNotFoundError(f"{root} has no {MANIFEST}: not a trace directory")
+    _check_manifest(manifest, root)
+    return manifest
+
+
+def _check_manifest(manifest: dict[str, Any], root: Path) -> None:
+    if manifest.get("format") != FORMAT:
+        raise TraceCorruptError(f"{root / MANIFEST}: format {manifest.get('format')!r}, "
+                                f"expected {FORMAT!r}")
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        raise TraceCorruptError(f"{root / MANIFEST}: schema version "
+                                f"{manifest.get('schema_version')} is not {SCHEMA_VERSION}")
+
+
+def load_shard(root: str | os.PathLike, entry: dict[str, Any], verify: bool = True
+               ) -> dict[str, torch.Tensor]:
+    """One shard's tensors after checking its size and sha256 against the manifest entry."""
+    path = Path(root) / entry["file"]
+    if Path(entry["file"]).name != entry["file"]:
+        raise TraceCorruptError(f"manifest names a shard outside the directory: {entry['file']}")
+    if not path.is_file():
+        raise TraceCorruptError(f"trace shard {path} is missing")
+    data = path.read_bytes()
+    if verify:
+        if len(data) != entry["bytes"]:
+            raise TraceCorruptError(
+                f"trace shard {path} has {len(data)} bytes, the manifest says {entry['bytes']}"
+                f" ({'truncated' if len(data) < entry['bytes'] else 'extra bytes'})")
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != entry["sha256"]:
+            raise TraceCorruptError(f"trace shard {path} fails its sha256 check (manifest "
+                                    f"{entry['sha256'][:16]}..., file {actual[:16]}...): corrupt")
+    try:
+        tensors = safetensors.torch.load(data)
+    except Exception as err:
+        raise TraceCorruptError(f"trace shard {path} is not readable safetensors: {err}") from err
+    n = entry["num_tokens"]
+    bad = [k for k, v in tensors.items() if v.shape[0] != n]
+    if bad:
+        raise TraceCorruptError(f"trace shard {path}: fields {bad} do not hold {n} tokens")
+    return tensors
+
+
+def load_projection(root: str | os.PathLike, verify: bool = True) -> torch.Tensor | None:
+    manifest = read_manifest(root)
+    proj = manifest.get("projection")
+    if not proj:
+        return None
+    entry = {"file": proj["file"], "bytes": proj["bytes"], "sha256": proj["sha256"],
+             "num_tokens": proj["in_dim"]}
+    return load_shard(root, entry, verify)["projection"]
+
+
+def iter_shards(root: str | os.PathLike, fields: Sequence[str] | None = None,
+                verify: bool = True) -> Iterator[dict[str, torch.Tensor]]:
+    manifest = read_manifest(root)
+    for entry in manifest["shards"]:
+        tensors = load_shard(root, entry, verify)
+        yield {k: v for k, v in tensors.items() if fields is None or k in fields}
+
+
+def load_traces(root: str | os.PathLike, fields: Sequence[str] | None = None,
+                verify: bool = True) -> dict[str, torch.Tensor]:
+    """Every shard concatenated (verified): field -> tensor with all tokens on axis 0."""
+    parts: dict[str, list[torch.Tensor]] = {}
+    for shard in iter_shards(root, fields, verify):
+        for k, v in shard.items():
+            parts.setdefault(k, []).append(v)
+    if not parts:
+        manifest = read_manifest(root)
+        r = manifest["num_rounds"]
+        return {k: torch.zeros((0, r)) for k in (fields or ())}
+    return {k: torch.cat(v) for k, v in parts.items()}
+
+
+def verify_traces(root: str | os.PathLike) -> dict[str, Any]:
+    """Check every shard (size, sha256, readable, token counts); returns a summary."""
+    manifest = read_manifest(root)
+    total = 0
+    for entry in manifest["shards"]:
+        total += load_shard(root, entry, True)["token"].shape[0]
+    if manifest.get("projection"):
+        load_projection(root)
+    if total != manifest["num_tokens"]:
+        raise TraceCorruptError(f"{root}: shards hold {total} tokens, the manifest says "
+                                f"{manifest['num_tokens']}")
+    return {"shards": len(manifest["shards"]), "num_tokens": total}
+
+
+class TraceDataset(IterableDataset):
+    """Streams per-token examples (dicts of tensors) from a trace directory, shard by shard.
+
+    Each shard is verified (size + sha256) when it is opened; a corrupt or truncated shard
+    raises TraceCorruptError. With several DataLoader workers the shards are split between
+    them. shuffle=True shuffles the shard order and the tokens inside each shard (seeded;
+    call set_epoch(k) for a new order per epoch).
+    """
+
+    def __init__(self, root: str | os.PathLike, fields: Sequence[str] | None = None,
+                 shuffle: bool = False, seed: int = 0, verify: bool = True):
+        super().__init__()
+        self.root, self.fields, self.shuffle, self.seed, self.verify = (
+            Path(root), tuple(fields) if fields else None, shuffle, seed, verify)
+        self.manifest = read_manifest(self.root)
+        unknown = set(self.fields or ()) - set(self.manifest["fields"])
+        if unknown:
+            raise ValueError(f"unknown trace fields {sorted(unknown)}; "
+                             f"available: {self.manifest['fields']}")
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return int(self.manifest["num_tokens"])
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        shards = list(self.manifest["shards"])
+        rng = random.Random(self.seed * 1_000_003 + self.epoch)
+        if self.shuffle:
+            rng.shuffle(shards)
+        worker = get_worker_info()
+        if worker is not None:
+            shards = shards[worker.id::worker.num_workers]
+        for entry in shards:
+            tensors = load_shard(self.root, entry, self.verify)
+            if self.fields:
+                tensors = {k: tensors[k] for k in self.fields}
+            n = entry["num_tokens"]
+            order = list(range(n))
+            if self.shuffle:
+                rng.shuffle(order)
+            for i in order:
+                yield {k: v[i] for k, v in tensors.items()}

@@ -1,0 +1,126 @@
+"""rltlab.pretrain: the training forward, the two losses, config validation, the CPU smoke run
+(end to end through the CLI), and resumption from train_state/."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rltlab.config import OuroConfig
+from rltlab.model import OuroForCausalLM
+from rltlab.pretrain import (SMOKE, PretrainConfig, looped_forward, pretrain, stage1_loss,
+                             stage2_loss)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny(kv_heads: int = 2) -> OuroForCausalLM:
+    cfg = OuroConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=kv_heads,
+                     max_position_embeddings=128, total_ut_steps=4)
+    model = OuroForCausalLM(cfg).init_weights(0, std=0.1)
+    with torch.no_grad():
+        model.model.early_exit_gate.bias.fill_(0.3)
+    return model
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_training_forward_is_the_model_forward(kv_heads):
+    model = tiny(kv_heads)
+    ids = torch.randint(0, 300, (3, 20), generator=torch.Generator().manual_seed(1))
+    ref = model(ids, all_logits=True)
+    hs, gate_logits = looped_forward(model, ids)
+    for h, logits in zip(hs, ref.logits, strict=True):
+        torch.testing.assert_close(model.lm_head(h), logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gate_logits, ref.gate_logits, rtol=1e-5, atol=1e-5)
+
+
+def test_stage1_loss_matches_formula():
+    model = tiny()
+    ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(2))
+    loss, ce, p, entropy = stage1_loss(model, ids, 0.1)
+    out = model(ids, all_logits=True)
+    lam = torch.sigmoid(out.gate_logits[:, :-1])
+    surv = torch.cumprod(1 - lam, -1)
+    probs = torch.stack([lam[..., 0], lam[..., 1] * surv[..., 0], lam[..., 2] * surv[..., 1],
+                         surv[..., 2]], -1)
+    ces = torch.stack([torch.nn.functional.cross_entropy(
+        logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none") for logits in out.logits], -1)
+    ent = -(probs * probs.log()).sum(-1)
+    expected = (probs * ces).sum(-1).mean() - 0.1 * ent.mean()
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ce, ces.mean((0, 1)), rtol=1e-5, atol=1e-5)
+
+
+def test_stage2_trains_only_the_gate_with_round1_taking_round2_label():
+    model = tiny()
+    ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(3))
+    loss, ce, w = stage2_loss(model, ids, 50.0, 0.005)
+    loss.backward()
+    grads = {n for n, p in model.named_parameters() if p.grad is not None}
+    assert grads == {"model.early_exit_gate.weight", "model.early_exit_gate.bias"}
+    assert w[0] == w[1]
+    out = model(ids, all_logits=True)
+    ces = torch.stack([torch.nn.functional.cross_entropy(
+        logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none") for logits in out.logits], -1)
+    gain = (ces[..., :-1] - ces[..., 1:]).clamp_min(0)
+    labels = torch.sigmoid(50 * (gain - 0.005))
+    labels = torch.cat([labels[..., :1], labels], -1)
+    lam = torch.sigmoid(out.gate_logits[:, :-1])
+    expected = -(labels * torch.log(1 - lam) + (1 - labels) * torch.log(lam)).mean()
+    torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [dict(hidden_size=0), dict(steps=0), dict(dtype="fp16"),
+                                 dict(seq_len=2048), dict(vocab_size=100), dict(compile="x"),
+                                 dict(warmup_steps=3000)])
+def test_config_validation(bad):
+    with pytest.raises(ValueError):
+        PretrainConfig(**bad)
+
+
+def _log(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+
+
+def test_smoke_cli_trains_saves_and_loads(tmp_path):
+    out = tmp_path / "smoke"
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-m", "rltlab.pretrain", "--smoke", "--out-dir",
+                           str(out)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stage1 = [r for r in _log(out) if r["stage"] == 1]
+    assert stage1[-1]["loss"] < stage1[0]["loss"] - 0.3
+    assert any(r["stage"] == 2 for r in _log(out))
+    from rltlab.checkpoint import load_model_and_tokenizer
+    model, tokenizer = load_model_and_tokenizer(out, dtype=torch.float32)
+    assert model.config.hidden_size == SMOKE["hidden_size"]
+    assert {p.name for p in (out / "eval").iterdir()} == {"heldout_text.txt",
+                                                            "arithmetic_heldout.jsonl"}
+    saved = json.loads((out / "pretrain_config.json").read_text())
+    assert saved["smoke"] is True and saved["steps"] == SMOKE["steps"]
+    assert "| 4 |" in proc.stdout  # the final per-round eval table
+
+
+def test_resume_reproduces_an_uninterrupted_run(tmp_path):
+    base = dict(SMOKE, smoke=True, steps=6, warmup_steps=2, stage2_steps=2, batch_size=4,
+                seq_len=128, save_every=100, log_every=1, final_eval=False,
+                data_dir=str(tmp_path / "data"))
+    full = pretrain(PretrainConfig(**base, out_dir=str(tmp_path / "a")))
+    part = pretrain(PretrainConfig(**base, out_dir=str(tmp_path / "b"), stop_after=3))
+    assert part["step"] == 3 and not (tmp_path / "b" / "model.safetensors").exists()
+    rest = pretrain(PretrainConfig(**base, out_dir=str(tmp_path / "b")))
+    assert rest["step"] == full["step"] == 8
+    from safetensors.torch import load_file
+    a = load_file(tmp_path / "a" / "model.safetensors")
+    b = load_file(tmp_path / "b" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["loss"] for r in full["log"]] == pytest.approx([r["loss"] for r in rest["log"]])
+    with pytest.raises(ValueError, match="another config"):
+        pretrain(PretrainConfig(**{**base, "lr": 1e-2}, out_dir=str(tmp_path / "b")))
