@@ -254,7 +254,7 @@ def run_iteration(state: LoopState, k: int) -> dict[str, Any]:
             "trace_tokens": manifest["num_tokens"], "new_weight_version": new_version,
             "gate_training": {k2: v for k2, v in trained.items() if k2 != "state"},
             "trace_mean_selected": summary["mean_selected"],
-            "before": before, "after": after}
+            "config": asdict(cfg), "before": before, "after": after}
         write_json_atomic(tmp / "result.json", result)
         os.rename(tmp, iteration_dir(run_dir, k))
     except BaseException:

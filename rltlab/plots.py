@@ -171,8 +171,8 @@ def plot_calibration(probs: Sequence[float], labels: Sequence[int], out_dir: str
     ax.scatter(curve["mean_prob"], curve["frequency"], s=sizes, color="C0",
                label=f"model (ECE {100 * curve['ece']:.1f} pp)")
     ax.set_ylabel("observed frequency of label 1 (fraction)")
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_ylim(-0.02, 1.05)
     ax.set_title(title or "Reliability curve")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)

@@ -19,7 +19,6 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -40,10 +39,10 @@ _RUNTIME = {"out_dir", "data_dir", "device", "compile", "log_every", "save_every
             "stop_after", "time_budget_s", "final_eval"}
 
 
-@dataclass
+@dataclasses.dataclass
 class PretrainConfig:
     out_dir: str = "runs/ouro-tiny"
-    data_dir: str | None = None  # tokenizer + train tokens + eval files; default out_dir/train_state/data
+    data_dir: str | None = None  # tokenizer, tokens, eval files; default out_dir/train_state/data
     hidden_size: int = 256
     num_layers: int = 4
     num_rounds: int = 4
@@ -77,7 +76,7 @@ class PretrainConfig:
     seed: int = 0
     device: str = "auto"
     dtype: str = "bf16"  # autocast dtype on CUDA (CPU always runs fp32)
-    compile: str = "none"  # none | layer | full
+    compile: str = "none"  # none | layer (torch.compile the decoder layer: ~3x on an H200)
     log_every: int = 50
     save_every: int = 500
     eval_every: int = 0
@@ -91,13 +90,14 @@ class PretrainConfig:
                     "save_every", "eval_problems", "lr", "stage2_lr")
         rules = [(all(getattr(self, n) > 0 for n in positive), f"{positive} must be positive"),
                  (min(self.steps, self.stage2_steps, self.warmup_steps) >= 0, "negative steps"),
-                 (self.steps > 0 or bool(self.time_budget_s), "steps=0 needs time_budget_s"),
+                 (self.steps > 0 or (bool(self.time_budget_s) and self.warmup_steps >= 10),
+                  "steps=0 (auto) needs time_budget_s and warmup_steps >= 10"),
                  (self.steps == 0 or self.warmup_steps < self.steps, "warmup_steps >= steps"),
                  (self.seq_len <= self.max_position_embeddings, "seq_len > max positions"),
                  (self.vocab_size >= 257, "vocab_size < 257 (byte alphabet + EOT)"),
                  (0 < self.arith_frac < 1 and 0 <= self.min_lr_ratio <= 1, "fraction range"),
                  (self.dtype in ("bf16", "fp32"), "dtype must be bf16|fp32"),
-                 (self.compile in ("none", "layer", "full"), "compile must be none|layer|full")]
+                 (self.compile in ("none", "layer"), "compile must be none|layer")]
         for ok, why in rules:
             if not ok:
                 raise ValueError(f"invalid PretrainConfig: {why}")
@@ -144,9 +144,8 @@ def looped_forward(model: OuroForCausalLM, ids: torch.Tensor, layer_fn=_layer):
 
 def round_ce(model, hs, ids):
     """Per-token next-token CE of every round, [B, T-1, R] fp32."""
-    target = ids[:, 1:]
     return torch.stack([F.cross_entropy(model.lm_head(h[:, :-1]).float().transpose(1, 2),
-                                        target, reduction="none") for h in hs], dim=-1)
+                                        ids[:, 1:], reduction="none") for h in hs], dim=-1)
 
 
 def stage1_loss(model, ids, beta, layer_fn=_layer):
@@ -187,8 +186,8 @@ def pretrain(cfg: PretrainConfig) -> dict:
     out, t_start = Path(cfg.out_dir), time.time()
     state_dir, log_path = out / "train_state", out / "train_log.jsonl"
     tok, tokens, ddir = E.prepare_data(cfg)
-    torch.manual_seed(cfg.seed)
-    model = OuroForCausalLM(cfg.model_config(tok.get_vocab_size())).init_weights(cfg.seed).to(device)
+    model = OuroForCausalLM(cfg.model_config(tok.get_vocab_size())).init_weights(cfg.seed)
+    model = model.to(device)
     groups = [[], []]  # weight decay on matrices, none on norms and the gate
     for n, p in model.named_parameters():
         groups[p.dim() == 2 and "early_exit_gate" not in n].append(p)
@@ -202,16 +201,14 @@ def pretrain(cfg: PretrainConfig) -> dict:
     amp = dict(device_type=device.type, dtype=torch.bfloat16,
                enabled=device.type == "cuda" and cfg.dtype == "bf16")
     layer_fn = torch.compile(_layer) if cfg.compile == "layer" else _layer
-    loss1 = torch.compile(stage1_loss) if cfg.compile == "full" else stage1_loss
     data, order = tokens.to(device), E.BatchOrder(len(tokens), cfg.batch_size, cfg.seed)
-    heldout = E.encode(tok, (ddir / E.TEXT_FILE).read_text(encoding="utf-8"))
-    n_eval = min(len(heldout) // cfg.seq_len, 16)
-    held = torch.tensor(heldout[: n_eval * cfg.seq_len], device=device).view(n_eval, cfg.seq_len)
+    heldout, body = E.encode(tok, (ddir / E.TEXT_FILE).read_text(encoding="utf-8")), cfg.seq_len - 1
+    n_eval = min(len(heldout) // body, 16)  # probe rows: [EOT] + text, like training rows
+    held = F.pad(torch.tensor(heldout[: n_eval * body], device=device).view(n_eval, body), (1, 0))
 
     def snapshot():
         return {"step": step, "steps": steps, "log": log, "config": dataclasses.asdict(cfg),
                 "model": model.state_dict(), "opt1": opt1.state_dict(), "opt2": opt2.state_dict()}
-
     bar = tqdm(total=(steps or 10**9) + cfg.stage2_steps, initial=step, mininterval=2.0)
     t_measure, _ = None, model.train()
     while step < (steps or 10**9) + cfg.stage2_steps:
@@ -220,30 +217,32 @@ def pretrain(cfg: PretrainConfig) -> dict:
         with torch.autocast(**amp):
             if stage1:
                 beta = cfg.beta_start if steps == 0 or step < steps // 2 else cfg.beta_end
-                loss, ce, p, ent = loss1(model, ids, beta, layer_fn)
+                loss, ce, p, _ = stage1_loss(model, ids, beta, layer_fn)
             else:
                 loss, ce, p = stage2_loss(model, ids, cfg.stage2_slope, cfg.stage2_margin, layer_fn)
         opt = opt1 if stage1 else opt2
         lr = (_lr(cfg.lr, step, steps, cfg.warmup_steps, cfg.min_lr_ratio) if stage1 else
               _lr(cfg.stage2_lr, step - steps, cfg.stage2_steps, cfg.stage2_steps // 10, 0.1))
-        for group in opt.param_groups:
-            group["lr"] = lr
+        _ = [group.update(lr=lr) for group in opt.param_groups]
         opt.zero_grad(set_to_none=True)
         loss.backward()
         _ = stage1 and torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         step, _ = step + 1, bar.update(1)
-        if steps == 0 and step in (5, min(cfg.warmup_steps, 40)):  # auto steps: time the warmup
-            _ = device.type == "cuda" and torch.cuda.synchronize()
-            t_measure, per_step = time.time(), (time.time() - (t_measure or 0)) / (step - 5 or 1)
-            if step > 5:  # the LR schedule so far did not depend on steps (warmup only)
+        if steps == 0 and (t_measure is None or step >= min(cfg.warmup_steps, 40)):
+            _ = device.type == "cuda" and torch.cuda.synchronize()  # auto steps: time warmup
+            if t_measure is None:  # after the first step (and any compilation)
+                t_measure = (time.time(), step)
+            else:  # the LR schedule so far did not depend on steps (warmup only)
+                per_step = (time.time() - t_measure[0]) / max(1, step - t_measure[1])
                 steps = max(cfg.warmup_steps + 1, step + int(
                     0.97 * (cfg.time_budget_s - (time.time() - t_start)) / per_step))
                 bar.total = steps + cfg.stage2_steps
                 tqdm.write(f"auto steps: {per_step * 1000:.1f} ms/step -> {steps} Stage I steps")
         if step % cfg.log_every == 0 or step == steps or step == steps + cfg.stage2_steps:
             rec = {"step": step, "stage": 1 if stage1 else 2, "lr": lr, "loss": loss.item(),
-                   "ce": [round(x, 4) for x in ce.tolist()], "elapsed_s": round(time.time() - t_start, 1)}
+                   "ce": [round(x, 4) for x in ce.tolist()],
+                   "elapsed_s": round(time.time() - t_start, 1)}
             rec["p" if stage1 else "w"] = [round(x, 4) for x in p.tolist()]
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == steps) and n_eval:
                 with torch.no_grad(), torch.autocast(**amp):
@@ -296,6 +295,5 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(description="train the embedded default model")
-    add_arguments(_parser)
+    add_arguments(_parser := argparse.ArgumentParser(description="train the embedded model"))
     raise SystemExit(main(_parser.parse_args()))

@@ -64,7 +64,8 @@ def prepare_data(cfg):
     if len(tokens) == 0:
         raise ValueError(f"{path} holds no rows: seq_len {cfg.seq_len} is too short for the data")
     if tokens.shape[1] != cfg.seq_len:
-        raise ValueError(f"{path} has rows of {tokens.shape[1]} tokens, config seq_len {cfg.seq_len}")
+        raise ValueError(f"{path} has rows of {tokens.shape[1]} tokens, "
+                         f"config seq_len {cfg.seq_len}")
     return tok, tokens, ddir
 
 

@@ -185,7 +185,7 @@ def test_policy_mode_and_projection(model, tmp_path):
 
 def test_collection_overhead_report(model, tmp_path):
     llm = LLM(model)
-    report = collection_overhead(llm, PROMPTS[:2], params(max_tokens=4), tmp_path)
+    report = collection_overhead(llm, PROMPTS[:2], params(max_tokens=4), tmp_path / "ovh")
     assert report["output_tokens"] == 8 and report["plain_s"] > 0 and report["traced_s"] > 0
-    assert report["overhead_x"] > 0 and not any(tmp_path.iterdir())
+    assert report["overhead_x"] > 0 and not any(tmp_path.iterdir())   # nothing left behind
     assert read_manifest  # exported

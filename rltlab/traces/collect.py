@@ -324,6 +324,10 @@ def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: 
         traced_s.append(time.perf_counter() - t0)
         observe_s.append(collector.stats["observe_s"])
         shutil.rmtree(target, ignore_errors=True)
+    try:
+        Path(out_dir).rmdir()   # only if empty (it was created for the temporary traces)
+    except OSError:
+        pass
     p, t = statistics.median(plain_s), statistics.median(traced_s)
     return {"plain_s": p, "traced_s": t, "overhead_x": t / p if p > 0 else float("nan"),
             "observer_s": statistics.median(observe_s), "output_tokens": tokens,
