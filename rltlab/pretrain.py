@@ -17,7 +17,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import time
 from pathlib import Path
 

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rltlab.atomic import write_text_atomic
 from rltlab import data as D
 from rltlab import gates
 from rltlab.data import (EOT_ID, extract_answer, load_text_documents,
@@ -156,17 +157,11 @@ def write_eval_files(out_dir: str | Path, text_bytes: int = 16_000, n_problems: 
             total += len(doc.encode("utf-8"))
     if not docs:  # every file is larger than text_bytes: a prefix of the first
         docs = [held[0].encode("utf-8")[:text_bytes].decode("utf-8", "ignore")]
-    _atomic_write(out_dir / TEXT_FILE, "\n\n".join(docs))
+    write_text_atomic(out_dir / TEXT_FILE, "\n\n".join(docs))
     lines = [json.dumps({"question": p.question, "answer_text": p.answer_text, "answer": p.answer})
              for p in make_arithmetic_problems(n_problems, seed, "heldout")]
-    _atomic_write(out_dir / ARITH_FILE, "\n".join(lines) + "\n")
+    write_text_atomic(out_dir / ARITH_FILE, "\n".join(lines) + "\n")
     return out_dir / "eval"
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
 
 
 def load_eval_set(eval_root: str | Path) -> tuple[str, list[dict]]:
@@ -307,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(metrics))
     print(f"eval took {metrics['eval_seconds']} s")
     if args.write:
-        _atomic_write(Path(args.path) / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+        write_text_atomic(Path(args.path) / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     return 0
 
 

@@ -25,12 +25,12 @@ import json
 import os
 import re
 import socket
-import tempfile
 import time
 import tokenize
 from pathlib import Path
 from typing import Any
 
+from rltlab.atomic import write_text_atomic
 from rltlab.paths import ARTIFACTS_DIR, REPO_ROOT
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
@@ -49,23 +49,8 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, indent: int | None = 2)
     (Paths, numpy scalars, tensors of one element) are converted; NaN/Inf become null, so the
     file stays strict JSON.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(_jsonable(obj), indent=indent, allow_nan=False) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
+    return write_text_atomic(path, text)
 
 
 def read_json(path: str | os.PathLike, default: Any = None) -> Any:

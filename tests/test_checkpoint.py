@@ -9,7 +9,6 @@ import safetensors.torch
 import torch
 from safetensors.torch import load_file, save_file
 
-from rltlab import checkpoint
 from rltlab.checkpoint import (from_pretrained, load_model_and_tokenizer, load_tokenizer,
                                manifest, model_hash, num_parameters, save_pretrained)
 from rltlab.config import OuroConfig

@@ -33,7 +33,6 @@ import hashlib
 import json
 import os
 import random
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -42,6 +41,7 @@ import safetensors.torch
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from rltlab.atomic import write_bytes_atomic
 from rltlab.runs import read_json, write_json_atomic
 
 FORMAT = "rltlab-traces"
@@ -76,17 +76,7 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
 def _atomic_save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
     data = safetensors.torch.save({k: v.contiguous() for k, v in tensors.items()},
                                   metadata=metadata)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_bytes_atomic(path, data)
 
 
 def hidden_dtype(name: str | torch.dtype) -> torch.dtype:
