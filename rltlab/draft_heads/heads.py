@@ -1,0 +1,182 @@
+"""Trainable draft components for loop-aware speculative decoding (REFERENCE section 3).
+
+Reuse-exact (they read the frozen round-d state h_d; the draft's rounds 1..d stay the target's):
+  * ResidualMLPHead:  logits = lm_head(h_d + down(silu(up(norm(h_d))))), `down` zero-initialised
+    (so an untrained head IS the shallow drafter), lm_head frozen and shared with the target.
+  * LoraLMHead:       a PEFT LoRA on a draft-only copy of lm_head (the copy shares the frozen base
+    weight; only the LoRA matrices are new). Saved in PEFT format (save_pretrained).
+Not reuse-exact:
+  * LayerLoraDrafter: a PEFT LoRA on the shared layers, active on the draft path only (a copy of
+    the model sharing the frozen base weights). Verification must recompute rounds 1..d.
+
+Every component is called as head(h) -> logits and records its draft_rounds; `save_component`
+/ `load_component` write / read it with a draft_component.json of compatibility metadata.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import safetensors.torch
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rltlab.model import OuroForCausalLM, RMSNorm
+
+META_FILE = "draft_component.json"
+LAYER_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _shared_copy(module: nn.Module) -> nn.Module:
+    """deepcopy whose parameters ARE the original's (frozen base weights cost no memory)."""
+    return copy.deepcopy(module, memo={id(p): p for p in module.parameters()})
+
+
+class ResidualMLPHead(nn.Module):
+    kind = "residual_mlp"
+    reuse_exact = True
+
+    def __init__(self, model: OuroForCausalLM, draft_rounds: int = 1, inner: int | None = None):
+        super().__init__()
+        hidden = model.config.hidden_size
+        self.draft_rounds, self.inner = draft_rounds, inner or 2 * hidden
+        self.norm = RMSNorm(hidden, model.config.rms_norm_eps)
+        self.up = nn.Linear(hidden, self.inner, bias=False)
+        self.down = nn.Linear(self.inner, hidden, bias=False)
+        nn.init.normal_(self.up.weight, std=hidden ** -0.5)
+        nn.init.zeros_(self.down.weight)
+        self._lm_head = [model.lm_head]     # not a submodule: frozen, not saved, not trained
+        self.to(next(model.parameters()).dtype)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self._lm_head[0](h + self.down(F.silu(self.up(self.norm(h)))))
+
+    def adapter_parameters(self):
+        return list(self.parameters())
+
+    def config_dict(self) -> dict:
+        return {"inner": self.inner}
+
+    def save_weights(self, out: Path) -> None:
+        safetensors.torch.save_file({k: v.contiguous() for k, v in self.state_dict().items()},
+                                    str(out / "head.safetensors"))
+
+    def load_weights(self, src: Path) -> None:
+        self.load_state_dict(safetensors.torch.load_file(str(src / "head.safetensors")))
+
+
+class _HeadCopy(nn.Module):
+    def __init__(self, lm_head: nn.Linear):
+        super().__init__()
+        self.proj = _shared_copy(lm_head)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.proj(h)
+
+
+class LoraLMHead(nn.Module):
+    kind = "lora_lm_head"
+    reuse_exact = True
+
+    def __init__(self, model: OuroForCausalLM, draft_rounds: int = 1, r: int = 16,
+                 alpha: int | None = None):
+        super().__init__()
+        from peft import LoraConfig, get_peft_model
+        self.draft_rounds, self.r, self.alpha = draft_rounds, r, alpha or 2 * r
+        config = LoraConfig(r=r, lora_alpha=self.alpha, lora_dropout=0.0,
+                            target_modules=["proj"])
+        flags = model.lm_head.weight.requires_grad
+        self.peft = get_peft_model(_HeadCopy(model.lm_head), config)
+        model.lm_head.weight.requires_grad_(flags)   # get_peft_model froze the shared weight
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.peft(h)
+
+    def adapter_parameters(self):
+        return [p for n, p in self.peft.named_parameters() if "lora_" in n]
+
+    def config_dict(self) -> dict:
+        return {"r": self.r, "alpha": self.alpha}
+
+    def save_weights(self, out: Path) -> None:
+        self.peft.save_pretrained(str(out / "peft"))
+
+    def load_weights(self, src: Path) -> None:
+        from peft import set_peft_model_state_dict
+        state = safetensors.torch.load_file(str(src / "peft" / "adapter_model.safetensors"))
+        result = set_peft_model_state_dict(self.peft, state)
+        if getattr(result, "unexpected_keys", None):
+            raise ValueError(f"unexpected adapter tensors: {result.unexpected_keys[:5]}")
+
+
+class LayerLoraDrafter(nn.Module):
+    """LoRA on the shared layers, draft path only: pass `.draft_model` to speculative_generate
+    (verification then recomputes rounds 1..d with the target's layers)."""
+    kind = "layer_lora"
+    reuse_exact = False
+
+    def __init__(self, model: OuroForCausalLM, draft_rounds: int = 1, r: int = 8,
+                 alpha: int | None = None):
+        super().__init__()
+        from peft import LoraConfig, get_peft_model
+        self.draft_rounds, self.r, self.alpha = draft_rounds, r, alpha or 2 * r
+        flags = {id(p): p.requires_grad for p in model.parameters()}
+        config = LoraConfig(r=r, lora_alpha=self.alpha, lora_dropout=0.0,
+                            target_modules=LAYER_TARGETS)
+        self.peft = get_peft_model(_shared_copy(model), config)
+        for p in model.parameters():     # get_peft_model froze the shared base weights
+            p.requires_grad_(flags[id(p)])
+        self._lm_head = [model.lm_head]
+
+    @property
+    def draft_model(self) -> OuroForCausalLM:
+        return self.peft.get_base_model()
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self._lm_head[0](h)
+
+    def draft_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced draft logits [B, T, V]: rounds 1..d of the adapted layers."""
+        exits = torch.full_like(input_ids, self.draft_rounds)
+        return self.draft_model(input_ids, exit_rounds=exits).final_logits
+
+    adapter_parameters = LoraLMHead.adapter_parameters
+    config_dict = LoraLMHead.config_dict
+    save_weights = LoraLMHead.save_weights
+    load_weights = LoraLMHead.load_weights
+
+
+KINDS = {cls.kind: cls for cls in (ResidualMLPHead, LoraLMHead, LayerLoraDrafter)}
+
+
+def build_component(kind: str, model: OuroForCausalLM, draft_rounds: int = 1, **kwargs):
+    if kind not in KINDS:
+        raise ValueError(f"unknown draft component {kind!r}; known: {sorted(KINDS)}")
+    if not 1 <= draft_rounds < model.config.num_rounds:
+        raise ValueError(f"draft_rounds must lie in [1, {model.config.num_rounds - 1}]")
+    return KINDS[kind](model, draft_rounds, **kwargs)
+
+
+def save_component(component, model: OuroForCausalLM, out_dir, extra: dict | None = None) -> Path:
+    """<out_dir>/draft_component.json + the weights (PEFT format for the LoRA kinds)."""
+    from rltlab.checkpoint import model_hash
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    component.save_weights(out)
+    meta = {"kind": component.kind, "draft_rounds": component.draft_rounds,
+            "config": component.config_dict(), "base_model_hash": model_hash(model),
+            "hidden_size": model.config.hidden_size, "vocab_size": model.config.vocab_size,
+            "num_rounds": model.config.num_rounds, "reuse_exact": component.reuse_exact,
+            **(extra or {})}
+    (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    return out
+
+
+def component_kwargs(component) -> dict:
+    """speculative_generate keyword arguments for a component."""
+    kwargs = {"draft_rounds": component.draft_rounds, "head": component}
+    if not component.reuse_exact:
+        kwargs["draft_model"] = component.draft_model
+    return kwargs

@@ -1,0 +1,22 @@
+"""Notebook 03 (draft heads) runs end to end through papermill with tiny parameters."""
+import json
+
+import pytest
+
+from rltlab import runs
+from rltlab.paths import REPO_ROOT
+
+
+@pytest.mark.parametrize("kind", ["residual_mlp", "lora_lm_head"])
+def test_draft_heads_notebook(kind, tmp_path):
+    params = {"KIND": kind, "TRAIN_ROWS": 8, "HELDOUT_ROWS": 4, "SEQ_LEN": 96, "STEPS": 3,
+              "NUM_PROMPTS": 2, "MAX_TOKENS": 6, "K": 2, "THREADS": 1}
+    run_dir = runs.execute_notebook(REPO_ROOT / "notebooks" / "03_train_draft_heads.ipynb",
+                                    params, run_dir=tmp_path / "run", progress=False)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    head = metrics["headline"]
+    assert head["identical_at_t0"] is True          # lossless at T=0 on every prompt
+    assert 1.0 <= head["tau"] <= params["K"] + 1    # tokens per verification step
+    assert 0.0 <= head["acceptance"] <= 1.0
+    assert 0.0 <= head["heldout_agree"] <= 1.0
+    assert (run_dir / "draft_component").is_dir()
