@@ -1,0 +1,138 @@
+"""N+k lookahead exit policy backed by a trained predictor (REFERENCE section 3).
+
+    from rltlab.engine_patches.lookahead_exit import install
+    name = install(model, "runs/predictor/n1")         # checks the checkpoint against the model
+    llm.generate(prompts, SamplingParams(exit_policy=name,
+                                         exit_policy_args={"threshold": 0.8}))  # optional
+
+After round N (the checkpoint's decision round) the predictor scores the token from h_N, the
+gate logits g_1..g_N and the top-1 prob / margin / entropy of lm_head(h_N). If the calibrated
+probability sigmoid(logit / T) reaches the threshold (the checkpoint's, or
+exit_policy_args["threshold"]), the token commits to exit at min(N + k, max_loops): it runs
+rounds N+1..N+k and is emitted from h_{N+k}; LAST_EXITED copies apply as for every exit.
+Otherwise it continues (the policy answers "continue" until round max_loops, where every token
+exits). The decision is known a full k - 1 rounds before the exit, which is what lets a runtime
+plan the batch while round N+1 runs.
+
+A checkpoint whose base-model hash, hidden size or number of rounds differs from the model is
+refused with PredictorMismatchError (a ValueError) naming every mismatch.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from rltlab.engine.exit_policies import ExitPolicy, RoundInfo, register_exit_policy
+from rltlab.exit_predictor.features import build_features, prob_stats
+from rltlab.exit_predictor.model import ExitPredictor, load_predictor
+
+DEFAULT_NAME = "n_plus_2"
+
+
+class PredictorMismatchError(ValueError):
+    """The predictor checkpoint was trained for another base model."""
+
+
+def check_compatible(manifest: dict[str, Any], model=None, *, model_config=None,
+                     model_hash: str | None = None) -> None:
+    """Raise PredictorMismatchError unless the checkpoint fits the model: same base-model hash
+    (rltlab.checkpoint.model_hash; needs `model` or `model_hash`), hidden size and R."""
+    cfg = model_config if model_config is not None else getattr(model, "config", None)
+    problems = []
+    if model is not None and model_hash is None:
+        from rltlab.checkpoint import model_hash as _hash
+        model_hash = _hash(model)
+    if model_hash is not None and manifest.get("base_model_hash") != model_hash:
+        problems.append(f"base model hash {manifest.get('base_model_hash')!r} != the model's "
+                        f"{model_hash!r} (trained for other weights or another dtype)")
+    if cfg is not None:
+        if manifest.get("hidden_size") != cfg.hidden_size:
+            problems.append(f"hidden size {manifest.get('hidden_size')} != the model's "
+                            f"{cfg.hidden_size}")
+        if manifest.get("num_rounds") != cfg.num_rounds:
+            problems.append(f"R = {manifest.get('num_rounds')} rounds != the model's "
+                            f"{cfg.num_rounds}")
+    if problems:
+        raise PredictorMismatchError("exit-predictor checkpoint does not match the model: "
+                                     + "; ".join(problems))
+
+
+class LookaheadExitPolicy(ExitPolicy):
+    """See the module docstring. Stateless: one instance may serve several engines."""
+
+    def __init__(self, predictor: ExitPredictor, manifest: dict[str, Any],
+                 lm_head_weight: torch.Tensor, name: str = DEFAULT_NAME):
+        self.name = name
+        self.predictor = predictor.float().eval()
+        self.manifest = manifest
+        self.decision_round = int(manifest["decision_round"])
+        self.exit_round = int(manifest["exit_round"])
+        self.temperature = float(manifest["temperature"])
+        self.threshold = float(manifest["threshold"])
+        self.lm_head_weight = lm_head_weight.detach().float().clone()
+        self.decisions = {"scored": 0, "fired": 0}
+
+    def _threshold(self, params) -> float:
+        return params.exit_policy_args.get("threshold", self.threshold)
+
+    def validate(self, params, num_rounds):
+        thr = self._threshold(params)
+        if isinstance(thr, bool) or not isinstance(thr, (int, float)) or not 0 <= thr <= 1:
+            raise ValueError("SamplingParams.exit_policy_args['threshold'] must lie in [0, 1], "
+                             f"got {thr!r}")
+        if num_rounds != self.manifest["num_rounds"]:
+            raise ValueError(f"predictor trained for R={self.manifest['num_rounds']}, engine "
+                             f"runs R={num_rounds}")
+
+    @torch.no_grad()
+    def score(self, hidden: torch.Tensor, gate_logits: torch.Tensor) -> torch.Tensor:
+        """Calibrated probability [T] from h_N [T, H] and gate logits g_1..g_N [T, N]."""
+        h = hidden.float().cpu()
+        stats = prob_stats(h @ self.lm_head_weight.T)
+        x = build_features(h, gate_logits.float().cpu(), stats)
+        return torch.sigmoid(self.predictor(x) / self.temperature)
+
+    def decide(self, info: RoundInfo) -> torch.Tensor:
+        rounds = info.rounds.cpu()
+        targets = torch.zeros_like(rounds)
+        n, ask = self.decision_round, []
+        for row, seq in enumerate(info.seqs):
+            r, max_loops = int(rounds[row]), seq.params.max_loops
+            if r >= max_loops:
+                targets[row] = r
+            elif r == n:
+                ask.append(row)
+        if ask:
+            idx = torch.tensor(ask)
+            probs = self.score(info.hidden[idx], info.gate_logits[idx, :n])
+            for row, p in zip(ask, probs.tolist()):
+                params = info.seqs[row].params
+                if p >= self._threshold(params):
+                    targets[row] = min(self.exit_round, params.max_loops)
+                    self.decisions["fired"] += 1
+                self.decisions["scored"] += 1
+        return targets
+
+
+def load_policy(checkpoint: str | os.PathLike, model, *, name: str = DEFAULT_NAME,
+                model_hash: str | None = None) -> LookaheadExitPolicy:
+    """Load a predictor checkpoint for `model` (refused with PredictorMismatchError if it does
+    not match: hash, hidden size, R)."""
+    predictor, manifest = load_predictor(checkpoint)
+    check_compatible(manifest, model, model_hash=model_hash)
+    return LookaheadExitPolicy(predictor, manifest, model.lm_head.weight, name)
+
+
+def install(model, checkpoint: str | os.PathLike, *, name: str = DEFAULT_NAME,
+            model_hash: str | None = None, overwrite: bool = True) -> str:
+    """Load + check the checkpoint and register the policy under `name` (returned). The
+    factory re-checks hidden size and R against the engine's model config."""
+    policy = load_policy(checkpoint, model, name=name, model_hash=model_hash)
+
+    def factory(model_config, **_kwargs):
+        check_compatible(policy.manifest, model_config=model_config)
+        return policy
+    register_exit_policy(name, factory, overwrite=overwrite)
+    return name

@@ -1,0 +1,556 @@
+"""Evaluate exit policies in REAL generation (rollout engine, LAST_EXITED) on held-out
+arithmetic, plus teacher-forced text perplexity and CPU throughput.
+
+    python -m rltlab.exit_predictor.evaluate --predictor DIR/n1 [--predictor-k1 DIR/n1]
+        --out DIR [--problems 100] [--figures docs/experiments/figures]
+
+Policies: fixed depth 1-4, stock Q-exit (threshold sweep, min_loops 1), the delayed stock
+gate, the hidden-state-delta rule (exit after r >= 2 when ||h_r - h_{r-1}|| / ||h_{r-1}|| <=
+eps), the successive-KL rule (exit after r >= 2 when KL(p_r || p_{r-1}) <= eps, nats), the
+oracle (every round computed; the token exits at the earliest round whose argmax equals round
+R's: its depth is counted as that round, although R rounds were computed to find it) and the
+N+k lookahead predictor (threshold sweep). Quality = exact match (%), paired difference vs
+fixed depth R with its standard error; depth = mean executed rounds per decode token, first
+output token excluded.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from rltlab.engine.exit_policies import ExitPolicy, RoundInfo, register_exit_policy
+from rltlab.eval.tasks import GenOutput
+
+# ----------------------------------------------------------------------------- rule policies
+
+
+class _SuccessiveRule(ExitPolicy):
+    """Exit after round r >= 2 when distance(state_r, state_{r-1}) <= exit_policy_args["eps"];
+    round max_loops always exits. Keeps the previous round's state per decode token."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.prev: dict[tuple[int, int], torch.Tensor] = {}
+
+    def validate(self, params, num_rounds):
+        eps = params.exit_policy_args.get("eps")
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
+            raise ValueError(f"SamplingParams.exit_policy_args['eps'] must be a number >= 0, "
+                             f"got {eps!r}")
+
+    def state(self, hidden: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def distance(self, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def decide(self, info: RoundInfo) -> torch.Tensor:
+        rounds = info.rounds.cpu()
+        targets = torch.zeros_like(rounds)
+        states = self.state(info.hidden.float().cpu())
+        for row, seq in enumerate(info.seqs):
+            key, r = (seq.seq_id, seq.num_tokens), int(rounds[row])
+            old = self.prev.pop(key, None)
+            if r >= seq.params.max_loops:
+                targets[row] = r
+                continue
+            if old is not None and r >= 2 and float(self.distance(states[row], old)) <= \
+                    seq.params.exit_policy_args["eps"]:
+                targets[row] = r
+                continue
+            self.prev[key] = states[row]
+        return targets
+
+
+class HiddenDeltaRule(_SuccessiveRule):
+    def state(self, hidden):
+        return hidden
+
+    def distance(self, new, old):
+        return (new - old).norm() / old.norm().clamp_min(1e-12)
+
+
+class SuccessiveKLRule(_SuccessiveRule):
+    def __init__(self, name: str, lm_head_weight: torch.Tensor):
+        super().__init__(name)
+        self.weight = lm_head_weight.detach().float().clone()
+
+    def state(self, hidden):
+        return torch.log_softmax(hidden @ self.weight.T, dim=-1)
+
+    def distance(self, new, old):
+        return (new.exp() * (new - old)).sum().clamp_min(0)
+
+
+def register_rule_policies(model) -> dict[str, str]:
+    """Register "hidden_delta" and "successive_kl" (overwriting) for `model`."""
+    register_exit_policy("hidden_delta", lambda _cfg, **_kw: HiddenDeltaRule("hidden_delta"),
+                         overwrite=True)
+    weight = model.lm_head.weight
+    register_exit_policy("successive_kl",
+                         lambda _cfg, **_kw: SuccessiveKLRule("successive_kl", weight),
+                         overwrite=True)
+    return {"hidden_delta": "hidden_delta", "successive_kl": "successive_kl"}
+
+
+# ----------------------------------------------------------------------------- oracle
+
+@torch.no_grad()
+def oracle_generate(model, prompts: list[list[int]], max_new_tokens: int, *,
+                    eos_token_id: int | None = 0) -> list[GenOutput]:
+    """Greedy generation where every decode token computes all R rounds, then exits at the
+    earliest round e whose argmax equals round R's (its token is round R's): its K/V of
+    round e is copied into planes e+1..R (LAST_EXITED), as if it had exited at e.
+    exit_depths = e per output token (first = R); executed_depths reports the same e (the
+    oracle's selected depth; it actually needed R rounds to know e)."""
+    from rltlab.model import LoopedKVCache
+
+    R = model.config.num_rounds
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    bsz, width = len(prompts), max(len(p) for p in prompts)
+    ids = torch.zeros((bsz, width), dtype=torch.long, device=device)
+    key_mask = torch.zeros(bsz, width, dtype=torch.bool, device=device)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt, device=device)
+        key_mask[row, width - len(prompt):] = True
+    positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)
+    next_pos = positions[:, -1] + 1
+    cache = LoopedKVCache(model.config, bsz, width + max_new_tokens, dtype, device)
+    out = model(ids, positions=positions, key_mask=key_mask, cache=cache)
+    token = out.final_logits[:, -1].argmax(-1)
+    exit_round = torch.full((bsz,), R, dtype=torch.long)
+    tokens, rounds = [token], [exit_round]
+    done = token == eos_token_id if eos_token_id is not None else torch.zeros(bsz, dtype=bool)
+    for step in range(max_new_tokens - 1):
+        if bool(done.all()):
+            break
+        out = model(token[:, None], positions=(next_pos + step)[:, None], cache=cache,
+                    all_logits=True)
+        top = torch.stack([lg[:, -1].argmax(-1) for lg in out.logits], dim=-1)   # [B, R]
+        agree = top == top[:, -1:]
+        exit_round = torch.where(agree, torch.arange(1, R + 1), R + 1).min(-1).values.cpu()
+        pos = cache.length - 1
+        for b, e in enumerate(exit_round.tolist()):
+            if e < R:
+                cache.k[e:, :, b, :, pos] = cache.k[e - 1, :, b, :, pos]
+                cache.v[e:, :, b, :, pos] = cache.v[e - 1, :, b, :, pos]
+        token = top[:, -1]
+        tokens.append(token)
+        rounds.append(exit_round)
+        if eos_token_id is not None:
+            done = done | (token == eos_token_id)
+    tok = torch.stack(tokens, 1).tolist()
+    rnd = torch.stack(rounds, 1).tolist()
+    outs = []
+    for t, r in zip(tok, rnd):
+        end = t.index(eos_token_id) + 1 if eos_token_id is not None and eos_token_id in t \
+            else len(t)
+        outs.append(GenOutput(t[:end], r[:end], r[:end]))
+    return outs
+
+
+# ----------------------------------------------------------------------------- settings
+
+def _params(policy: str, max_tokens: int, args: dict[str, Any] | None = None,
+            threshold: float | None = None, eos: int | None = 0):
+    from rltlab.engine import SamplingParams
+
+    kw: dict[str, Any] = {"temperature": 0.0, "max_tokens": max_tokens, "seed": 0,
+                          "min_loops": 1, "exit_policy": policy,
+                          "exit_policy_args": dict(args or {}),
+                          "stop_token_ids": [eos] if eos is not None else []}
+    if threshold is not None:
+        kw["exit_threshold"] = float(threshold)
+    return SamplingParams(**kw)
+
+
+def default_settings(R: int, lookahead: dict[str, dict[str, Any]], *,
+                     depths: Sequence[int] | None = None,
+                     q_thresholds: Sequence[float] = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99),
+                     delayed_thresholds: Sequence[float] = (0.5, 0.7, 0.9, 0.95),
+                     delta_eps: Sequence[float] = (0.2, 0.3, 0.4, 0.5, 0.6),
+                     kl_eps: Sequence[float] = (1e-4, 1e-3, 0.01, 0.1, 0.5),
+                     lookahead_thresholds: Sequence[float] = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95,
+                                                              0.99)) -> list[dict[str, Any]]:
+    """(policy label, setting, engine policy name, exit_policy_args, Q threshold) rows.
+    lookahead: label -> {"name": registered policy, "threshold": calibrated threshold}."""
+    rows = [{"policy": "fixed", "setting": f"depth={d}", "name": "fixed",
+             "args": {"depth": d}, "threshold": None}
+            for d in (depths if depths is not None else range(1, R + 1))]
+    rows += [{"policy": "q_exit", "setting": f"t={t:g}", "name": "q_exit", "args": {},
+              "threshold": t} for t in q_thresholds]
+    rows += [{"policy": "q_exit_delayed", "setting": f"t={t:g}", "name": "q_exit_delayed",
+              "args": {}, "threshold": t} for t in delayed_thresholds]
+    rows += [{"policy": "hidden_delta", "setting": f"eps={e:g}", "name": "hidden_delta",
+              "args": {"eps": e}, "threshold": None} for e in delta_eps]
+    rows += [{"policy": "successive_kl", "setting": f"eps={e:g}", "name": "successive_kl",
+              "args": {"eps": e}, "threshold": None} for e in kl_eps]
+    rows.append({"policy": "oracle", "setting": "oracle", "name": None, "args": {},
+                 "threshold": None})
+    for label, spec in lookahead.items():
+        thrs = sorted(set(lookahead_thresholds) | {round(float(spec["threshold"]), 4)})
+        rows += [{"policy": label, "setting": f"p>={t:g}", "name": spec["name"],
+                  "args": {"threshold": t}, "threshold": None,
+                  "calibrated": abs(t - round(float(spec["threshold"]), 4)) < 1e-9}
+                 for t in thrs]
+    return rows
+
+
+def evaluate_arithmetic_settings(model, tokenizer, llm, problems: Sequence[dict],
+                                 settings: Sequence[dict[str, Any]], *, max_tokens: int = 40,
+                                 progress: bool = False) -> tuple[list[dict], dict[str, list]]:
+    """Real-generation exact match and depth per setting; returns (rows, per-problem scores)."""
+    from rltlab.eval.tasks import engine_generate_fn, evaluate_arithmetic
+
+    R = model.config.num_rounds
+    rows, scores = [], {}
+    it = settings
+    if progress:
+        from tqdm.auto import tqdm
+        it = tqdm(settings, desc="policies", unit="setting")
+    for s in it:
+        start = time.perf_counter()
+        if s["policy"] == "oracle":
+            gen = lambda prompts: oracle_generate(model, prompts, max_tokens)  # noqa: E731
+        else:
+            gen = engine_generate_fn(llm, _params(s["name"], max_tokens, s["args"],
+                                                  s["threshold"]))
+        res = evaluate_arithmetic(gen, tokenizer, problems, num_rounds=R)
+        key = f"{s['policy']} {s['setting']}"
+        scores[key] = res["scores"]
+        rows.append({"policy": s["policy"], "setting": s["setting"],
+                     "quality": 100 * res["exact_match"],
+                     "quality_se": 100 * res["exact_match_se"],
+                     "mean_rounds": res.get("mean_executed", math.nan),
+                     "mean_selected": res.get("mean_selected", math.nan),
+                     "decode_tokens": res.get("decode_tokens", 0),
+                     "executed_hist": res.get("executed_hist", {}),
+                     "calibrated": bool(s.get("calibrated", False)),
+                     "seconds": round(time.perf_counter() - start, 2), "key": key})
+    return rows, scores
+
+
+def add_paired(rows: list[dict], scores: dict[str, list], reference: str) -> list[dict]:
+    from rltlab.eval.metrics import paired_difference
+
+    for row in rows:
+        d = paired_difference(scores[row["key"]], scores[reference])
+        row["diff_pp"], row["diff_se_pp"] = 100 * d.diff, 100 * d.se
+        row["wins"], row["losses"] = d.a_only, d.b_only
+    return rows
+
+
+# ----------------------------------------------------------------------------- text
+
+def _lookahead_exit_fn(policy, R: int, threshold: float):
+    """exit_fn (OuroForCausalLM.forward) for a LookaheadExitPolicy at `threshold`."""
+    state: dict[str, torch.Tensor] = {}
+
+    def exit_fn(r, gate_logits, hidden):
+        n = policy.decision_round
+        if r == n:
+            b, t, h = hidden.shape
+            p = policy.score(hidden.reshape(-1, h), gate_logits.reshape(b * t, -1)[:, :n])
+            state["fire"] = (p >= threshold).reshape(b, t).to(hidden.device)
+        if r == min(policy.exit_round, R) and "fire" in state:
+            return state["fire"]
+        return torch.zeros(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
+    return exit_fn
+
+
+def _rule_exit_fn(kind: str, eps: float, weight: torch.Tensor | None = None):
+    state: dict[str, torch.Tensor] = {}
+
+    def exit_fn(r, _gate_logits, hidden):
+        h = hidden.float()
+        cur = h if kind == "hidden_delta" else torch.log_softmax(h @ weight.float().T, -1)
+        old = state.get("prev")
+        state["prev"] = cur
+        if old is None or r < 2:
+            return torch.zeros(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
+        if kind == "hidden_delta":
+            dist = (cur - old).norm(dim=-1) / old.norm(dim=-1).clamp_min(1e-12)
+        else:
+            dist = (cur.exp() * (cur - old)).sum(-1)
+        return dist <= eps
+    return exit_fn
+
+
+@torch.no_grad()
+def text_table(model, rows: torch.Tensor, lookahead: dict[str, Any], settings: Sequence[dict]
+               ) -> list[dict[str, Any]]:
+    """Teacher-forced held-out text loss (nats/token) per setting (LAST_EXITED in the forward;
+    the oracle uses the full-depth forward's earliest round agreeing with round R)."""
+    from rltlab.eval.tasks import text_perplexity
+    from rltlab.generate import make_exit_fn
+
+    R = model.config.num_rounds
+    out = []
+    per = text_perplexity(model, rows, per_round=True)
+    for r in per["rounds"]:
+        out.append({"policy": "fixed", "setting": f"depth={r['round']}",
+                    "mean_rounds": float(r["round"]), "loss": r["loss"], "ppl": r["ppl"]})
+    for s in settings:
+        fn = None
+        if s["policy"] == "q_exit":
+            fn = make_exit_fn(R, threshold=s["threshold"], min_loops=1)
+        elif s["policy"] in ("hidden_delta", "successive_kl"):
+            fn = _rule_exit_fn(s["policy"], s["args"]["eps"], model.lm_head.weight)
+        elif s["policy"] in lookahead:
+            fn = _lookahead_exit_fn(lookahead[s["policy"]]["policy"], R, s["args"]["threshold"])
+        elif s["policy"] == "oracle":
+            full = model(rows, all_logits=True)
+            top = torch.stack([lg.argmax(-1) for lg in full.logits], -1)
+            ex = torch.where(top == top[..., -1:], torch.arange(1, R + 1), R + 1).min(-1).values
+            res = text_perplexity(model, rows, exit_rounds=ex)
+            out.append({"policy": "oracle", "setting": "oracle (teacher-forced)",
+                        "mean_rounds": res["mean_rounds"], "loss": res["loss"],
+                        "ppl": res["ppl"]})
+            continue
+        if fn is None:
+            continue
+        res = text_perplexity(model, rows, exit_fn=fn)
+        out.append({"policy": s["policy"], "setting": s["setting"],
+                    "mean_rounds": res["mean_rounds"], "loss": res["loss"], "ppl": res["ppl"]})
+    return out
+
+
+# ----------------------------------------------------------------------------- throughput
+
+def throughput(model, prompts: Sequence[Sequence[int]], policies: dict[str, dict[str, Any]],
+               *, concurrency: Sequence[int] = (1, 64), max_tokens: int = 32,
+               requests_per_slot: int = 2, min_requests: int = 4) -> list[dict[str, Any]]:
+    """Closed-loop engine throughput per policy and concurrency C on this machine (CPU):
+    max(min_requests, requests_per_slot * C) requests of max_tokens tokens (ignore_eos),
+    max_num_seqs = C, one warm-up request first; tokens/s, median TTFT/TPOT (ms), mean
+    executed rounds. Same run for every policy (interleaved per C)."""
+    from rltlab.engine import LLM
+    from rltlab.eval.metrics import depth_stats, timing_records, timing_stats
+
+    out = []
+    for c in concurrency:
+        llm = LLM(model, max_num_seqs=c)
+        n = max(min_requests, requests_per_slot * c)
+        batch = [list(prompts[i % len(prompts)]) for i in range(n)]
+        for label, spec in policies.items():
+            params = _params(spec["name"], max_tokens, spec.get("args"), spec.get("threshold"),
+                             eos=None)
+            params = dataclasses.replace(params, ignore_eos=True)
+            llm.generate(batch[:1], params)           # warm-up
+            t0 = time.perf_counter()
+            outs = llm.generate(batch, params)
+            wall = time.perf_counter() - t0
+            st = timing_stats(timing_records(outs))
+            d = depth_stats([o.outputs[0].exit_depths for o in outs],
+                            [o.outputs[0].executed_depths for o in outs],
+                            model.config.num_rounds)
+            out.append({"policy": label, "concurrency": c, "requests": n,
+                        "tokens_per_s": st["output_tokens"] / wall,
+                        "ttft_ms": 1000 * st["ttft_median"], "tpot_ms": 1000 * st["tpot_median"],
+                        "mean_rounds": d["mean_executed"]})
+    for row in out:
+        base = next(r for r in out if r["concurrency"] == row["concurrency"]
+                    and r["policy"] == next(iter(policies)))
+        row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"]
+    return out
+
+
+# ----------------------------------------------------------------------------- summary
+
+def acceptance(rows: list[dict], label: str, R: int, max_loss_pp: float = 0.5
+               ) -> dict[str, Any]:
+    """The issue's targets for policy `label`: at <= max_loss_pp EM loss vs depth R (paired
+    mean difference), >= 20% fewer rounds than depth R, >= 80% of the oracle's savings, and
+    better than stock Q-exit at equal mean rounds (Q-exit quality interpolated on its Pareto
+    front at the same mean rounds)."""
+    from rltlab.plots import pareto_front
+
+    ok = [r for r in rows if r["policy"] == label and r["diff_pp"] >= -max_loss_pp]
+    oracle = next((r for r in rows if r["policy"] == "oracle"), None)
+    res: dict[str, Any] = {"policy": label, "max_loss_pp": max_loss_pp}
+    if not ok:
+        res.update(met=False, why=f"no setting within {max_loss_pp} pp of depth {R}")
+        return res
+    best = min(ok, key=lambda r: r["mean_rounds"])
+    saved = (R - best["mean_rounds"]) / R
+    oracle_saved = (R - oracle["mean_rounds"]) / R if oracle else math.nan
+    q = [r for r in rows if r["policy"] == "q_exit"] + \
+        [r for r in rows if r["policy"] == "fixed" and r["setting"] == f"depth={R}"]
+    x = np.array([r["mean_rounds"] for r in q])
+    y = np.array([r["quality"] for r in q])
+    front = pareto_front(x, y)
+    qx, qy = x[front], y[front]
+    # best Q-exit quality reachable with at most the same mean rounds (step interpolation)
+    reach = qy[qx <= best["mean_rounds"] + 1e-9]
+    q_at = float(reach.max()) if reach.size else math.nan
+    res.update({
+        "setting": best["setting"], "mean_rounds": best["mean_rounds"],
+        "quality": best["quality"], "diff_pp": best["diff_pp"], "diff_se_pp": best["diff_se_pp"],
+        "rounds_saved_frac": saved, "oracle_mean_rounds": oracle["mean_rounds"] if oracle
+        else None, "oracle_saved_frac": oracle_saved,
+        "share_of_oracle_savings": saved / oracle_saved if oracle_saved > 0 else math.nan,
+        "q_exit_quality_at_same_rounds": q_at,
+        "targets": {"saves_20pct": saved >= 0.2,
+                    "reaches_80pct_of_oracle": bool(oracle_saved > 0
+                                                    and saved / oracle_saved >= 0.8),
+                    "beats_q_exit": bool(math.isnan(q_at) or best["quality"] > q_at)}})
+    res["met"] = all(res["targets"].values())
+    return res
+
+
+def run(model_dir: str | None, predictors: dict[str, str], out_dir: str | Path, *,
+        problems: int = 100, max_tokens: int = 40, text_rows: int = 11,
+        throughput_tokens: int = 32, concurrency: Sequence[int] = (1, 64),
+        figures: str | Path | None = None, threads: int = 2,
+        settings_kw: dict[str, Any] | None = None, progress: bool = True,
+        requests_per_slot: int = 2) -> dict[str, Any]:
+    """The whole experiment; writes OUT/results.json and the plots (into `figures` or OUT)."""
+    from rltlab import plots
+    from rltlab.checkpoint import model_hash
+    from rltlab.engine import LLM
+    from rltlab.engine_patches.lookahead_exit import install, load_policy
+    from rltlab.runs import write_json_atomic
+    from rltlab import workbench as W
+
+    t_start = time.perf_counter()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model, tokenizer, mdir = W.load_model(model_dir, threads=threads)
+    R = model.config.num_rounds
+    mhash = model_hash(model)
+    register_rule_policies(model)
+    lookahead = {}
+    for label, path in predictors.items():
+        name = label.replace(" ", "_")
+        install(model, path, name=name, model_hash=mhash)
+        policy = load_policy(path, model, name=name, model_hash=mhash)
+        lookahead[label] = {"name": name, "threshold": policy.threshold, "policy": policy,
+                            "checkpoint": str(path), "manifest": policy.manifest}
+    settings = default_settings(R, lookahead, **(settings_kw or {}))
+    probs = W.eval_problems(mdir, problems)
+    llm = LLM(model, tokenizer, max_num_seqs=min(128, max(1, len(probs))))
+    rows, scores = evaluate_arithmetic_settings(model, tokenizer, llm, probs, settings,
+                                                max_tokens=max_tokens, progress=progress)
+    ref = f"fixed depth={R}"
+    add_paired(rows, scores, ref)
+    text_rows_t = W.heldout_text_rows(tokenizer, mdir, 512, text_rows)
+    text = text_table(model, text_rows_t, lookahead, settings)
+    figdir = Path(figures) if figures else out
+    paths = plots.plot_quality_vs_depth(
+        W.frame(rows), figdir, label="setting", yerr="quality_se",
+        quality_label="held-out arithmetic exact match (%)",
+        title=f"Real generation (LAST_EXITED), {len(probs)} held-out problems",
+        stem="n_plus_2_quality_vs_depth")
+    text_df = W.frame(text)
+    text_df["neg_loss"] = -text_df["loss"]
+    paths += plots.plot_quality_vs_depth(
+        text_df, figdir, y="neg_loss", label="setting",
+        quality_label="- held-out text loss (nats/token, higher is better)",
+        title="Teacher-forced text (LAST_EXITED)", stem="n_plus_2_text_vs_depth")
+    hist = {r["key"]: r["executed_hist"] for r in rows
+            if r["setting"] in ("oracle", f"depth={R}") or r.get("calibrated")}
+    paths += plots.plot_depth_histogram(hist, figdir, num_rounds=R,
+                                        title="Executed rounds per decode token (arithmetic)",
+                                        stem="n_plus_2_depth_hist")
+    accept = {label: acceptance(rows, label, R) for label in lookahead}
+    tp = []
+    if concurrency:
+        pols = {f"fixed depth={R}": {"name": "fixed", "args": {"depth": R}},
+                "fixed depth=2": {"name": "fixed", "args": {"depth": 2}}}
+        for label, spec in lookahead.items():
+            pols[f"{label} (calibrated thr)"] = {"name": spec["name"],
+                                                 "args": {"threshold": spec["threshold"]}}
+        prompts = [[0] + W.encode(tokenizer, p["question"]) for p in probs]
+        tp = throughput(model, prompts, pols, concurrency=concurrency,
+                        max_tokens=throughput_tokens, requests_per_slot=requests_per_slot)
+    results = {"model_dir": str(mdir), "model_hash": mhash, "problems": len(probs),
+               "max_tokens": max_tokens, "reference": ref, "arithmetic": rows, "text": text,
+               "throughput": tp, "acceptance": accept,
+               "predictors": {k: {"checkpoint": v["checkpoint"], "threshold": v["threshold"],
+                                  "temperature": v["manifest"]["temperature"],
+                                  "decision_round": v["manifest"]["decision_round"],
+                                  "exit_round": v["manifest"]["exit_round"],
+                                  "label": v["manifest"]["label"],
+                                  "test_metrics": v["manifest"].get("metrics", {}).get("test")}
+                              for k, v in lookahead.items()},
+               "plots": [str(p) for p in paths], "environment": W.environment(),
+               "seconds": round(time.perf_counter() - t_start, 1)}
+    write_json_atomic(out / "results.json", results)
+    return results
+
+
+def markdown_tables(results: dict[str, Any]) -> str:
+    """Markdown tables of a results.json (arithmetic, text, throughput, acceptance)."""
+    lines = ["| policy | setting | EM (%) | SE | paired diff vs depth 4 (pp) | SE | mean "
+             "executed rounds | wins/losses |", "|---|---|---|---|---|---|---|---|"]
+    for r in results["arithmetic"]:
+        lines.append(f"| {r['policy']} | {r['setting']} | {r['quality']:.1f} | "
+                     f"{r['quality_se']:.1f} | {r['diff_pp']:+.1f} | {r['diff_se_pp']:.1f} | "
+                     f"{r['mean_rounds']:.3f} | {r['wins']}/{r['losses']} |")
+    lines += ["", "| policy | setting | text loss (nats/token) | ppl | mean rounds |",
+              "|---|---|---|---|---|"]
+    for r in results["text"]:
+        lines.append(f"| {r['policy']} | {r['setting']} | {r['loss']:.4f} | {r['ppl']:.2f} | "
+                     f"{r['mean_rounds']:.3f} |")
+    if results.get("throughput"):
+        lines += ["", "| policy | C | requests | tok/s | speedup vs depth 4 | TTFT ms | TPOT ms |"
+                  " mean rounds |", "|---|---|---|---|---|---|---|---|"]
+        for r in results["throughput"]:
+            lines.append(f"| {r['policy']} | {r['concurrency']} | {r['requests']} | "
+                         f"{r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | {r['ttft_ms']:.0f} | "
+                         f"{r['tpot_ms']:.0f} | {r['mean_rounds']:.2f} |")
+    return "\n".join(lines)
+
+
+QUICK = {"q_thresholds": (0.3, 0.5, 0.7, 0.9), "delayed_thresholds": (0.5, 0.9),
+         "delta_eps": (0.3, 0.5, 0.6), "kl_eps": (1e-3, 0.01, 0.1),
+         "lookahead_thresholds": (0.9, 0.95, 0.99)}
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(prog="python -m rltlab.exit_predictor.evaluate")
+    ap.add_argument("--predictor", action="append", default=[],
+                    help="LABEL=CHECKPOINT_DIR (repeatable), e.g. n_plus_2=runs/p/n1")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model-dir", default=None)
+    ap.add_argument("--problems", type=int, default=100)
+    ap.add_argument("--max-tokens", type=int, default=40)
+    ap.add_argument("--text-rows", type=int, default=11)
+    ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 64])
+    ap.add_argument("--throughput-tokens", type=int, default=32)
+    ap.add_argument("--figures", default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--requests-per-slot", type=int, default=2,
+                    help="throughput: requests = this x C (at least 4)")
+    ap.add_argument("--sweeps", default=None,
+                    help='JSON of default_settings keywords, e.g. {"q_thresholds": [0.5]}')
+    ap.add_argument("--quick", action="store_true",
+                    help="shorter sweeps (Q-exit 4, delayed 2, rules 3 each, predictor 3 + "
+                         "its calibrated threshold)")
+    args = ap.parse_args(argv)
+    preds = dict(p.split("=", 1) for p in args.predictor)
+    res = run(args.model_dir, preds, args.out, problems=args.problems,
+              max_tokens=args.max_tokens, text_rows=args.text_rows,
+              concurrency=args.concurrency, throughput_tokens=args.throughput_tokens,
+              figures=args.figures, threads=args.threads,
+              settings_kw={**(QUICK if args.quick else {}),
+                           **(json.loads(args.sweeps) if args.sweeps else {})},
+              requests_per_slot=args.requests_per_slot)
+    print(markdown_tables(res))
+    for label, acc in res["acceptance"].items():
+        print(label, acc)
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Labels and features of the N+k lookahead exit predictor (REFERENCE section 3).
+
+Everything here reads teacher-mode traces (rltlab.traces: every decode token ran all R rounds)
+and is shared by training and by the live engine policy, so the features a checkpoint was
+trained on are exactly the ones the engine computes.
+
+Decision round N, target exit round t = N + k (k = 2: "N+2"). Labels for "the token can exit
+at round t" (1 = yes), all against the round-R reference (teacher mode: the emitted token):
+
+    argmax   top-1 of round t == top-1 of round R            (CALM classifier label)
+    kl       KL(p_R || p_t) <= eps                             (nats)
+    stage2   Ouro Stage II improvement label: no later round improves the CE of the reference
+             token by more than `margin`: max_{r > t} max(0, CE_{r-1} - CE_r) <= margin
+             (margin 0.005 nats, the paper's sigmoid(50 (I_r - 0.005)) crossing 0.5); CE_r =
+             -log p_r(reference token). The paper uses the data's next token; in generation
+             the reference is the round-R token.
+
+Features available after round N (fp32):
+
+    h_N                    [H]   normalized hidden state of round N
+    g_1 .. g_N             [N]   exit-gate logits so far
+    top1_prob, margin,
+    entropy at round N     [3]   from softmax(lm_head(h_N)) (probability units, nats)
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+LABEL_KINDS = ("argmax", "kl", "stage2")
+TRACE_FIELDS = ("hidden", "round_mask", "gate_logit", "top1_id", "top1_prob", "margin",
+                "entropy", "kl_ref", "logprob_ref", "ref_token", "executed", "prompt_id",
+                "weight_version")
+
+
+def label_spec(kind: str = "argmax", eps: float = 0.1, margin: float = 0.005) -> dict[str, Any]:
+    """A JSON-able label definition (stored in the checkpoint manifest)."""
+    if kind not in LABEL_KINDS:
+        raise ValueError(f"label kind must be one of {LABEL_KINDS}, got {kind!r}")
+    spec: dict[str, Any] = {"kind": kind, "reference": "round R (teacher mode)"}
+    if kind == "kl":
+        spec["eps"] = float(eps)
+    if kind == "stage2":
+        spec["margin"] = float(margin)
+    return spec
+
+
+def make_labels(traces: Mapping[str, torch.Tensor], exit_round: int,
+                spec: Mapping[str, Any]) -> torch.Tensor:
+    """float [T] in {0, 1}: can each token exit at `exit_round` (1-based)? See module doc."""
+    R = traces["round_mask"].shape[1]
+    if not 1 <= exit_round <= R:
+        raise ValueError(f"exit round must lie in [1, {R}], got {exit_round}")
+    t = exit_round - 1
+    kind = spec["kind"]
+    if kind == "argmax":
+        lab = traces["top1_id"][:, t] == traces["top1_id"][:, R - 1]
+    elif kind == "kl":
+        lab = traces["kl_ref"][:, t] <= float(spec["eps"])
+    elif kind == "stage2":
+        ce = -traces["logprob_ref"].double()
+        if exit_round >= R:
+            lab = torch.ones(ce.shape[0], dtype=torch.bool)
+        else:
+            gain = (ce[:, t:R - 1] - ce[:, t + 1:R]).clamp_min(0)   # I_r for r = t+2 .. R
+            lab = gain.max(dim=1).values <= float(spec["margin"])
+    else:
+        raise ValueError(f"unknown label kind {kind!r}; known: {LABEL_KINDS}")
+    return lab.float()
+
+
+def feature_names(hidden_size: int, decision_round: int) -> list[str]:
+    return ([f"h{decision_round}[{i}]" for i in range(hidden_size)]
+            + [f"g{r}" for r in range(1, decision_round + 1)]
+            + [f"top1_prob{decision_round}", f"margin{decision_round}",
+               f"entropy{decision_round}"])
+
+
+def prob_stats(logits: torch.Tensor) -> torch.Tensor:
+    """[T, 3] (top-1 prob, top-1 minus top-2 prob, entropy in nats) from logits [T, V], fp32."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    probs = logp.exp()
+    top2 = probs.topk(min(2, probs.shape[-1]), dim=-1).values
+    second = top2[:, 1] if top2.shape[1] > 1 else torch.zeros_like(top2[:, 0])
+    entropy = -(probs * logp).sum(-1)
+    return torch.stack([top2[:, 0], top2[:, 0] - second, entropy], dim=-1)
+
+
+def build_features(hidden: torch.Tensor, gate_logits: torch.Tensor,
+                   stats: torch.Tensor) -> torch.Tensor:
+    """[T, H + N + 3] fp32 from h_N [T, H], gate logits g_1..g_N [T, N], stats [T, 3]."""
+    return torch.cat([hidden.float(), gate_logits.float(), stats.float()], dim=-1)
+
+
+def trace_features(traces: Mapping[str, torch.Tensor], decision_round: int) -> torch.Tensor:
+    """Features at round N from teacher-mode traces (needs full, unprojected h_r)."""
+    n = decision_round - 1
+    stats = torch.stack([traces["top1_prob"][:, n], traces["margin"][:, n],
+                         traces["entropy"][:, n]], dim=-1)
+    return build_features(traces["hidden"][:, n], traces["gate_logit"][:, :decision_round],
+                          stats)
+
+
+def oracle_rounds(traces: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """int64 [T]: the earliest round whose top-1 equals round R's (the oracle's depth)."""
+    top1 = traces["top1_id"]
+    agree = top1 == top1[:, -1:]
+    R = top1.shape[1]
+    first = torch.where(agree, torch.arange(1, R + 1).expand_as(agree),
+                        torch.full_like(agree, R + 1, dtype=torch.long))
+    return first.min(dim=1).values

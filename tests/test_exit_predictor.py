@@ -1,0 +1,148 @@
+"""Exit predictor: labels, features, calibration, training through accelerate, checkpoints,
+the CLI on teacher-mode traces of a tiny random model."""
+import json
+
+import pytest
+import torch
+
+from rltlab.config import OuroConfig
+from rltlab.engine import LLM, SamplingParams
+from rltlab.exit_predictor import features as feat
+from rltlab.exit_predictor.model import ExitPredictor, load_predictor, save_predictor
+from rltlab.exit_predictor.train import (binary_metrics, choose_threshold, fit_temperature,
+                                         load_training_data, main, roc_auc, split_by_prompt)
+from rltlab.model import OuroForCausalLM
+from rltlab.traces import collect_traces
+
+torch.set_num_threads(1)
+R = 4
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = OuroConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, total_ut_steps=R,
+                     max_position_embeddings=256)
+    return OuroForCausalLM(cfg).init_weights(0, std=0.2).eval()
+
+
+@pytest.fixture(scope="module")
+def trace_dir(model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("traces") / "t"
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, 61, (int(n),), generator=gen).tolist()
+               for n in torch.randint(3, 9, (24,), generator=gen)]
+    params = SamplingParams(temperature=1.0, max_tokens=10, exit_threshold=0.5, min_loops=1,
+                            ignore_eos=True, seed=3)
+    collect_traces(LLM(model), prompts, params, out, teacher=True, shard_tokens=64)
+    return out
+
+
+def _fake_traces():
+    top1 = torch.tensor([[1, 2, 2, 2], [5, 5, 5, 5], [3, 4, 5, 6], [7, 8, 9, 9]])
+    kl = torch.tensor([[2.0, 0.5, 0.05, 0.0], [0.01, 0.0, 0.0, 0.0], [3.0, 2.0, 1.0, 0.0],
+                       [1.0, 0.3, 0.2, 0.0]])
+    logp = torch.tensor([[-3.0, -1.0, -0.5, -0.4], [-0.1, -0.1, -0.1, -0.1],
+                         [-3.0, -2.0, -1.0, -0.5], [-2.0, -1.0, -1.0, -0.999]])
+    return {"top1_id": top1, "kl_ref": kl, "logprob_ref": logp,
+            "round_mask": torch.ones(4, 4, dtype=torch.bool)}
+
+
+def test_labels_and_oracle():
+    tr = _fake_traces()
+    assert feat.make_labels(tr, 3, feat.label_spec("argmax")).tolist() == [1, 1, 0, 1]
+    assert feat.make_labels(tr, 3, feat.label_spec("kl", eps=0.1)).tolist() == [1, 1, 0, 0]
+    # stage2 at exit 3: only round 4 could still improve: I_4 = CE_3 - CE_4
+    assert feat.make_labels(tr, 3, feat.label_spec("stage2")).tolist() == [0, 1, 0, 1]
+    assert feat.make_labels(tr, 4, feat.label_spec("stage2")).tolist() == [1, 1, 1, 1]
+    assert feat.oracle_rounds(tr).tolist() == [2, 1, 4, 3]
+    with pytest.raises(ValueError):
+        feat.label_spec("nope")
+
+
+def test_metrics_calibration_threshold():
+    assert roc_auc([0.1, 0.2, 0.8, 0.9], [0, 0, 1, 1]) == 1.0
+    assert roc_auc([0.5, 0.5], [0, 1]) == 0.5
+    probs = torch.tensor([0.95, 0.9, 0.85, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2])
+    labels = torch.tensor([1, 1, 1, 1, 1, 0, 1, 0, 0, 0.])
+    thr, ok = choose_threshold(probs, labels, 1.0, min_fires=2)
+    assert ok and thr == pytest.approx(0.7)
+    m = binary_metrics(probs, labels, thr)
+    assert m["precision"] == 1.0 and m["recall"] == pytest.approx(5 / 6)
+    assert choose_threshold(probs, labels, 1.01)[1] is False
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(4000, generator=gen)
+    y = (torch.rand(4000, generator=gen) < torch.sigmoid(z)).float()
+    assert fit_temperature(3 * z, y) == pytest.approx(3.0, rel=0.15)   # overconfident by 3x
+    masks = split_by_prompt(torch.tensor([0, 0, 1, 2, 3, 3, 4, 5, 6, 7, 8, 9]))
+    assert sum(int(m.sum()) for m in masks) == 12
+    assert not any(bool((a & b).any()) for i, a in enumerate(masks) for b in masks[i + 1:])
+
+
+def test_checkpoint_round_trip(tmp_path):
+    p = ExitPredictor(7, "mlp", 8)
+    p.set_normalization(torch.randn(20, 7))
+    save_predictor(p, tmp_path, {"threshold": 0.5})
+    q, manifest = load_predictor(tmp_path)
+    x = torch.randn(3, 7)
+    assert torch.equal(p(x), q(x)) and manifest["model"]["kind"] == "mlp"
+    (tmp_path / "predictor.safetensors").write_bytes(b"junk")
+    with pytest.raises(ValueError, match="sha256"):
+        load_predictor(tmp_path)
+
+
+def test_train_cli_on_teacher_traces(trace_dir, tmp_path, model):
+    from rltlab.checkpoint import model_hash
+    tr, info = load_training_data(trace_dir)
+    x = feat.trace_features(tr, 1)
+    assert x.shape == (info["num_tokens"], 32 + 1 + 3)
+    metrics = main(["--traces", str(trace_dir), "--out", str(tmp_path / "p"), "--rounds", "1",
+                    "2", "--model", "mlp", "--hidden", "8", "--epochs", "3", "--threads", "1",
+                    "--target-precision", "0.5"])
+    assert [e["decision_round"] for e in metrics["per_round"]] == [1, 2]
+    for e in metrics["per_round"]:
+        t = e["test"]
+        assert 0 <= t["fire_rate"] <= 1 and e["temperature"] > 0
+        assert e["exit_round"] <= t["expected_rounds"] <= R or t["fire_rate"] == 0
+    _, manifest = load_predictor(tmp_path / "p" / "n1")
+    assert manifest["base_model_hash"] == model_hash(model)
+    assert manifest["hidden_size"] == 32 and manifest["num_rounds"] == R
+    assert manifest["exit_round"] == 3 and manifest["label"]["kind"] == "argmax"
+    assert manifest["training_data"]["manifest_sha256"] == info["manifest_sha256"]
+    assert json.loads((tmp_path / "p" / "metrics.json").read_text())["tokens"] > 0
+
+
+def test_refuses_non_teacher_traces(model, tmp_path):
+    collect_traces(LLM(model), [[1, 2, 3]], SamplingParams(max_tokens=3, ignore_eos=True),
+                   tmp_path / "nt", teacher=False)
+    with pytest.raises(ValueError, match="teacher"):
+        load_training_data(tmp_path / "nt")
+
+
+def test_oracle_generation_is_last_exited_consistent(model):
+    from rltlab.exit_predictor.evaluate import oracle_generate
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8]]
+    outs = oracle_generate(model, prompts, 8, eos_token_id=None)
+    depths = set()
+    for prompt, o in zip(prompts, outs):
+        assert len(o.token_ids) == 8 and o.exit_depths[0] == R
+        depths |= set(o.exit_depths[1:])
+        seq = prompt + o.token_ids[:-1]
+        exits = [R] * len(prompt) + o.exit_depths[1:]
+        with torch.no_grad():
+            rec = model(torch.tensor([seq]), exit_rounds=torch.tensor([exits]))
+        assert rec.final_logits[0, len(prompt) - 1:].argmax(-1).tolist() == o.token_ids
+    assert depths <= {1, 2, 3, 4} and len(depths) > 1
+
+
+def test_rule_policies_in_the_engine(model):
+    from rltlab.exit_predictor.evaluate import _params, register_rule_policies
+    register_rule_policies(model)
+    llm = LLM(model)
+    for name, eps in (("hidden_delta", 0.5), ("successive_kl", 0.05)):
+        params = _params(name, 6, {"eps": eps}, eos=None)
+        outs = llm.generate([[1, 2, 3], [4, 5, 6, 7]], params)
+        for o in outs:
+            assert o.outputs[0].error is None if hasattr(o.outputs[0], "error") else True
+            assert len(o.outputs[0].token_ids) == 6
+            assert all(2 <= d <= R for d in o.outputs[0].exit_depths[1:])
