@@ -1,6 +1,9 @@
 """Packaging promises: every subpackage ships, kernels/ is not a top-level `kernels`."""
-import tomllib
 from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+ (the package itself supports 3.10)
 
 ROOT = Path(__file__).resolve().parent.parent
 
