@@ -35,6 +35,19 @@ def make_exit_fn(num_rounds: int, depth: int | None = None, threshold: float = 1
     return exit_fn
 
 
+def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, ...]:
+    """Left-padded ids [B, W], key mask (True = real token) and positions that count real tokens
+    only, so a padded row computes exactly what it computes unpadded."""
+    bsz, width = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((bsz, width), pad_id, dtype=torch.long, device=device)
+    key_mask = torch.zeros(bsz, width, dtype=torch.bool, device=device)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt, device=device)
+        key_mask[row, width - len(prompt):] = True
+    positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)
+    return ids, key_mask, positions
+
+
 @torch.no_grad()
 def generate_plain(model: OuroForCausalLM, prompts: list[list[int]], max_new_tokens: int, *,
                    depth: int | None = None, threshold: float = 1.0, min_loops: int = 1,
@@ -49,14 +62,7 @@ def generate_plain(model: OuroForCausalLM, prompts: list[list[int]], max_new_tok
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     bsz, width = len(prompts), max(len(p) for p in prompts)
-    pad = model.config.eos_token_id or 0
-    ids = torch.full((bsz, width), pad, dtype=torch.long, device=device)
-    key_mask = torch.zeros(bsz, width, dtype=torch.bool, device=device)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt, device=device)
-        key_mask[row, width - len(prompt):] = True
-    # Positions count real tokens only, so a left-padded row matches its unpadded self.
-    positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)
+    ids, key_mask, positions = left_pad(prompts, model.config.eos_token_id or 0, device)
     next_pos = positions[:, -1] + 1
 
     cache = LoopedKVCache(model.config, bsz, width + max_new_tokens, dtype, device)

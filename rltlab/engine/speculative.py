@@ -30,6 +30,7 @@ from typing import Callable
 import torch
 
 from rltlab.model import LoopedKVCache, OuroForCausalLM, _RoundContext, rope_cos_sin
+from rltlab.generate import left_pad
 
 Head = Callable[[torch.Tensor], torch.Tensor]   # h_d [..., H] -> logits [..., V]
 
@@ -155,13 +156,7 @@ def speculative_generate(model: OuroForCausalLM, prompt_ids, max_tokens: int, k:
     param = next(model.parameters())
     device, dtype = param.device, param.dtype
     bsz, width = len(prompts), max(len(p) for p in prompts)
-    pad = model.config.eos_token_id or 0
-    ids = torch.full((bsz, width), pad, dtype=torch.long, device=device)
-    key_mask = torch.zeros(bsz, width, dtype=torch.bool, device=device)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt, device=device)
-        key_mask[row, width - len(prompt):] = True
-    positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)
+    ids, key_mask, positions = left_pad(prompts, model.config.eos_token_id or 0, device)
     # Worst case: every verification emits one token and leaves K rejected columns behind.
     cache = LoopedKVCache(model.config, bsz, width + (max_tokens + 1) * (k + 1), dtype, device)
     gen = torch.Generator(device=device).manual_seed(seed)

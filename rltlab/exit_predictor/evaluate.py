@@ -28,6 +28,7 @@ import torch
 
 from rltlab.engine.exit_policies import ExitPolicy, RoundInfo, register_exit_policy
 from rltlab.eval.tasks import GenOutput
+from rltlab.generate import left_pad
 
 # ----------------------------------------------------------------------------- rule policies
 
@@ -118,12 +119,7 @@ def oracle_generate(model, prompts: list[list[int]], max_new_tokens: int, *,
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     bsz, width = len(prompts), max(len(p) for p in prompts)
-    ids = torch.zeros((bsz, width), dtype=torch.long, device=device)
-    key_mask = torch.zeros(bsz, width, dtype=torch.bool, device=device)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt, device=device)
-        key_mask[row, width - len(prompt):] = True
-    positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)
+    ids, key_mask, positions = left_pad(prompts, 0, device)
     next_pos = positions[:, -1] + 1
     cache = LoopedKVCache(model.config, bsz, width + max_new_tokens, dtype, device)
     out = model(ids, positions=positions, key_mask=key_mask, cache=cache)
