@@ -1,0 +1,78 @@
+"""Decode-throughput gain of a replayed exit-depth pattern over fixed depth R, in one run.
+
+    python -m rltlab.bench.depth_gain --preset ouro-1.4b --concurrency 64 --pattern 3
+
+The engine runs the same closed-loop workload (C requests in flight, prompt --prompt-len,
+--max-tokens new tokens, ignore_eos) twice from one process and one model: once at fixed depth R
+(baseline) and once replaying --pattern (comma-separated exit rounds, cycled over the output
+tokens; the N+2 predictor of docs/experiments/n_plus_2.md exits every arithmetic token at 3).
+Reports tok/s and TPOT for both, the gain, and the ideal gain R / mean executed rounds.
+Last line: JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from rltlab.bench.__main__ import PRESETS, bench_engine, build_model, median_run, prompts_for
+from rltlab.engine import LLM, SamplingParams
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m rltlab.bench.depth_gain", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="checkpoint directory (default: a random --preset model)")
+    ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--pattern", default="3", help="exit rounds to replay, e.g. 3 or 2,3,3,4")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--kv-gib", type=float, default=8.0)
+    args = ap.parse_args(argv)
+    args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    model = build_model(args)
+    rounds = model.config.num_rounds
+    pattern = [int(x) for x in args.pattern.split(",")]
+    if not all(1 <= d <= rounds for d in pattern):
+        raise SystemExit(f"--pattern rounds must lie in [1, {rounds}], got {pattern}")
+    depths = [rounds] + [pattern[i % len(pattern)] for i in range(args.max_tokens - 1)]
+    common = dict(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    policies = {"fixed_R": SamplingParams(exit_policy="fixed", **common),
+                "replay": SamplingParams(exit_policy="trace",
+                                         exit_policy_args={"depths": depths}, **common)}
+    llm = LLM(model, max_num_seqs=args.concurrency,
+              max_model_len=args.prompt_len + args.max_tokens,
+              max_num_batched_tokens=max(2048, args.prompt_len), kv_cache_memory_gib=args.kv_gib)
+    prompts = prompts_for(max(2 * args.concurrency, 4), args.prompt_len,
+                          model.config.vocab_size, seed=args.concurrency)
+    results = {"device": args.device, "dtype": args.dtype, "model": args.model or
+               f"random:{args.preset}", "concurrency": args.concurrency,
+               "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "pattern": pattern}
+    if torch.device(args.device).type == "cuda":
+        results["gpu"] = torch.cuda.get_device_name()
+    for name, params in policies.items():
+        llm.generate(prompts_for(2, args.prompt_len, model.config.vocab_size, seed=99), params)
+        results[name] = median_run(lambda: bench_engine(llm, prompts, params, args.concurrency),
+                                   args.repeats)
+        print(f"{name:>8}: {results[name]['tok_s']:.1f} tok/s, "
+              f"TPOT {results[name]['tpot_ms']:.2f} ms")
+    mean_decode = sum(depths[1:]) / max(len(depths) - 1, 1)
+    results["mean_executed_rounds"] = mean_decode
+    results["ideal_gain"] = rounds / mean_decode
+    results["tok_s_gain"] = results["replay"]["tok_s"] / results["fixed_R"]["tok_s"]
+    results["tpot_gain"] = results["fixed_R"]["tpot_ms"] / results["replay"]["tpot_ms"]
+    print(f"gain {results['tok_s_gain']:.3f}x tok/s, {results['tpot_gain']:.3f}x TPOT "
+          f"(ideal {results['ideal_gain']:.3f}x at {mean_decode:.2f} rounds)")
+    print(json.dumps(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()

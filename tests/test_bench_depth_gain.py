@@ -1,0 +1,11 @@
+"""The depth-gain benchmark script runs and reports both policies from one run (not a timing test)."""
+from rltlab.bench.depth_gain import main
+
+
+def test_depth_gain_reports_both_policies_and_the_ideal():
+    res = main(["--preset", "tiny", "--device", "cpu", "--concurrency", "2", "--max-tokens", "4",
+                "--prompt-len", "8", "--repeats", "1", "--pattern", "2,3", "--kv-gib", "0.05"])
+    assert res["fixed_R"]["tokens"] == res["replay"]["tokens"] == 4 * 4
+    assert abs(res["mean_executed_rounds"] - (2 + 3 + 2) / 3) < 1e-9
+    assert abs(res["ideal_gain"] - 4 / res["mean_executed_rounds"]) < 1e-9
+    assert res["tok_s_gain"] > 0
