@@ -120,7 +120,7 @@ def test_refuses_non_teacher_traces(model, tmp_path):
 
 
 def test_oracle_generation_is_last_exited_consistent(model):
-    from rltlab.exit_predictor.evaluate import oracle_generate
+    from rltlab.exit_predictor.baselines import oracle_generate
     prompts = [[1, 2, 3, 4, 5], [6, 7, 8]]
     outs = oracle_generate(model, prompts, 8, eos_token_id=None)
     depths = set()
@@ -136,7 +136,8 @@ def test_oracle_generation_is_last_exited_consistent(model):
 
 
 def test_rule_policies_in_the_engine(model):
-    from rltlab.exit_predictor.evaluate import _params, register_rule_policies
+    from rltlab.exit_predictor.baselines import register_rule_policies
+    from rltlab.exit_predictor.evaluate import _params
     register_rule_policies(model)
     llm = LLM(model)
     for name, eps in (("hidden_delta", 0.5), ("successive_kl", 0.05)):
