@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from rltlab import gates
-from rltlab.config import OuroConfig
 from rltlab.engine import LLM, SamplingParams
 from rltlab.generate import generate_plain
 from rltlab.model import OuroForCausalLM
+from tiny_models import tiny_engine_model
 
 torch.set_num_threads(1)   # tiny matmuls: threads only add contention
 R = 4
@@ -25,10 +25,7 @@ MIXED = dict(block_size=4, prefill_chunk=5, max_num_seqs=3, max_num_batched_toke
 
 
 def tiny_model(seed: int = 0) -> OuroForCausalLM:
-    cfg = OuroConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, total_ut_steps=R,
-                     max_position_embeddings=256)
-    return OuroForCausalLM(cfg).init_weights(seed, std=0.2).eval()
+    return tiny_engine_model(seed)
 
 
 def random_prompts(num: int, seed: int, lo: int = 1, hi: int = 20) -> list[list[int]]:

@@ -5,14 +5,13 @@ import json
 import pytest
 import torch
 
-from rltlab.config import OuroConfig
 from rltlab.engine import LLM, SamplingParams
 from rltlab.exit_predictor import features as feat
 from rltlab.exit_predictor.model import ExitPredictor, load_predictor, save_predictor
 from rltlab.exit_predictor.train import (binary_metrics, choose_threshold, fit_temperature,
                                          load_training_data, main, roc_auc, split_by_prompt)
-from rltlab.model import OuroForCausalLM
 from rltlab.traces import collect_traces
+from tiny_models import tiny_engine_model
 
 torch.set_num_threads(1)
 R = 4
@@ -20,10 +19,7 @@ R = 4
 
 @pytest.fixture(scope="module")
 def model():
-    cfg = OuroConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, total_ut_steps=R,
-                     max_position_embeddings=256)
-    return OuroForCausalLM(cfg).init_weights(0, std=0.2).eval()
+    return tiny_engine_model(0)
 
 
 @pytest.fixture(scope="module")

@@ -4,19 +4,16 @@ import math
 import pytest
 import torch
 
-from rltlab.config import OuroConfig
 from rltlab.engine import LLM, SamplingParams
 from rltlab.engine.sampling import process_logits, sample
 from rltlab.model import OuroForCausalLM
+from tiny_models import tiny_engine_model
 
 torch.set_num_threads(1)
 
 
 def tiny_model(seed: int = 0) -> OuroForCausalLM:
-    cfg = OuroConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, total_ut_steps=4,
-                     max_position_embeddings=256)
-    return OuroForCausalLM(cfg).init_weights(seed, std=0.2).eval()
+    return tiny_engine_model(seed)
 
 
 def gens(n, seed=0):

@@ -6,12 +6,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from rltlab import gates
-from rltlab.config import OuroConfig
 from rltlab.engine import LLM, SamplingParams
-from rltlab.model import OuroForCausalLM
 from rltlab.traces import (ALL_FIELDS, TraceCorruptError, TraceDataset, TraceWriter,
                            collect_traces, collection_overhead, load_projection, load_traces,
                            read_manifest, round_stats, verify_traces)
+from tiny_models import tiny_engine_model
 
 torch.set_num_threads(1)
 R = 4
@@ -20,10 +19,7 @@ PROMPTS = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12, 13, 14, 15]]
 
 @pytest.fixture(scope="module")
 def model():
-    cfg = OuroConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, total_ut_steps=R,
-                     max_position_embeddings=256)
-    return OuroForCausalLM(cfg).init_weights(0, std=0.2).eval()
+    return tiny_engine_model(0)
 
 
 def params(**kw):
