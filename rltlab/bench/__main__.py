@@ -34,6 +34,14 @@ PRESETS = {
 }
 
 
+def add_model_arguments(ap: argparse.ArgumentParser) -> None:
+    """--model/--preset/--device/--dtype: what build_model reads (shared by the bench scripts)."""
+    ap.add_argument("--model", help="checkpoint directory (default: a random --preset model)")
+    ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16")
+
+
 def build_model(args) -> OuroForCausalLM:
     dtype = getattr(torch, args.dtype)
     if args.model:
@@ -112,10 +120,7 @@ def median_run(fn, repeats: int) -> dict:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m rltlab.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="checkpoint directory (default: a random --preset model)")
-    ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16")
+    add_model_arguments(ap)
     ap.add_argument("--concurrency", default="1,8,64")
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=32)

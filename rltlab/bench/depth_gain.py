@@ -16,17 +16,15 @@ import json
 
 import torch
 
-from rltlab.bench.__main__ import PRESETS, bench_engine, build_model, median_run, prompts_for
+from rltlab.bench.__main__ import (add_model_arguments, bench_engine, build_model, median_run,
+                                   prompts_for)
 from rltlab.engine import LLM, SamplingParams
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m rltlab.bench.depth_gain", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="checkpoint directory (default: a random --preset model)")
-    ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default=None)
+    add_model_arguments(ap)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=32)
