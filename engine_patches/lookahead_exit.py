@@ -11,8 +11,9 @@ probability sigmoid(logit / T) reaches the threshold (the checkpoint's, or
 exit_policy_args["threshold"]), the token commits to exit at min(N + k, max_loops): it runs
 rounds N+1..N+k and is emitted from h_{N+k}; LAST_EXITED copies apply as for every exit.
 Otherwise it continues (the policy answers "continue" until round max_loops, where every token
-exits). The decision is known a full k - 1 rounds before the exit, which is what lets a runtime
-plan the batch while round N+1 runs.
+exits). Scoring runs on the model's device and the policy's decision_lag is k = exit - decision
+round: the engine copies the answer to the host asynchronously and reads it only at round N + k,
+so no round waits on a host sync for it (rltlab.engine.exit_policies).
 
 A checkpoint whose base-model hash, hidden size or number of rounds differs from the model is
 refused with PredictorMismatchError (a ValueError) naming every mismatch.
@@ -71,8 +72,23 @@ class LookaheadExitPolicy(ExitPolicy):
         self.exit_round = int(manifest["exit_round"])
         self.temperature = float(manifest["temperature"])
         self.threshold = float(manifest["threshold"])
+        self.decision_lag = self.exit_round - self.decision_round
+        if self.decision_lag < 1:
+            raise ValueError(f"predictor exits at round {self.exit_round}, not after its "
+                             f"decision round {self.decision_round}")
         self.lm_head_weight = lm_head_weight.detach().float().clone()
-        self.decisions = {"scored": 0, "fired": 0}
+        self._scored, self._fired = 0, torch.zeros((), dtype=torch.int64)
+
+    @property
+    def decisions(self) -> dict[str, int]:
+        """How many tokens were scored, and how many of them fired (reads the device)."""
+        return {"scored": self._scored, "fired": int(self._fired)}
+
+    def _on(self, device: torch.device) -> None:
+        if self.lm_head_weight.device != device:
+            self.lm_head_weight = self.lm_head_weight.to(device)
+            self.predictor = self.predictor.to(device)
+            self._fired = self._fired.to(device)
 
     def _threshold(self, params) -> float:
         return params.exit_policy_args.get("threshold", self.threshold)
@@ -88,31 +104,30 @@ class LookaheadExitPolicy(ExitPolicy):
 
     @torch.no_grad()
     def score(self, hidden: torch.Tensor, gate_logits: torch.Tensor) -> torch.Tensor:
-        """Calibrated probability [T] from h_N [T, H] and gate logits g_1..g_N [T, N]."""
-        h = hidden.float().cpu()
+        """Calibrated probability [T] from h_N [T, H] and gate logits g_1..g_N [T, N], on
+        hidden's device."""
+        self._on(hidden.device)
+        h = hidden.float()
         stats = prob_stats(h @ self.lm_head_weight.T)
-        x = build_features(h, gate_logits.float().cpu(), stats)
+        x = build_features(h, gate_logits.float(), stats)
         return torch.sigmoid(self.predictor(x) / self.temperature)
 
     def decide(self, info: RoundInfo) -> torch.Tensor:
-        rounds = info.rounds.cpu()
-        targets = torch.zeros_like(rounds)
-        n, ask = self.decision_round, []
-        for row, seq in enumerate(info.seqs):
-            r, max_loops = int(rounds[row]), seq.params.max_loops
-            if r >= max_loops:
-                targets[row] = r
-            elif r == n:
-                ask.append(row)
-        if ask:
-            idx = torch.tensor(ask)
-            probs = self.score(info.hidden[idx], info.gate_logits[idx, :n])
-            for row, p in zip(ask, probs.tolist()):
-                params = info.seqs[row].params
-                if p >= self._threshold(params):
-                    targets[row] = min(self.exit_round, params.max_loops)
-                    self.decisions["fired"] += 1
-                self.decisions["scored"] += 1
+        """Rows at the decision round get min(exit round, max_loops) if their score reaches the
+        threshold, else 0 (continue); every other row gets 0. A device tensor, read lagged."""
+        rows = [i for i, r in enumerate(info.rounds.tolist()) if r == self.decision_round]
+        targets = torch.zeros(len(info.seqs), dtype=torch.int64, device=info.device)
+        if rows:
+            idx = torch.tensor(rows).to(info.device, non_blocking=True)
+            probs = self.score(info.hidden[idx], info.gate_logits[idx, : self.decision_round])
+            params = [info.seqs[i].params for i in rows]
+            threshold = info.per_row([float(self._threshold(p)) for p in params])
+            exit_at = info.per_row([min(self.exit_round, p.max_loops) for p in params],
+                                   torch.int64)
+            fire = probs >= threshold
+            targets[idx] = torch.where(fire, exit_at, torch.zeros_like(exit_at))
+            self._scored += len(rows)
+            self._fired += fire.sum()
         return targets
 
 

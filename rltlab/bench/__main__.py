@@ -63,12 +63,14 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def bench_engine(llm: LLM, prompts, params: SamplingParams, concurrency: int) -> dict:
+def bench_engine(llm: LLM, prompts, params, concurrency: int) -> dict:
+    """params: one SamplingParams for all prompts, or a list aligned with them."""
     pending, done, start = list(enumerate(prompts)), [], time.perf_counter()
+    per_prompt = params if isinstance(params, list) else [params] * len(prompts)
 
     def admit():
         idx, prompt = pending.pop(0)
-        llm.add_request(f"b{idx}", prompt, params)
+        llm.add_request(f"b{idx}", prompt, per_prompt[idx])
 
     for _ in range(min(concurrency, len(pending))):
         admit()

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+DECODE_PATHS = ("auto", "static", "gather")
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
@@ -31,6 +32,11 @@ class EngineConfig:
     max_model_len: prompt + output tokens of one sequence; None = min(model limit, 4096).
     exit_policy / exit_policy_args: the default exit policy (a registered name) and the keyword
     arguments of its factory; a request may name another policy in its SamplingParams.
+    decode_path: "static" runs decode rows through fixed buffers with Triton paged attention
+    (rltlab.engine.static_decode), "gather" through the plain torch path, "auto" = static on
+    CUDA, gather elsewhere. cuda_graphs: capture the static path's round per batch bucket (CUDA
+    only; False = the engine's eager mode). compile: torch.compile the static path's per-layer
+    functions (fuses norms, RoPE and SwiGLU; costs a one-off compile).
     """
 
     max_num_seqs: int = 64
@@ -46,6 +52,9 @@ class EngineConfig:
     exit_policy: str = "q_exit"
     exit_policy_args: dict[str, Any] = field(default_factory=dict)
     default_min_loops: int = 2
+    decode_path: str = "auto"
+    cuda_graphs: bool = True
+    compile: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "prefill_chunk", "block_size",
@@ -70,9 +79,19 @@ class EngineConfig:
                              f"got {self.exit_policy!r}")
         if not isinstance(self.exit_policy_args, dict):
             raise ValueError("EngineConfig.exit_policy_args must be a dict")
+        if self.decode_path not in DECODE_PATHS:
+            raise ValueError(f"EngineConfig.decode_path must be one of {DECODE_PATHS}, "
+                             f"got {self.decode_path!r}")
+        for name in ("cuda_graphs", "compile"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
         self.dtype = parse_dtype(self.dtype)
         if self.device is not None:
             self.device = torch.device(self.device)
+
+    def use_static_decode(self, device: torch.device) -> bool:
+        return self.decode_path == "static" or (self.decode_path == "auto"
+                                                and device.type == "cuda")
 
     def resolve_max_model_len(self, model_config) -> int:
         limit = model_config.max_position_embeddings

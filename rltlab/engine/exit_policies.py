@@ -7,7 +7,15 @@ policy for all rows at any rounds) for a target round per row:
     t == r   exit now, after the round r just completed
     t >  r   exit at round t (a lookahead answer: committed, not asked again)
 
-Round R always exits. Prompt positions never ask (prefill is full depth). A policy reads its
+Round min(R, max_loops) always exits (the engine enforces it; policies are not asked there).
+Prompt positions never ask (prefill is full depth).
+
+Host syncs: a policy with `decision_lag = L >= 1` promises answers t == 0 or t >= r + L. Its
+decide() may return a device tensor; the engine copies it to the host asynchronously and reads it
+only at the end of round r + L, so the GPU never waits on the host in the round that computed
+the score (delayed Q-exit: L = 1; lookahead N -> N + k: L >= 1). A policy with `reads_gates =
+False` gets no gate history (RoundInfo.gate_logits is None), which keeps fixed-depth and
+trace-replay decoding free of device reads altogether. A policy reads its
 per-request settings from the effective SamplingParams of each row's sequence
 (min_loops / max_loops / exit_threshold / exit_policy_args); its factory receives the model
 config and the engine-level keyword arguments (EngineConfig.exit_policy_args).
@@ -28,20 +36,32 @@ from rltlab.engine.sampling import SamplingParams
 
 @dataclass
 class RoundInfo:
-    rounds: torch.Tensor        # int64 [N]: round r just completed (1-based)
-    gate_logits: torch.Tensor   # fp32 [N, R]: g_1..g_r per row, zeros after r
-    hidden: torch.Tensor        # [N, H]: h_r
+    rounds: torch.Tensor        # int64 [N] on the host: round r just completed (1-based)
+    gate_logits: torch.Tensor | None   # fp32 [N, R] on the model's device: g_1..g_r, zeros
+                                       # after r (None for a policy with reads_gates False)
+    hidden: torch.Tensor        # [N, H] on the model's device: h_r
     seqs: list                  # the rows' Sequences (params, num_output_tokens, ...)
     num_rounds: int
 
+    @property
+    def device(self) -> torch.device:
+        return self.hidden.device
+
+    def per_row(self, values: list, dtype=torch.float32) -> torch.Tensor:
+        """A per-row host list as a tensor on the model's device (no sync: a host->device copy)."""
+        return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+
     def cdf_now(self) -> torch.Tensor:
-        """CDF_r at each row's current round (fp32 [N]); zero padding after r is harmless."""
+        """CDF_r at each row's current round (fp32 [N], on the device)."""
         cdf = gates.exit_cdf(self.gate_logits)
-        return cdf.gather(-1, (self.rounds - 1)[:, None]).squeeze(-1)
+        rounds = self.rounds.to(cdf.device, non_blocking=True)
+        return cdf.gather(-1, (rounds - 1)[:, None]).squeeze(-1)
 
 
 class ExitPolicy:
     name = "base"
+    reads_gates = True      # the engine keeps each token's gate logits for RoundInfo
+    decision_lag = 0        # see the module docstring
 
     def validate(self, params: SamplingParams, num_rounds: int) -> None:
         """Raise ValueError naming the field if a request's settings cannot work."""
@@ -51,59 +71,61 @@ class ExitPolicy:
 
 
 def _q_fire(info: RoundInfo) -> torch.Tensor:
-    """Stock Q-exit decision per row (gates.q_exit_now with each row's own settings)."""
-    cdf, fire = info.cdf_now(), torch.zeros(len(info.seqs), dtype=torch.bool)
-    groups: dict[tuple, list[int]] = {}
-    for row, (seq, r) in enumerate(zip(info.seqs, info.rounds.tolist())):
-        p = seq.params
-        groups.setdefault((r, p.exit_threshold, p.min_loops, p.max_loops), []).append(row)
-    for (r, threshold, min_loops, max_loops), rows in groups.items():
-        idx = torch.tensor(rows)
-        fire[idx] = gates.q_exit_now(cdf[idx].cpu(), r, threshold, min_loops, max_loops)
-    return fire
+    """Stock Q-exit decision per row on the device (gates.q_exit_now, vectorized over rows with
+    their own threshold / min_loops / max_loops)."""
+    params = [seq.params for seq in info.seqs]
+    threshold = info.per_row([p.exit_threshold for p in params])
+    min_loops = info.per_row([p.min_loops for p in params], torch.int64)
+    max_loops = info.per_row([p.max_loops for p in params], torch.int64)
+    rounds = info.rounds.to(info.device, non_blocking=True)
+    gate_fires = (threshold < 1.0) & (rounds >= min_loops) & (info.cdf_now() >= threshold)
+    return (rounds >= max_loops) | gate_fires
 
 
 class FixedDepth(ExitPolicy):
-    """Exit at exit_policy_args["depth"] (default max_loops), decided after round 1."""
+    """Exit at exit_policy_args["depth"] (default max_loops), decided on the host after round 1."""
     name = "fixed"
+    reads_gates = False
 
     def validate(self, params, num_rounds):
         depth = params.exit_policy_args.get("depth", params.max_loops)
-        if not isinstance(depth, int) or not 1 <= depth <= num_rounds:
+        if not isinstance(depth, int) or not 1 <= depth <= params.max_loops:
             raise ValueError(f"SamplingParams.exit_policy_args['depth'] must lie in "
-                             f"[1, {num_rounds}], got {depth!r}")
+                             f"[1, max_loops={params.max_loops}], got {depth!r}")
 
     def decide(self, info):
         depth = [s.params.exit_policy_args.get("depth", s.params.max_loops) for s in info.seqs]
-        return torch.maximum(torch.tensor(depth), info.rounds.cpu())
+        return torch.maximum(torch.tensor(depth), info.rounds)
 
 
 class QExit(ExitPolicy):
-    """Stock Q-exit: exit after r if r >= max_loops or (thr < 1, r >= min_loops, CDF_r >= thr)."""
+    """Stock Q-exit: exit after r if r >= max_loops or (thr < 1, r >= min_loops, CDF_r >= thr).
+    The answer is needed now, so the engine reads it at once (one host sync per round)."""
     name = "q_exit"
 
     def decide(self, info):
-        rounds = info.rounds.cpu()
+        rounds = info.rounds.to(info.device, non_blocking=True)
         return torch.where(_q_fire(info), rounds, torch.zeros_like(rounds))
 
 
 class DelayedQExit(ExitPolicy):
-    """The stock gate one round late: it fires at r (< max_loops) -> exit at r + 1."""
+    """The stock gate one round late: it fires at r (< max_loops) -> exit at r + 1. The engine
+    reads the answer a round later, without a host sync in the round that computed it."""
     name = "q_exit_delayed"
+    decision_lag = 1
 
     def decide(self, info):
-        rounds, fire = info.rounds.cpu(), _q_fire(info)
-        max_loops = torch.tensor([s.params.max_loops for s in info.seqs])
-        target = torch.where(rounds >= max_loops, rounds, rounds + 1)
-        return torch.where(fire, target, torch.zeros_like(rounds))
+        rounds = info.rounds.to(info.device, non_blocking=True)
+        return torch.where(_q_fire(info), rounds + 1, torch.zeros_like(rounds))
 
 
 class TraceReplay(ExitPolicy):
     """Replay given depths: exit_policy_args["depths"][i] is the exit round for output token i,
     aligned like RequestOutput.exit_depths (so a rollout's exit_depths replay it exactly);
     depths[0] is the prefill's and must be R. Past the trace's end: exit_policy_args
-    ["fallback"] (default R)."""
+    ["fallback"] (default R). Decided on the host after round 1 (no device reads)."""
     name = "trace"
+    reads_gates = False
 
     def validate(self, params, num_rounds):
         depths = params.exit_policy_args.get("depths")
@@ -125,15 +147,17 @@ class TraceReplay(ExitPolicy):
             depths, i = seq.params.exit_policy_args["depths"], seq.num_output_tokens
             targets.append(depths[i] if i < len(depths)
                            else seq.params.exit_policy_args.get("fallback", info.num_rounds))
-        return torch.maximum(torch.tensor(targets), info.rounds.cpu())
+        return torch.maximum(torch.tensor(targets), info.rounds)
 
 
 class Lookahead(ExitPolicy):
     """After round N (args "round", default 1) a predictor scores "can exit at N + k" (args "k",
     default 2); score >= args "threshold" (default 0.5) -> exit at min(N + k, max_loops), else
-    at max_loops. predictor(info) -> fp32 [N] in [0, 1] is the factory's keyword argument; the
-    default is a placeholder: the stock gate's CDF at round N (no trained predictor exists)."""
+    at max_loops. predictor(info) -> fp32 [N] in [0, 1] (on the device) is the factory's keyword
+    argument; the default is a placeholder: the stock gate's CDF at round N. Every answer lies
+    at least one round ahead, so the engine reads it without a sync (decision_lag 1)."""
     name = "lookahead"
+    decision_lag = 1
 
     def __init__(self, predictor: Callable[[RoundInfo], torch.Tensor] | None = None):
         self.predictor = predictor or RoundInfo.cdf_now
@@ -154,17 +178,16 @@ class Lookahead(ExitPolicy):
                              f"got {threshold!r}")
 
     def decide(self, info):
-        rounds = info.rounds.cpu()
-        targets = torch.zeros_like(rounds)
-        score = self.predictor(info).float().cpu()
-        for row, seq in enumerate(info.seqs):
-            n, k, threshold = self._args(seq.params)
-            r, max_loops = int(rounds[row]), seq.params.max_loops
-            if r >= max_loops:
-                targets[row] = r
-            elif r == n:
-                targets[row] = min(n + k, max_loops) if score[row] >= threshold else max_loops
-        return targets
+        args = [self._args(seq.params) for seq in info.seqs]
+        n = info.per_row([a[0] for a in args], torch.int64)
+        ahead = info.per_row([min(a[0] + a[1], s.params.max_loops)
+                              for a, s in zip(args, info.seqs)], torch.int64)
+        threshold = info.per_row([float(a[2]) for a in args])
+        max_loops = info.per_row([s.params.max_loops for s in info.seqs], torch.int64)
+        rounds = info.rounds.to(info.device, non_blocking=True)
+        score = self.predictor(info).float()
+        target = torch.where(score >= threshold, ahead, max_loops)
+        return torch.where(rounds == n, target, torch.zeros_like(target))
 
 
 _REGISTRY: dict[str, Callable[..., ExitPolicy]] = {}

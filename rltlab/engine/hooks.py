@@ -52,18 +52,27 @@ class ObserverHandle:
 
 
 class DraftProposer:
-    """Speculative drafting interface (filled in by a later issue; the engine does not call it yet).
+    """Loop-aware speculative drafting for `LLMEngine.set_proposer` (rltlab.engine.spec_decode).
 
-    propose() gets the sequences about to decode and returns, per sequence, up to k draft token
-    ids; the engine will verify them with the remaining rounds (REFERENCE section 3). A proposer
-    built on the first d rounds can read the round-d planes of the paged cache through
-    `kv_cache` and the sequences' block tables.
+    Each speculative step drafts up to `num_draft_tokens` (K) tokens per decoding sequence with
+    the first `draft_rounds` (d) rounds of the shared layers, reading each draft token from
+    `draft_logits(h_d)`: `head(h_d)` if a head is given (a reuse-exact trained component of
+    rltlab.draft_heads, e.g. loaded with engine_patches.loop_draft), else the model's own
+    lm_head (the shallow drafter: the token "exits at d" for drafting). Rounds d+1..R then
+    verify the K+1 positions in one batched causal pass that reuses the draft's rounds 1..d and
+    their K/V planes. A head must read only h_d (draft-only LoRAs on the shared layers break
+    reuse and are refused).
     """
 
-    draft_rounds: int = 1
-    num_draft_tokens: int = 4
+    def __init__(self, num_draft_tokens: int = 4, draft_rounds: int = 1, head=None):
+        for name, value in (("num_draft_tokens", num_draft_tokens), ("draft_rounds", draft_rounds)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"DraftProposer.{name} must be an int >= 1, got {value!r}")
+        if head is not None and not getattr(head, "reuse_exact", True):
+            raise ValueError("DraftProposer: this head changes the draft's shared layers "
+                             "(not reuse-exact); the engine path supports heads on h_d only")
+        self.num_draft_tokens, self.draft_rounds, self.head = num_draft_tokens, draft_rounds, head
 
-    def propose(self, request_ids: list[str], token_ids: list[list[int]],
-                hidden: torch.Tensor | None, kv_cache: torch.Tensor,
-                block_tables: list[list[int]]) -> list[list[int]]:
-        raise NotImplementedError
+    def draft_logits(self, hidden: torch.Tensor, lm_head) -> torch.Tensor:
+        """h_d [N, H] -> draft logits [N, V] (fp32)."""
+        return (self.head if self.head is not None else lm_head)(hidden).float()

@@ -15,11 +15,11 @@ from rltlab.engine.block_manager import BlockManager
 from rltlab.engine.config import EngineConfig
 from rltlab.engine.exit_policies import ExitPolicy, RoundInfo, create_exit_policy
 from rltlab.engine.hooks import DraftProposer, ObserverHandle, RoundEvent, RoundObserver
-from rltlab.engine.model_runner import ModelRunner, RoundBatch, place_model
+from rltlab.engine.model_runner import ModelRunner, StepRows, place_model
 from rltlab.engine.outputs import RequestOutput, build_output
 from rltlab.engine.sampling import SamplingParams, sample
 from rltlab.engine.scheduler import Scheduler
-from rltlab.engine.sequence import Request, Sequence, SeqStatus
+from rltlab.engine.sequence import PendingDecision, Request, Sequence, SeqStatus
 from rltlab.engine.weights import WeightUpdater
 from rltlab.model import OuroForCausalLM
 
@@ -28,7 +28,9 @@ class LLMEngine:
     def __init__(self, model: OuroForCausalLM, config: EngineConfig | None = None,
                  tokenizer=None, weight_version: int = 0):
         self.config = config = config or EngineConfig()
-        self.model = place_model(model, config.dtype, config.device)
+        param = next(model.parameters())
+        static = config.use_static_decode(torch.device(config.device or param.device))
+        self.model = place_model(model, config.dtype, config.device, own=static)
         self.model_config, self.tokenizer = self.model.config, tokenizer
         self.num_rounds = self.model_config.num_rounds
         self.max_model_len = config.resolve_max_model_len(self.model_config)
@@ -36,13 +38,21 @@ class LLMEngine:
                                                next(self.model.parameters()).element_size())
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.scheduler = Scheduler(config, self.block_manager, self.num_rounds)
-        self.runner = ModelRunner(self.model, num_blocks, config.block_size)
+        self.runner = ModelRunner(self.model, num_blocks, config.block_size,
+                                  static_decode=static, max_batch=config.max_num_seqs,
+                                  max_model_len=self.max_model_len,
+                                  cuda_graphs=config.cuda_graphs, compile=config.compile)
         self.weights = WeightUpdater(self.model, weight_version)
         self.eos_token_id = getattr(tokenizer, "eos_token_id", None)
         if self.eos_token_id is None:
             self.eos_token_id = self.model_config.eos_token_id
         self.policies = {config.exit_policy: create_exit_policy(
             config.exit_policy, self.model_config, **config.exit_policy_args)}
+        # g_1..g_R of every running decode token, one row per sequence (policies read it on the
+        # device; rows are handed out on first use and returned when the sequence finishes).
+        self._gate_history = torch.zeros(config.max_num_seqs, self.num_rounds,
+                                         dtype=torch.float32, device=self.runner.device)
+        self._free_gate_rows = list(range(config.max_num_seqs - 1, -1, -1))
         self.requests: dict[str, Request] = {}
         self.paused = False
         self.observers: list[ObserverHandle] = []
@@ -125,52 +135,94 @@ class LLMEngine:
     @torch.no_grad()
     def step(self) -> list[RequestOutput]:
         self.weights.check_ready()
+        if self.proposer is not None and self._spec.ready():   # all decoding: speculate
+            return self._spec.step()
         seqs = [] if self.paused else self.scheduler.schedule()
         if seqs:
             self._failed = {}
-            batch = self.runner.prepare(seqs)
-            hidden, gate_logits = self.runner.run_round(batch)
-            exits = self._decide_exits(seqs, batch, hidden, gate_logits)
+            seqs, rows, hidden, gate_logits = self.runner.execute(seqs)
+            exits = self._decide_exits(seqs, rows, hidden, gate_logits)
             if self.observers:
-                self._notify_observers(seqs, batch, hidden, gate_logits, exits)
-            emitting = self._advance_spans(seqs, batch, hidden, exits)
+                self._notify_observers(seqs, rows, hidden, gate_logits, exits)
+            emitting = self._advance_spans(seqs, rows, hidden, exits)
             self._sample(emitting)
             for seq in seqs:
                 if seq.seq_id in self._failed and not seq.is_finished:
                     self._finish(seq, "error", self._failed[seq.seq_id])
         return self._drain_outputs()
 
-    def _decide_exits(self, seqs, batch: RoundBatch, hidden, gate_logits) -> torch.Tensor:
-        """bool [T]: which tokens leave after this round (fixed spans: their recorded exit;
-        decode tokens: round R, a committed plan, or their policy's answer now)."""
-        exits = torch.zeros(len(batch.slots), dtype=torch.bool)
+    def _decide_exits(self, seqs, batch: StepRows, hidden, gate_logits) -> torch.Tensor:
+        """bool [T] on the host: which tokens leave after this round (fixed spans: their
+        recorded exit; decode tokens: max_loops, a committed plan, a lagged answer that is due
+        now, or their policy's answer now). Reads the device only for policies that need it."""
+        exits = torch.zeros(len(batch.slot_list), dtype=torch.bool)
         asking: dict[str, list[tuple[int, Sequence]]] = {}
-        gate_list = gate_logits.tolist()
+        gate_rows: list[tuple[int, Sequence]] = []
         for seq, lo in zip(seqs, _offsets(batch.row_sizes)):
             span, rnd = seq.span, seq.span.round + 1
             if span.exit_rounds is not None:
                 exits[lo: lo + span.num_active] = span.exit_rounds[span.active] == rnd
                 continue
-            span.gates.append(gate_list[lo])
-            if rnd >= self.num_rounds or span.planned_exit == rnd:
+            policy = self.policy(seq.params.exit_policy)
+            if policy.reads_gates:
+                gate_rows.append((lo, seq))
+            self._read_due_decisions(seq, rnd)
+            if rnd >= min(self.num_rounds, seq.params.max_loops) or span.planned_exit == rnd:
                 exits[lo] = True
-            elif span.planned_exit is None:
-                asking.setdefault(seq.params.exit_policy, []).append((lo, seq))
+            elif span.planned_exit is None and seq.seq_id not in self._failed:
+                asking.setdefault(policy.name, []).append((lo, seq))
+        if gate_rows:
+            self._record_gates(gate_rows, gate_logits)
         for name, rows in asking.items():
             self._ask_policy(self.policy(name), rows, hidden, exits)
         return exits
 
+    def _record_gates(self, rows, gate_logits) -> None:
+        """g_r of each decode token into its sequence's row of the device gate history."""
+        for _, seq in rows:
+            if seq.gate_row is None:
+                seq.gate_row = self._free_gate_rows.pop()
+        dev = gate_logits.device
+        tokens = torch.tensor([lo for lo, _ in rows]).to(dev, non_blocking=True)
+        hist_rows = torch.tensor([seq.gate_row for _, seq in rows]).to(dev, non_blocking=True)
+        cols = torch.tensor([seq.span.round for _, seq in rows]).to(dev, non_blocking=True)
+        self._gate_history[hist_rows, cols] = gate_logits[tokens]
+
+    def _read_due_decisions(self, seq: Sequence, rnd: int) -> None:
+        span = seq.span
+        due = [p for p in span.pending if p.due_round == rnd]
+        if not due:
+            return
+        span.pending = [p for p in span.pending if p.due_round != rnd]
+        for decision in due:
+            target = decision.read()
+            if target == 0 or span.planned_exit is not None:
+                continue
+            if rnd <= target <= self.num_rounds:
+                span.planned_exit = target
+            else:
+                self._failed[seq.seq_id] = (
+                    f"exit policy {decision.policy!r} answered round {target} after round "
+                    f"{decision.asked_round} (its decision_lag promises >= {decision.due_round})")
+
     def _ask_policy(self, policy, rows, hidden, exits) -> None:
         rounds = torch.tensor([seq.span.round + 1 for _, seq in rows])
-        gates = torch.zeros(len(rows), self.num_rounds)
-        for i, (_, seq) in enumerate(rows):
-            gates[i, : len(seq.span.gates)] = torch.tensor(seq.span.gates)
+        gates = None
+        if policy.reads_gates:
+            hist_rows = torch.tensor([seq.gate_row for _, seq in rows]).to(hidden.device,
+                                                                           non_blocking=True)
+            done = torch.arange(self.num_rounds)[None, :] < rounds[:, None]
+            gates = self._gate_history[hist_rows] * done.to(hidden.device, non_blocking=True)
         info = RoundInfo(rounds, gates, hidden[[lo for lo, _ in rows]],
                          [seq for _, seq in rows], self.num_rounds)
         try:
-            targets = policy.decide(info).tolist()
+            targets = policy.decide(info)
             if len(targets) != len(rows):
                 raise RuntimeError(f"returned {len(targets)} targets for {len(rows)} rows")
+            if policy.decision_lag > 0:
+                self._defer(policy, rows, rounds.tolist(), targets)
+                return
+            targets = targets.tolist()
         except Exception as err:  # isolate the failing request(s): retry one row at a time
             if len(rows) > 1:
                 for row in rows:
@@ -187,7 +239,22 @@ class LLMEngine:
                 self._failed[seq.seq_id] = (f"exit policy {policy.name!r} answered round "
                                             f"{target} after round {rnd}")
 
-    def _notify_observers(self, seqs, batch: RoundBatch, hidden, gate_logits, exits) -> None:
+    def _defer(self, policy, rows, rounds: list[int], targets: torch.Tensor) -> None:
+        """Start the device->host copy of a lagged policy's answers; read decision_lag rounds
+        later (PendingDecision.read), so this round's work never waits for the host."""
+        ready = None
+        if targets.device.type == "cuda":
+            host = torch.empty(targets.shape, dtype=targets.dtype, pin_memory=True)
+            host.copy_(targets, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        else:
+            host = targets
+        for i, ((_, seq), rnd) in enumerate(zip(rows, rounds)):
+            seq.span.pending.append(PendingDecision(rnd + policy.decision_lag, rnd, policy.name,
+                                                    host, i, ready))
+
+    def _notify_observers(self, seqs, batch: StepRows, hidden, gate_logits, exits) -> None:
         want_logits = any(o.with_logits for o in self.observers)
         event = RoundEvent.build(seqs, batch.row_sizes, batch.rounds, batch.positions, hidden,
                                  gate_logits, exits, self.weights.version,
@@ -195,11 +262,11 @@ class LLMEngine:
         for observer in list(self.observers):
             observer.fn(event)
 
-    def _advance_spans(self, seqs, batch: RoundBatch, hidden, exits) -> list:
+    def _advance_spans(self, seqs, batch: StepRows, hidden, exits) -> list:
         """Move every row one round on; LAST_EXITED copies for tokens leaving before R.
         Returns (seq, h, exit round) for the rows whose last token samples now."""
         copy_slots, copy_rounds, emitting = [], [], []
-        exit_list, slot_list = exits.tolist(), batch.slots.tolist()
+        exit_list, slot_list = exits.tolist(), batch.slot_list
         for seq, lo, n in zip(seqs, _offsets(batch.row_sizes), batch.row_sizes):
             if seq.seq_id in self._failed:
                 continue
@@ -255,6 +322,9 @@ class LLMEngine:
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         self.scheduler.remove(seq)
+        if seq.gate_row is not None:
+            self._free_gate_rows.append(seq.gate_row)
+            seq.gate_row = None
         seq.status, seq.finish_reason, seq.error = SeqStatus.FINISHED, reason, error
         request = seq.request
         if request.is_finished and request.request_id in self.requests:
@@ -310,10 +380,13 @@ class LLMEngine:
         self.observers.remove(handle)
 
     def set_proposer(self, proposer: DraftProposer | None) -> None:
+        """Loop-aware speculative decoding (rltlab.engine.spec_decode; docs/engine.md): a
+        DraftProposer(num_draft_tokens, draft_rounds, head) turns it on, None turns it off."""
+        spec = None
         if proposer is not None:
-            raise NotImplementedError("speculative verification is not implemented yet; "
-                                      "DraftProposer is the interface a later issue wires in")
-        self.proposer = None
+            from rltlab.engine.spec_decode import SpecDecoder
+            spec = SpecDecoder(self, proposer)   # validates
+        self.proposer, self._spec = proposer, spec
 
 
 def _offsets(sizes: list[int]) -> list[int]:

@@ -6,12 +6,17 @@ tokens write their K/V into plane d, then attend over plane d for positions 0..p
 a position that exited at e < d has its round-e K/V copied there). The math is the reference
 model's, module by module (rltlab.model): same norms, projections, RoPE and SDPA.
 
-Attention is plain torch for every device: rows are padded into [B, max_q] queries and
-[B, max_ctx] keys gathered through the block tables, with a causal mask per row.
+Two paths (EngineConfig.decode_path):
+  * gather: plain torch for every row; rows are padded into [B, max_q] queries and [B, max_ctx]
+    keys gathered through the block tables, with a causal mask per row. Prefill chunks and
+    recomputed spans always take it.
+  * static (default on CUDA): decode rows go through rltlab.engine.static_decode (fused
+    projections, Triton paged attention, one CUDA graph per batch bucket); the other rows of the
+    same step take the gather path. The step's rows come back decode rows first.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +24,37 @@ import torch.nn.functional as F
 from rltlab import kernels
 from rltlab.model import OuroForCausalLM, apply_rope, rope_cos_sin
 from rltlab.engine.sequence import Sequence
+from rltlab.engine.static_decode import StaticDecoder, fuse_projections
+
+
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Host list -> device tensor without waiting for the device (pinned, async on CUDA)."""
+    tensor = torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
+    return tensor.to(device, non_blocking=True)
+
+
+@dataclass
+class StepRows:
+    """What the engine needs to know about one step's rows, on the host."""
+    row_sizes: list[int]
+    slot_list: list[int]
+    round_list: list[int]        # per token, 1-based
+    position_list: list[int]
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def rounds(self) -> torch.Tensor:
+        return to_device(self.round_list, torch.int64, self.device)
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return to_device(self.position_list, torch.int64, self.device)
+
+    @staticmethod
+    def concat(parts: list["StepRows"]) -> "StepRows":
+        return StepRows(*(sum((getattr(p, f) for p in parts), []) for f in
+                          ("row_sizes", "slot_list", "round_list", "position_list")),
+                        device=parts[0].device)
 
 
 @dataclass
@@ -34,10 +70,17 @@ class RoundBatch:
     key_slots: torch.Tensor    # int64 [B, max_ctx]
     mask: torch.Tensor         # bool [B, 1, groups * max_q, max_ctx] (GQA: per query group)
     row_sizes: list[int]
+    rows: StepRows             # the same, on the host
+
+    @property
+    def slot_list(self) -> list[int]:
+        return self.rows.slot_list
 
 
 class ModelRunner:
-    def __init__(self, model: OuroForCausalLM, num_blocks: int, block_size: int):
+    def __init__(self, model: OuroForCausalLM, num_blocks: int, block_size: int, *,
+                 static_decode: bool = False, max_batch: int = 1, max_model_len: int = 0,
+                 cuda_graphs: bool = True, compile: bool = False):
         cfg = model.config
         self.model, self.config, self.block_size = model, cfg, block_size
         param = next(model.parameters())
@@ -50,6 +93,52 @@ class ModelRunner:
                                         cfg.head_dim)
         # Triton only on CUDA: on CPU the interpreter (TRITON_INTERPRET=1) would be pointless.
         self._use_triton = self.device.type == "cuda" and kernels.triton_available(self.device)
+        self.static = None
+        if static_decode:
+            self.static = StaticDecoder(
+                model, fuse_projections(model), self.kv_cache, block_size, max_batch,
+                -(-max_model_len // block_size), cuda_graphs=cuda_graphs, compile=compile)
+
+    # ------------------------------------------------------------------------------ one step
+    def execute(self, seqs: list[Sequence]):
+        """One round for every scheduled row -> (seqs in row order, StepRows, h_r [T, H],
+        gate logits fp32 [T]). With the static path, decode rows come first."""
+        if self.static is None:
+            batch = self.prepare(seqs)
+            return (seqs, batch.rows, *self.run_round(batch))
+        decode = [s for s in seqs if s.span.exit_rounds is None]
+        others = [s for s in seqs if s.span.exit_rounds is not None]
+        parts = []
+        if decode:
+            parts.append((decode, *self._run_decode(decode)))
+        if others:
+            batch = self.prepare(others)
+            parts.append((others, batch.rows, *self.run_round(batch)))
+        if len(parts) == 1:
+            return parts[0]
+        return (decode + others, StepRows.concat([p[1] for p in parts]),
+                torch.cat([p[2] for p in parts]), torch.cat([p[3] for p in parts]))
+
+    def _run_decode(self, seqs: list[Sequence]):
+        bs = self.block_size
+        positions = [seq.span.start for seq in seqs]
+        planes = [seq.span.round for seq in seqs]
+        slots = [seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, positions)]
+        self.static.stage(positions, planes, slots, [seq.block_table for seq in seqs])
+        hidden, gates = self.static.run(self._decode_inputs(seqs))
+        rows = StepRows([1] * len(seqs), slots, [r + 1 for r in planes], positions, self.device)
+        return rows, hidden, gates
+
+    def _decode_inputs(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Round input per row: the embedding (round 1) or the span's last hidden state."""
+        first = [i for i, seq in enumerate(seqs) if seq.span.round == 0]
+        parts = [seq.span.hidden for seq in seqs]
+        if first:
+            ids = [seqs[i].token_ids(seqs[i].span.start, seqs[i].span.start + 1)[0] for i in first]
+            embedded = self.model.model.embed_tokens(to_device(ids, torch.int64, self.device))
+            for j, i in enumerate(first):
+                parts[i] = embedded[j: j + 1]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     # ------------------------------------------------------------------------ batch building
     def prepare(self, seqs: list[Sequence]) -> RoundBatch:
@@ -83,12 +172,14 @@ class ModelRunner:
         query_pos[row_t, col_t] = pos_t
         mask = keys[None, None, :] <= query_pos[:, :, None]
         groups = self.config.num_attention_heads // self.config.num_key_value_heads
+        rows = StepRows(sizes, slots.tolist(), torch.repeat_interleave(
+            torch.tensor(rounds), torch.tensor(sizes)).tolist(), pos_t.tolist(), dev)
         return RoundBatch(
             hidden=torch.cat(hidden_parts), positions=pos_t.to(dev),
             rounds=torch.repeat_interleave(torch.tensor(rounds), torch.tensor(sizes)).to(dev),
             slots=slots.to(dev), row_planes=torch.tensor(rounds, device=dev) - 1,
             tok_row=row_t.to(dev), tok_col=col_t.to(dev), key_slots=key_slots.to(dev),
-            mask=mask[:, None].repeat(1, 1, groups, 1).to(dev), row_sizes=sizes)
+            mask=mask[:, None].repeat(1, 1, groups, 1).to(dev), row_sizes=sizes, rows=rows)
 
     # ------------------------------------------------------------------------------ one round
     @torch.no_grad()
@@ -140,19 +231,19 @@ class ModelRunner:
         """LAST_EXITED: tokens that exited at e < R get their round-e K/V in planes e+1..R."""
         if not slots:
             return
-        slots_t = torch.tensor(slots, dtype=torch.int64, device=self.device)
-        planes_t = torch.tensor([e - 1 for e in exit_rounds], dtype=torch.int32,
-                                device=self.device)
+        slots_t = to_device(slots, torch.int64, self.device)
+        planes_t = to_device([e - 1 for e in exit_rounds], torch.int32, self.device)
         copy = kernels.last_exited_copy if self._use_triton else kernels.last_exited_copy_ref
         with torch.no_grad():
             copy(self.kv_cache, slots_t, planes_t)
 
 
-def place_model(model: OuroForCausalLM, dtype, device) -> OuroForCausalLM:
-    """The model itself if dtype/device match, else an engine-owned converted copy."""
+def place_model(model: OuroForCausalLM, dtype, device, own: bool = False) -> OuroForCausalLM:
+    """The model itself if dtype/device match (and own is False), else an engine-owned copy
+    (the static decode path owns one: it rearranges the weights' storage)."""
     param = next(model.parameters())
     dtype, device = dtype or param.dtype, torch.device(device or param.device)
-    if dtype == param.dtype and device == param.device:
+    if dtype == param.dtype and device == param.device and not own:
         return model.eval()
     with torch.device("meta"):
         copy = OuroForCausalLM(model.config)

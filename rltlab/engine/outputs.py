@@ -19,6 +19,7 @@ class CompletionOutput:
     finish_reason: str | None                    # stop | length | abort | error | None (running)
     error: str | None = None
     text: str | None = None
+    spec_stats: dict | None = None               # speculative steps (set_proposer), else None
 
     @property
     def weight_version(self) -> int | None:
@@ -47,6 +48,7 @@ class RequestOutput:
     metrics: RequestMetrics
     prompt: str | None = None
     extra: dict = field(default_factory=dict)
+    spec_stats: dict | None = None      # summed over the n samples (rltlab.engine.spec_decode)
 
     def _single(self) -> CompletionOutput:
         if len(self.outputs) != 1:
@@ -75,7 +77,26 @@ def _completion(seq: Sequence, tokenizer) -> CompletionOutput:
         top_logprobs=list(seq.top_logprobs) if want and seq.params.logprobs else None,
         exit_depths=list(seq.exit_depths), executed_depths=list(seq.executed_depths),
         weight_versions=list(seq.weight_versions), finish_reason=seq.finish_reason,
-        error=seq.error, text=text)
+        error=seq.error, text=text,
+        spec_stats=_spec_stats(seq))
+
+
+def _spec_stats(seq: Sequence) -> dict | None:
+    """steps / drafted / accepted / emitted / tau / acceptance_rate of the speculative steps,
+    spec_tokens = tokens they appended (emitted minus what a stop cut off)."""
+    stats = getattr(seq, "spec_stats", None)
+    return None if stats is None else {**stats.to_dict(), "spec_tokens": seq.spec_tokens}
+
+
+def _sum_spec_stats(outputs: list[CompletionOutput]) -> dict | None:
+    parts = [o.spec_stats for o in outputs if o.spec_stats is not None]
+    if not parts:
+        return None
+    total = {key: sum(s[key] for s in parts)
+             for key in ("steps", "drafted", "accepted", "emitted", "spec_tokens")}
+    total["tau"] = total["emitted"] / total["steps"] if total["steps"] else 0.0
+    total["acceptance_rate"] = total["accepted"] / total["drafted"] if total["drafted"] else 0.0
+    return total
 
 
 def build_output(request: Request, engine_version: int, tokenizer=None) -> RequestOutput:
@@ -87,4 +108,5 @@ def build_output(request: Request, engine_version: int, tokenizer=None) -> Reque
     return RequestOutput(
         request_id=request.request_id, prompt_token_ids=list(request.prompt_token_ids),
         outputs=outputs, sampling_params=request.params, finished=request.is_finished,
-        weight_version=max(versions) if versions else engine_version, metrics=metrics)
+        weight_version=max(versions) if versions else engine_version, metrics=metrics,
+        spec_stats=_sum_spec_stats(outputs))

@@ -32,6 +32,22 @@ class SeqStatus(enum.Enum):
 
 
 @dataclass
+class PendingDecision:
+    """A lagged policy's answer for one token: targets[index], readable once `ready` is done."""
+    due_round: int                      # read it at the end of this round
+    asked_round: int
+    policy: str
+    targets: torch.Tensor               # host tensor (filled by an async device->host copy)
+    index: int
+    ready: object | None                # torch.cuda.Event, or None when already on the host
+
+    def read(self) -> int:
+        if self.ready is not None:
+            self.ready.synchronize()    # normally long done: recorded L rounds ago
+        return int(self.targets[self.index])
+
+
+@dataclass
 class Span:
     start: int                          # first position
     length: int
@@ -40,8 +56,9 @@ class Span:
     round: int = 0                      # rounds completed
     active: torch.Tensor | None = None  # int64 offsets (into the span) still running
     hidden: torch.Tensor | None = None  # [len(active), H]: h of the last completed round
-    gates: list[float] = field(default_factory=list)   # decode span: gate logit per round
     planned_exit: int | None = None     # decode span: round the policy committed to
+    # decode span: answers of lagged policies not read yet (see exit_policies.decision_lag)
+    pending: list["PendingDecision"] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.active is None:
@@ -72,6 +89,7 @@ class Sequence:
         self.reserved_positions = 0     # KV positions reserved at admission
         self.num_computed = 0           # positions whose K/V is final in every plane
         self.span: Span | None = None
+        self.gate_row: int | None = None    # row of the engine's device gate history
         self.first_token_time: float | None = None
 
     @property

@@ -1,0 +1,191 @@
+"""Engine speed on the issue-#4 workloads, every mode side by side in one run.
+
+    python -m rltlab.bench.engine --preset ouro-1.4b --workload W1 W2 W3 W4 [--out FILE]
+
+Workloads (greedy, ignore_eos, random prompts; fixed depth R unless stated):
+  W1  c=1, 128-token prompt, 128 outputs
+  W2  c=32 closed loop (32 in flight until 128 finished), 512 in / 128 out
+  W3  c=128 closed loop (until 256 finished), 1024 in / 128 out
+  W4  W3 replaying exit depths drawn from DEPTH_DISTRIBUTION (mean 2.8 rounds; trace policy)
+Modes: plain (the model's cached loop, batch 1: W1 only), gather (the engine's plain-torch path),
+eager (static decode path: Triton attention, no graphs), graph (+ CUDA graphs), compile (+
+torch.compile of the per-layer functions).
+
+Per workload and mode: closed-loop output tok/s, TTFT and TPOT (medians), and a decode-phase
+figure: c requests admitted together, timed from the moment all have their first token until
+the last finishes (no prefill inside). W1 also reports the achieved memory traffic per decode
+token (weights of every executed round + lm_head + K/V read) in GB/s and as a % of the device
+copy bandwidth measured in the same run. W4 reports selected vs executed rounds and its decode
+gain over W3 against the ideal R / mean executed rounds. Options --weight-update and --bf16-check
+add the full-weight update timing and the bf16-vs-fp32 agreement. Last line: JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+
+import torch
+
+from rltlab.bench.__main__ import add_model_arguments, bench_engine, build_model, prompts_for
+from rltlab.bench import engine_checks
+from rltlab.engine import LLM, SamplingParams
+from rltlab.generate import generate_plain
+
+WORKLOADS = {
+    "W1": dict(concurrency=1, requests=1, prompt_len=128, max_tokens=128),
+    "W2": dict(concurrency=32, requests=128, prompt_len=512, max_tokens=128),
+    "W3": dict(concurrency=128, requests=256, prompt_len=1024, max_tokens=128),
+    "W4": dict(concurrency=128, requests=256, prompt_len=1024, max_tokens=128, replay=True),
+}
+DEPTH_DISTRIBUTION = {1: 0.05, 2: 0.30, 3: 0.45, 4: 0.20}   # mean 2.8 rounds
+MODES = {
+    "gather": dict(decode_path="gather"),
+    "eager": dict(decode_path="static", cuda_graphs=False),
+    "graph": dict(decode_path="static", cuda_graphs=True),
+    "compile": dict(decode_path="static", cuda_graphs=True, compile=True),
+}
+
+
+def replay_depths(num_rounds: int, length: int, seed: int) -> list[int]:
+    """[R] + decode depths drawn i.i.d. from DEPTH_DISTRIBUTION (R = 4 rounds)."""
+    if num_rounds != 4:
+        raise ValueError("DEPTH_DISTRIBUTION is for R = 4 rounds")
+    depths = torch.tensor(list(DEPTH_DISTRIBUTION))
+    probs = torch.tensor(list(DEPTH_DISTRIBUTION.values()))
+    gen = torch.Generator().manual_seed(seed)
+    return [num_rounds] + depths[torch.multinomial(probs, length - 1, True, generator=gen)].tolist()
+
+
+def workload_params(spec: dict, num_rounds: int, num: int) -> list[SamplingParams]:
+    common = dict(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=True)
+    if not spec.get("replay"):
+        return [SamplingParams(exit_policy="fixed", **common)] * num
+    return [SamplingParams(exit_policy="trace", exit_policy_args={
+        "depths": replay_depths(num_rounds, spec["max_tokens"], seed=i)}, **common)
+        for i in range(num)]
+
+
+def decode_phase(llm: LLM, prompts, params) -> dict:
+    """All requests admitted at once; tok/s over the steps after every one has its first token."""
+    engine, done = llm.llm_engine, []
+    for i, (prompt, sp) in enumerate(zip(prompts, params)):
+        engine.add_request(f"d{i}", prompt, sp)
+    while any(s.num_output_tokens == 0 for r in engine.requests.values() for s in r.seqs):
+        done += engine.step()
+    torch.cuda.synchronize() if engine.runner.device.type == "cuda" else None
+    start = time.perf_counter()
+    while engine.has_unfinished_requests():
+        done += engine.step()
+    torch.cuda.synchronize() if engine.runner.device.type == "cuda" else None
+    wall = time.perf_counter() - start
+    tokens = sum(len(o.token_ids) - 1 for o in done)
+    selected = [d for o in done for d in o.exit_depths[1:]]
+    executed = [d for o in done for d in o.executed_depths[1:]]
+    return {"decode_tok_s": round(tokens / wall, 2), "decode_tokens": tokens,
+            "mean_selected_rounds": round(sum(selected) / len(selected), 3),
+            "mean_executed_rounds": round(sum(executed) / len(executed), 3)}
+
+
+def run_mode(model, spec: dict, mode: str, prompts, params, kv_gib: float) -> dict:
+    llm = LLM(model, max_num_seqs=spec["concurrency"],
+              max_model_len=spec["prompt_len"] + spec["max_tokens"],
+              max_num_batched_tokens=max(4096, spec["prompt_len"] + spec["concurrency"]),
+              prefill_chunk=max(512, spec["prompt_len"]), kv_cache_memory_gib=kv_gib,
+              **MODES[mode])
+    c = spec["concurrency"]
+    try:
+        warm = min(c, 4)   # capture / compile / autotune outside the timings
+        llm.generate(prompts[:warm], params[:warm])
+        if c > warm:   # capture every bucket the measured runs will use
+            llm.generate(prompts[:c], [SamplingParams(**{**vars(p), "max_tokens": 2})
+                                       for p in params[:c]])
+        result = {"decode": decode_phase(llm, prompts[:c], params[:c])}
+        if spec["requests"] > 1:
+            result["closed_loop"] = bench_engine(llm, prompts, params, c)
+        return result
+    finally:   # the next mode needs the KV cache's memory back
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+
+
+def run_plain(model, spec: dict, prompts) -> dict:
+    generate_plain(model, prompts[:1], 4)
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    generate_plain(model, prompts[:1], 1)
+    sync()
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    generate_plain(model, prompts[:1], spec["max_tokens"])
+    sync()
+    full = time.perf_counter() - t0
+    decode = (spec["max_tokens"] - 1) / (full - first)
+    return {"decode": {"decode_tok_s": round(decode, 2), "mean_executed_rounds":
+                       float(model.config.num_rounds)}}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m rltlab.bench.engine", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_arguments(ap)
+    ap.add_argument("--workload", nargs="+", default=["W1"], choices=sorted(WORKLOADS))
+    ap.add_argument("--modes", default="plain,eager,graph,compile",
+                    help=f"comma-separated, from plain,{','.join(MODES)}")
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="multiply prompt/output lengths and request counts (CPU smoke runs)")
+    ap.add_argument("--kv-gib", type=float, default=110.0)
+    ap.add_argument("--weight-update", action="store_true")
+    ap.add_argument("--bf16-check", action="store_true")
+    ap.add_argument("--out", help="also write the JSON here after every workload")
+    args = ap.parse_args(argv)
+    args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    modes = args.modes.split(",")
+    unknown = set(modes) - set(MODES) - {"plain"}
+    if unknown:
+        raise SystemExit(f"unknown modes {sorted(unknown)}")
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    model = build_model(args)
+    cfg = model.config
+    results = {"device": args.device, "dtype": args.dtype, "model": args.model or
+               f"random:{args.preset}", "workloads": {}}
+    if torch.device(args.device).type == "cuda":
+        results["gpu"] = torch.cuda.get_device_name()
+        results["copy_bandwidth_gb_s"] = engine_checks.copy_bandwidth(args.device)
+    for name in args.workload:
+        spec = {k: v if k == "replay" else max(2 if k == "max_tokens" else 1, int(v * args.scale))
+                for k, v in WORKLOADS[name].items()}
+        prompts = prompts_for(spec["requests"], spec["prompt_len"], cfg.vocab_size, seed=7)
+        params = workload_params(spec, cfg.num_rounds, spec["requests"])
+        entry = {"spec": spec, "modes": {}}
+        for mode in modes:
+            if mode == "plain" and spec["concurrency"] != 1:
+                continue
+            try:
+                entry["modes"][mode] = (run_plain(model, spec, prompts) if mode == "plain" else
+                                        run_mode(model, spec, mode, prompts, params, args.kv_gib))
+            except Exception as err:   # keep the other modes' figures; report the failure
+                entry["modes"][mode] = {"error": repr(err)[:500]}
+            print(f"{name} {mode:>8}: {json.dumps(entry['modes'][mode])}", flush=True)
+        engine_checks.summarize(name, entry, model, spec, results.get("copy_bandwidth_gb_s"))
+        results["workloads"][name] = entry
+        engine_checks.save(results, args.out)
+    if "W3" in results["workloads"] and "W4" in results["workloads"]:
+        results["w4_gain"] = engine_checks.depth_gain(results["workloads"]["W3"],
+                                                      results["workloads"]["W4"], cfg.num_rounds)
+    if args.weight_update:
+        results["weight_update"] = engine_checks.weight_update(model, args.kv_gib)
+    if args.bf16_check:
+        results["bf16_vs_fp32"] = engine_checks.bf16_agreement(model, args.kv_gib)
+    engine_checks.print_table(results)
+    engine_checks.save(results, args.out)
+    print(json.dumps(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""Pieces of `python -m rltlab.bench.engine`: bandwidth accounting, the W4 depth gain, the
+full-weight update timing, the bf16-vs-fp32 agreement, the table and the JSON file."""
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from rltlab.atomic import write_text_atomic
+from rltlab.bench.__main__ import prompts_for
+from rltlab.engine import LLM, SamplingParams
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(device, gib: float = 2.0, repeats: int = 10) -> float:
+    """Device-to-device copy GB/s (read + write), the practical HBM limit on this GPU."""
+    src = torch.empty(int(gib * 2 ** 30), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        dst.copy_(src)
+    _sync()
+    return round(2 * src.numel() * repeats / (time.perf_counter() - t0) / 1e9, 1)
+
+
+def bytes_per_token(model, rounds: float, context: float) -> float:
+    """HBM bytes one decode token reads: shared-layer weights per executed round, lm_head once,
+    and the K/V of `context` positions in every layer of every round."""
+    cfg = model.config
+    layer_bytes = sum(p.numel() * p.element_size() for p in model.model.layers.parameters())
+    head_bytes = model.lm_head.weight.numel() * model.lm_head.weight.element_size()
+    kv_bytes = (context * cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim
+                * model.lm_head.weight.element_size())
+    return rounds * (layer_bytes + kv_bytes) + head_bytes
+
+
+def summarize(name: str, entry: dict, model, spec: dict, copy_gb_s: float | None) -> None:
+    """Add GB/s and % of the copy bandwidth to every mode's decode figure (in place)."""
+    context = spec["prompt_len"] + spec["max_tokens"] / 2
+    for mode, res in entry["modes"].items():
+        decode = res.get("decode")
+        if not decode:
+            continue
+        per_token = bytes_per_token(model, decode["mean_executed_rounds"], context)
+        per_seq_rate = decode["decode_tok_s"] / spec["concurrency"]
+        # At c > 1 the weights are shared by the batch: count them once per step's tokens.
+        gb_s = per_seq_rate * per_token / 1e9 if spec["concurrency"] == 1 else None
+        decode["gb_s"] = round(gb_s, 1) if gb_s else None
+        if gb_s and copy_gb_s:
+            decode["pct_of_copy_bw"] = round(100 * gb_s / copy_gb_s, 1)
+
+
+def depth_gain(w3: dict, w4: dict, num_rounds: int) -> dict:
+    out = {}
+    for mode in w3["modes"]:
+        a, b = w3["modes"][mode].get("decode"), w4["modes"].get(mode, {}).get("decode")
+        if not (a and b):
+            continue
+        ideal = num_rounds / b["mean_executed_rounds"]
+        gain = b["decode_tok_s"] / a["decode_tok_s"]
+        out[mode] = {"gain": round(gain, 3), "ideal": round(ideal, 3),
+                     "pct_of_ideal": round(100 * gain / ideal, 1),
+                     "mean_selected_rounds": b["mean_selected_rounds"],
+                     "mean_executed_rounds": b["mean_executed_rounds"]}
+    return out
+
+
+def weight_update(model, kv_gib: float, mode_kwargs=None) -> dict:
+    """Time a full update of every parameter from device tensors, under CUDA graphs, and check
+    that a same-weights update leaves greedy outputs and log-probs unchanged."""
+    llm = LLM(model, max_num_seqs=4, max_model_len=256, kv_cache_memory_gib=min(kv_gib, 8.0),
+              **(mode_kwargs or {}))
+    prompts = prompts_for(4, 64, model.config.vocab_size, seed=11)
+    sp = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=0,
+                        exit_policy="fixed")
+    before = llm.generate(prompts, sp)
+    engine = llm.llm_engine
+    graphs = dict(engine.runner.static._graphs) if engine.runner.static else {}
+    tensors = [(n, p.detach().clone()) for n, p in model.named_parameters()]
+    times = []
+    for step in range(3):
+        _sync()
+        t0 = time.perf_counter()
+        engine.start_weight_update(engine.get_weight_version() + 1)
+        engine.update_weights(tensors)
+        engine.finish_weight_update()
+        _sync()
+        times.append(time.perf_counter() - t0)
+    after = llm.generate(prompts, sp)
+    same = all(a.token_ids == b.token_ids and a.logprobs == b.logprobs
+               for a, b in zip(before, after))
+    recaptured = any(engine.runner.static._graphs.get(k) is not g for k, g in graphs.items())
+    params = sum(t.numel() for _, t in tensors)
+    del llm, tensors
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    return {"parameters": params, "update_s": round(statistics.median(times), 4),
+            "outputs_identical": same, "graphs_recaptured": recaptured,
+            "versions": [o.weight_versions[-1] for o in after][:1]}
+
+
+def bf16_agreement(model, kv_gib: float, num_prompts: int = 8, max_tokens: int = 64) -> dict:
+    """Engine (model dtype, default mode) vs a teacher-forced fp32 forward of the same model:
+    greedy token agreement and |log-prob difference| of the engine's tokens."""
+    llm = LLM(model, max_num_seqs=num_prompts, max_model_len=128 + max_tokens,
+              kv_cache_memory_gib=min(kv_gib, 16.0))
+    prompts = prompts_for(num_prompts, 128, model.config.vocab_size, seed=13)
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                                                ignore_eos=True, logprobs=0, exit_policy="fixed"))
+    del llm
+    reference = copy.deepcopy(model).float()
+    agree, diffs = [], []
+    with torch.no_grad():
+        for prompt, out in zip(prompts, outs):
+            ids = torch.tensor([prompt + out.token_ids[:-1]], device=reference.lm_head.weight.device)
+            logp = torch.log_softmax(reference(ids).final_logits[0].float(), -1)[len(prompt) - 1:]
+            tokens = torch.tensor(out.token_ids, device=logp.device)
+            agree += (logp.argmax(-1) == tokens).tolist()
+            chosen = logp.gather(-1, tokens[:, None]).squeeze(-1).cpu()
+            diffs += (chosen - torch.tensor(out.logprobs)).abs().tolist()
+    del reference
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    diffs.sort()
+    return {"tokens": len(agree), "token_agreement": round(sum(agree) / len(agree), 4),
+            "logprob_absdiff_mean": round(sum(diffs) / len(diffs), 5),
+            "logprob_absdiff_p99": round(diffs[int(0.99 * (len(diffs) - 1))], 5),
+            "logprob_absdiff_max": round(diffs[-1], 5)}
+
+
+def print_table(results: dict) -> None:
+    print(f"\n# {results['model']} on {results.get('gpu', results['device'])} "
+          f"({results['dtype']}); copy bandwidth {results.get('copy_bandwidth_gb_s')} GB/s")
+    print(f"{'load':>4} {'mode':>8} {'decode tok/s':>13} {'GB/s':>7} {'% bw':>6} "
+          f"{'e2e tok/s':>10} {'TTFT ms':>9} {'TPOT ms':>9} {'rounds':>7}")
+    for name, entry in results["workloads"].items():
+        for mode, res in entry["modes"].items():
+            if "error" in res:
+                print(f"{name:>4} {mode:>8} failed: {res['error'][:80]}")
+                continue
+            d, loop = res["decode"], res.get("closed_loop", {})
+            print(f"{name:>4} {mode:>8} {d['decode_tok_s']:>13.1f} {d.get('gb_s') or '-':>7} "
+                  f"{d.get('pct_of_copy_bw') or '-':>6} {loop.get('tok_s', '-'):>10} "
+                  f"{loop.get('ttft_ms', '-'):>9} {loop.get('tpot_ms', '-'):>9} "
+                  f"{d['mean_executed_rounds']:>7}")
+    for mode, gain in results.get("w4_gain", {}).items():
+        print(f"W4/W3 decode gain ({mode}): {gain['gain']}x, ideal {gain['ideal']}x "
+              f"({gain['pct_of_ideal']}%), rounds selected {gain['mean_selected_rounds']} / "
+              f"executed {gain['mean_executed_rounds']}")
+    for key in ("weight_update", "bf16_vs_fp32"):
+        if key in results:
+            print(f"{key}: {json.dumps(results[key])}")
+
+
+def save(results: dict, path) -> None:
+    if path:
+        write_text_atomic(Path(path), json.dumps(results, indent=1))

@@ -1,0 +1,295 @@
+"""Loop-aware speculative decoding: cost model on a big shape + end-to-end on the embedded model.
+
+    python -m rltlab.bench.spec --preset ouro-1.4b --device cuda --dtype bfloat16
+
+(a) On --preset/--model (random weights for a preset), c = 1, context --context tokens: the wall
+    time (perf_counter around synchronize, median of --repeats after --warmup) of one draft pass
+    (d rounds for 1 token + draft logits + argmax read back), of verification (rounds d+1..R over
+    K+1 rows + logits + argmax read back) for K in --ks, and of one target-only token (R rounds
+    for 1 token), for d in --draft-rounds, in the engine (the same runner calls
+    rltlab.engine.spec_decode makes, static/CUDA-graph decode path where the engine uses it) and
+    in the reference decoder (rltlab.engine.speculative.run_rounds on a LoopedKVCache).
+    Implied speedup of one speculative iteration (K+1 draft passes: the pending token and K
+    drafts, the last one only for its h_d; then one verification):
+        speedup(tau) = tau * t_target / ((K + 1) * t_draft + t_verify)
+    shown for tau = (1 - a^(K+1)) / (1 - a) at per-token acceptance a in --alphas.
+(b) On the embedded model (--tiny-model, default artifacts/ouro-tiny; --tiny-dtype float32 so
+    the T=0 identity check is not a bf16 tie-breaking test): tok/s at each --concurrency of
+    target-only decoding (full depth), untrained shallow drafting d=1 and d=2, and a trained
+    residual-MLP head (trained here, or --draft PATH), for the engine path (LLMEngine +
+    set_proposer) and the reference path (speculative_generate vs generate_plain); tau,
+    acceptance, head memory, identical outputs at T=0 (per prompt), and which path is faster.
+Last line: JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from rltlab.bench.__main__ import add_model_arguments, build_model, prompts_for
+from rltlab.engine import LLM, DraftProposer, SamplingParams
+from rltlab.engine.sequence import Span
+from rltlab.engine.spec_decode import SpecDecoder, _View
+from rltlab.engine.speculative import run_rounds
+from rltlab.model import LoopedKVCache
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, device, warmup: int, repeats: int) -> float:
+    """Median wall seconds of fn() (synchronized before and after)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        started = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+# --------------------------------------------------------------------------- (a) cost model
+def engine_costs(model, args, ks, ds) -> dict:
+    cfg, R, device = model.config, model.config.num_rounds, args.device
+    llm = LLM(model, max_num_seqs=1, max_model_len=args.context + max(ks) + 8,
+              max_num_batched_tokens=max(2048, args.context), kv_cache_memory_gib=1.0)
+    eng = llm.llm_engine
+    eng.add_request("a", prompts_for(1, args.context, cfg.vocab_size, 0)[0], SamplingParams(
+        temperature=0.0, max_tokens=max(ks) + 4, ignore_eos=True, exit_policy="fixed"))
+    while not eng.scheduler.running or not eng.scheduler.running[0].output_token_ids:
+        eng.step()                                      # prefill
+    seq = eng.scheduler.running[0]
+    spec, lm_head = SpecDecoder(eng, DraftProposer(max(ks), 1)), eng.model.lm_head
+    start, token = seq.num_tokens - 1, seq.output_token_ids[-1]
+
+    def one_token(rounds):
+        h = spec._rounds([_View(seq, Span(start, 1, None, True), [token])], rounds)
+        return lm_head(h).argmax(-1).tolist()
+
+    def verify(k, d):
+        hidden = eng.model.model.embed_tokens(torch.full((k + 1,), token, device=device))
+        span = Span(start, k + 1, torch.full((k + 1,), R), True, round=d, hidden=hidden)
+        h = spec._rounds([_View(seq, span, [token] * (k + 1))], R - d)
+        return eng.runner.logits(h).argmax(-1).tolist()
+
+    t_target = timed(lambda: one_token(R), device, args.warmup, args.repeats)
+    out = {d: {"t_draft": timed(lambda: one_token(d), device, args.warmup, args.repeats),
+               "t_target": t_target,
+               "t_verify": {k: timed(lambda: verify(k, d), device, args.warmup, args.repeats)
+                            for k in ks}} for d in ds}
+    eng.abort_request("a")
+    eng._drain_outputs()
+    return out
+
+
+def reference_costs(model, args, ks, ds) -> dict:
+    return {d: _reference_costs(model, args, ks, d) for d in ds}
+
+
+def _reference_costs(model, args, ks, d) -> dict:
+    cfg, R, device = model.config, model.config.num_rounds, args.device
+    dtype = next(model.parameters()).dtype
+    cache = LoopedKVCache(cfg, 1, args.context + max(ks) + 2, dtype, device)
+    ids = torch.tensor(prompts_for(1, args.context, cfg.vocab_size, 0), device=device)
+    with torch.no_grad():
+        model(ids, cache=cache, logits=False)
+        col = cache.length
+        emb = model.model.embed_tokens(ids[:, -1:].expand(1, max(ks) + 1))
+
+        def one_token(rounds):
+            h = run_rounds(model, emb[:, :1], torch.tensor([[col]], device=device), cache, col,
+                           range(1, rounds + 1))
+            return model.lm_head(h[:, -1]).argmax(-1).tolist()
+
+        def verify(k):
+            pos = torch.arange(col, col + k + 1, device=device)[None]
+            h = run_rounds(model, emb[:, : k + 1], pos, cache, col, range(d + 1, R + 1))
+            return model.lm_head(h).argmax(-1).tolist()
+
+        return {"t_draft": timed(lambda: one_token(d), device, args.warmup, args.repeats),
+                "t_target": timed(lambda: one_token(R), device, args.warmup, args.repeats),
+                "t_verify": {k: timed(lambda: verify(k), device, args.warmup, args.repeats)
+                             for k in ks}}
+
+
+def implied(costs, k, alpha) -> tuple[float, float]:
+    tau = (1 - alpha ** (k + 1)) / (1 - alpha)
+    return tau, tau * costs["t_target"] / ((k + 1) * costs["t_draft"] + costs["t_verify"][k])
+
+
+def part_a(args) -> dict:
+    model = build_model(args)
+    ks = list(range(1, args.max_k + 1))
+    res = {"model": args.model or f"random:{args.preset}", "dtype": args.dtype,
+           "context": args.context, "formula": "speedup = tau * t_target / ((K+1) * t_draft + "
+           "t_verify); tau = (1 - a^(K+1)) / (1 - a)", "impl": {}}
+    for impl, fn in (("engine", engine_costs), ("reference", reference_costs)):
+        res["impl"][impl] = fn(model, args, ks, args.draft_rounds)
+    print(f"\n(a) {res['model']} {args.dtype} on {args.device}, c=1, context {args.context}; "
+          f"ms per call (median of {args.repeats}); {res['formula']}")
+    head = " ".join(f"{'a=' + str(a):>11}" for a in args.alphas)
+    print(f"{'impl':>9} {'d':>2} {'K':>2} {'draft':>8} {'verify':>8} {'target':>8} {head}"
+          "  (cells: tau/speedup)")
+    for impl, by_d in res["impl"].items():
+        for d, c in by_d.items():
+            c["implied"] = {}
+            for k in ks:
+                cells = [implied(c, k, a) for a in args.alphas]
+                c["implied"][k] = {str(a): {"tau": t, "speedup": s}
+                                   for a, (t, s) in zip(args.alphas, cells)}
+                print(f"{impl:>9} {d:>2} {k:>2} {1e3 * c['t_draft']:>8.3f} "
+                      f"{1e3 * c['t_verify'][k]:>8.3f} {1e3 * c['t_target']:>8.3f} "
+                      + " ".join(f"{t:>5.2f}/{s:<5.2f}" for t, s in cells))
+    del model
+    if torch.device(args.device).type == "cuda":
+        torch.cuda.empty_cache()
+    return res
+
+
+# ------------------------------------------------------------------ (b) end to end, tiny model
+def trained_head(model, tokenizer, args):
+    from rltlab.draft_heads.heads import build_component
+    from rltlab.draft_heads.train import distill, training_rows
+    if args.draft:
+        from rltlab.engine_patches.loop_draft import load_draft_component
+        return load_draft_component(args.draft, model), {"loaded": args.draft}
+    rows = training_rows(tokenizer, args.train_rows, args.seq_len, seed=0,
+                         text_bytes=args.text_bytes).to(args.device)
+    comp = build_component("residual_mlp", model, draft_rounds=1, inner=args.head_inner)
+    started = time.perf_counter()
+    log = distill(model, comp, rows, steps=args.train_steps, batch_size=16, lr=1e-3,
+                  log_every=max(1, args.train_steps))
+    return comp.eval(), {"trained_steps": args.train_steps, "rows": args.train_rows,
+                         "seconds": time.perf_counter() - started, "last": log[-1]}
+
+
+def engine_runs(model, prompts, configs, conc, temperature, args) -> list[dict]:
+    llm = LLM(model, max_num_seqs=conc, block_size=16, kv_cache_memory_gib=0.5,
+              max_model_len=max(map(len, prompts)) + args.max_tokens + 1)
+    params = [SamplingParams(temperature=temperature, max_tokens=args.max_tokens, seed=17 + i,
+                             exit_policy="fixed") for i in range(len(prompts))]
+    rows, ref = [], None
+    for name, proposer in [("target only", None)] + list(configs.items()):
+        llm.set_proposer(proposer)
+        llm.generate(prompts[:2], params[:2])                      # warm-up (graph capture)
+        secs = []
+        for _ in range(args.tiny_repeats):
+            _sync(args.device)
+            started = time.perf_counter()
+            outs = llm.generate(prompts, params)
+            _sync(args.device)
+            secs.append(time.perf_counter() - started)
+        toks = [o.token_ids for o in outs]
+        ref = toks if ref is None else ref
+        stats = [o.spec_stats for o in outs if o.spec_stats]
+        steps = sum(s["steps"] for s in stats)
+        drafted = sum(s["drafted"] for s in stats)
+        rows.append({"impl": "engine", "config": name, "tokens": sum(map(len, toks)),
+                     "seconds": min(secs), "tok_s": sum(map(len, toks)) / min(secs),
+                     "tau": sum(s["emitted"] for s in stats) / steps if steps else 1.0,
+                     "acceptance": sum(s["accepted"] for s in stats) / drafted if drafted
+                     else None, "identical_prompts": sum(a == b for a, b in zip(toks, ref))})
+    return rows
+
+
+def part_b(args) -> dict:
+    from rltlab import workbench as W
+    from rltlab.draft_heads.evaluate import eval_prompts, measure
+    model, tokenizer, model_dir = W.load_model(args.tiny_model, dtype=args.tiny_dtype,
+                                               device=args.device)
+    prompts = eval_prompts(tokenizer, model_dir, args.prompts)
+    head, head_info = trained_head(model, tokenizer, args)
+    head_info["adapter_bytes"] = sum(p.numel() * p.element_size()
+                                     for p in head.adapter_parameters())
+    k, res = args.k, {"model": str(model_dir), "dtype": args.tiny_dtype, "k": args.k,
+                      "head": head_info, "runs": []}
+    proposers = {"shallow d=1": DraftProposer(k, 1), "shallow d=2": DraftProposer(k, 2),
+                 "trained d=1": DraftProposer(k, head.draft_rounds, head)}
+    ref_cfgs = {"shallow d=1": {"draft_rounds": 1}, "shallow d=2": {"draft_rounds": 2},
+                "trained d=1": {"draft_rounds": head.draft_rounds, "head": head}}
+    keys = ["impl", "config", "tokens", "tok_s", "speedup", "tau", "acceptance", "identical"]
+    print(f"\n(b) {model_dir} ({args.tiny_dtype}) on {args.device}, {len(prompts)} prompts, "
+          f"{args.max_tokens} new tokens (eos stops), K={k}; head {head_info['adapter_bytes']} B")
+    for temperature in args.temperatures:
+        for conc in args.concurrency:
+            rows = engine_runs(model, prompts, proposers, conc, temperature, args)
+            ref_rows = measure(model, prompts, ref_cfgs, temperature=temperature,
+                               concurrency=conc, k=k, max_tokens=args.max_tokens,
+                               repeats=args.tiny_repeats)
+            for r in ref_rows:
+                r["impl"] = "reference"
+                r["config"] = "target only" if r["config"].startswith("target") else r["config"]
+            for group in (rows, ref_rows):
+                for r in group:
+                    r["speedup"] = r["tok_s"] / group[0]["tok_s"]
+                    same = r.get("identical_prompts", len(prompts))
+                    r["identical"] = (f"{same}/{len(prompts)}"
+                                      if temperature == 0 else "n/a")
+            best = {r["config"]: max((x for x in rows + ref_rows if x["config"] == r["config"]),
+                                     key=lambda x: x["tok_s"])["impl"] for r in rows}
+            res["runs"].append({"temperature": temperature, "concurrency": conc,
+                                "rows": rows + ref_rows, "faster_impl": best})
+            print(f"\nT={temperature} c={conc} (faster: {best})")
+            print(" | ".join(f"{key:>10}" for key in keys))
+            for r in rows + ref_rows:
+                print(" | ".join(f"{r[key]:>10.3g}" if isinstance(r.get(key), float)
+                                 else f"{str(r.get(key)):>10}" for key in keys))
+    return res
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m rltlab.bench.spec", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_arguments(ap)
+    ap.add_argument("--context", type=int, default=128, help="(a) tokens already in the cache")
+    ap.add_argument("--max-k", type=int, default=8)
+    ap.add_argument("--draft-rounds", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--alphas", type=float, nargs="+", default=[0.6, 0.8, 0.9])
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--tiny-model", default=None, help="(b) model dir (default: embedded)")
+    ap.add_argument("--tiny-dtype", default="float32")
+    ap.add_argument("--tiny-repeats", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    ap.add_argument("--draft", default=None, help="(b) trained component dir (else train one)")
+    ap.add_argument("--train-steps", type=int, default=150)
+    ap.add_argument("--train-rows", type=int, default=128)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--text-bytes", type=int, default=400_000)
+    ap.add_argument("--head-inner", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (CPU: 1)")
+    ap.add_argument("--skip-a", action="store_true")
+    ap.add_argument("--skip-b", action="store_true")
+    args = ap.parse_args(argv)
+    args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    if args.threads or args.device == "cpu":
+        torch.set_num_threads(args.threads or 1)
+    started = time.perf_counter()
+    results = {"device": args.device, "args": vars(args)}
+    if torch.device(args.device).type == "cuda":
+        results["gpu"] = torch.cuda.get_device_name()
+    with torch.no_grad():
+        if not args.skip_a:
+            results["a"] = part_a(args)
+    if not args.skip_b:
+        results["b"] = part_b(args)
+    results["wall_s"] = time.perf_counter() - started
+    print(json.dumps(results, default=str))
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+"""Loop-aware speculative decoding inside the paged engine (REFERENCE section 3, issue #7).
+
+`LLMEngine.set_proposer(DraftProposer(K, d, head))` turns it on. When every running sequence is
+at a decode boundary (its pending token sampled, nothing in flight) and no waiting request can
+be admitted, `step()` hands over to `SpecDecoder.step()`, which runs ONE speculative iteration
+for all of them (otherwise the ordinary one-round-per-step path runs: prefill, admissions,
+weight-update recompute, requests that are not eligible):
+
+  draft:   the pending token t (position P) and drafts x1..xK go through rounds 1..d, one
+           batched pass of d rounds per draft position (K+1 passes; the last only for h_d of
+           xK); x_{i+1} ~ proposer.draft_logits(h_d). Their K/V lands in planes 1..d of the
+           sequence's own slots, exactly where the target would write it;
+  verify:  ONE batched causal pass of rounds d+1..R over the K+1 positions of every sequence,
+           starting from the drafts' h_d and reading/writing planes d+1..R (exact reuse);
+  accept:  T = 0: longest prefix with x_i == argmax of the target, then the target's token
+           (correction, or bonus after K accepts). T > 0: accept x w.p. min(1, p(x)/q(x)), else
+           resample from normalize(max(0, p - q)) and stop; p and q are the processed
+           distributions (temperature, top-k, top-p) of the request;
+  rollback: positions P+n+1..P+K (rejected drafts) keep stale K/V in blocks the sequence
+           already owns; they are never read (a query attends to positions <= its own, and the
+           next token at P+n+1 overwrites its slot before attending) and are overwritten later.
+           K is capped per sequence by the tokens it may still emit, so no position outside its
+           admission reservation (prompt + max_tokens - 1) is ever touched: nothing to free.
+
+Exit policy: the target is fixed full depth R. Only requests whose policy always runs R rounds
+are eligible (`fixed` at depth R, or `q_exit` / `q_exit_delayed` with exit_threshold >= 1 and
+max_loops = R, the defaults for Ouro's config); while any running request is not eligible the
+engine steps normally, so outputs never change semantics. Every speculatively emitted token has
+exit_depths = executed_depths = R and its log-prob from the target's h_R at its position.
+
+Only the runner's public API is used (execute, or prepare + run_round; logits): a speculative
+span is a `Span` on a thin view of the sequence whose token_ids include the drafts. One step
+reads the device back once per draft pass (the draft tokens) and once after verification.
+Round observers are not called for speculative steps.
+"""
+from __future__ import annotations
+
+import torch
+
+from rltlab.engine.hooks import DraftProposer
+from rltlab.engine.sampling import process_logits
+from rltlab.engine.sequence import Sequence, Span
+from rltlab.engine.speculative import SpecStats
+
+
+class _View:
+    """A sequence as runner.prepare sees it, with a speculative span whose tokens (drafts
+    included) start at span.start; everything else is the sequence's."""
+
+    def __init__(self, seq: Sequence, span: Span, tokens: list[int]):
+        self._seq, self.span, self._tokens = seq, span, tokens
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        return self._tokens[start - self.span.start: end - self.span.start]
+
+    def __getattr__(self, name):
+        return getattr(self._seq, name)
+
+
+def load_proposer(path, model, num_draft_tokens: int = 4, check_hash: bool = True
+                  ) -> DraftProposer:
+    """A DraftProposer from a trained component directory (engine_patches.loop_draft checks
+    that it fits the model). Load it onto the model the engine runs (same dtype/device)."""
+    from rltlab.engine_patches.loop_draft import load_draft_component
+    comp = load_draft_component(path, model, check_hash=check_hash)
+    return DraftProposer(num_draft_tokens, comp.draft_rounds, comp)
+
+
+class SpecDecoder:
+    def __init__(self, engine, proposer: DraftProposer):
+        if not isinstance(proposer, DraftProposer):
+            raise TypeError(f"set_proposer needs a DraftProposer, got {type(proposer).__name__}")
+        R = engine.num_rounds
+        if not 1 <= proposer.draft_rounds < R:
+            raise ValueError(f"DraftProposer.draft_rounds must lie in [1, {R - 1}], "
+                             f"got {proposer.draft_rounds}")
+        self.engine, self.proposer, self.runner = engine, proposer, engine.runner
+
+    # ----------------------------------------------------------------------------- dispatch
+    def eligible(self, seq: Sequence) -> bool:
+        """The request's exit policy always runs R rounds (the speculation target)."""
+        p, R = seq.params, self.engine.num_rounds
+        if p.max_loops != R:
+            return False
+        if p.exit_policy == "fixed":
+            return p.exit_policy_args.get("depth", R) == R
+        return p.exit_policy in ("q_exit", "q_exit_delayed") and p.exit_threshold >= 1.0
+
+    def ready(self) -> bool:
+        """True if this step should be speculative (see the module docstring)."""
+        eng = self.engine
+        sch = eng.scheduler
+        if eng.paused or not sch.running:
+            return False
+        for seq in sch.running:
+            if seq.span is not None or not seq.output_token_ids \
+                    or seq.num_computed != seq.num_tokens - 1 or not self.eligible(seq):
+                return False
+        return not (sch.waiting and len(sch.running) < eng.config.max_num_seqs
+                    and eng.block_manager.can_allocate(sch.waiting[0].reserved_positions))
+
+    # --------------------------------------------------------------------------------- step
+    def _rounds(self, views: list[_View], count: int) -> torch.Tensor:
+        """Run `count` rounds for the views' spans, one runner round each -> last h [T, H]
+        in view order. Uses runner.execute when the runner has it (its static / CUDA-graph
+        decode path takes the 1-token draft spans; verification spans carry exit_rounds, so
+        they take the gather path), else runner.prepare + runner.run_round."""
+        hidden = None
+        for _ in range(count):
+            if hasattr(self.runner, "execute"):
+                order, rows, hidden, _ = self.runner.execute(views)
+                sizes = rows.row_sizes
+            else:
+                batch = self.runner.prepare(views)
+                hidden, _ = self.runner.run_round(batch)
+                order, sizes = views, batch.row_sizes
+            parts = dict(zip(map(id, order), hidden.split(sizes)))
+            for view in views:
+                view.span.round += 1
+                view.span.hidden = parts[id(view)]
+            if [id(v) for v in order] != [id(v) for v in views]:
+                hidden = torch.cat([v.span.hidden for v in views])
+        return hidden
+
+    @torch.no_grad()
+    def step(self):
+        eng, prop = self.engine, self.proposer
+        R, d, lm_head = eng.num_rounds, prop.draft_rounds, eng.model.lm_head
+        seqs = list(eng.scheduler.running)
+        k_max = max(0, min(prop.num_draft_tokens,
+                           eng.config.max_num_batched_tokens // len(seqs) - 1))
+        ks = [max(0, min(k_max, s.max_output_tokens - s.num_output_tokens - 1)) for s in seqs]
+        starts = [s.num_tokens - 1 for s in seqs]
+        tokens = [[s.output_token_ids[-1]] for s in seqs]
+        h_d = [[] for _ in seqs]
+        q = [[] for _ in seqs]      # draft distributions (T > 0 rows only)
+        for i in range(max(ks) + 1):                      # draft passes
+            rows = [j for j in range(len(seqs)) if i <= ks[j]]
+            views = [_View(seqs[j], Span(starts[j] + i, 1, None, True), tokens[j][i:])
+                     for j in rows]
+            hidden = self._rounds(views, d)
+            for n, j in enumerate(rows):
+                h_d[j].append(hidden[n])
+            drafting = [n for n, j in enumerate(rows) if i < ks[j]]
+            if drafting:
+                logits = prop.draft_logits(hidden[drafting], lm_head)
+                for n, x, qx in zip(drafting, *self._draw([seqs[rows[n]] for n in drafting],
+                                                          logits)):
+                    tokens[rows[n]].append(x)
+                    q[rows[n]].append(qx)
+        views = [_View(s, Span(starts[j], ks[j] + 1, torch.full((ks[j] + 1,), R), True,
+                               round=d, hidden=torch.stack(h_d[j])), tokens[j])
+                 for j, s in enumerate(seqs)]
+        target = self.runner.logits(self._rounds(views, R - d))   # verify: rounds d+1..R
+        sizes = [k + 1 for k in ks]
+        best = iter(_split(target.argmax(-1).tolist(), sizes))      # one read-back for all
+        finite = iter(_split(torch.isfinite(target).all(-1).tolist(), sizes))
+        for j, (seq, rows) in enumerate(zip(seqs, target.split(sizes))):
+            self._finish_seq(seq, starts[j], tokens[j][1:], q[j], rows, next(best),
+                             all(next(finite)))
+        return eng._drain_outputs()
+
+    def _draw(self, seqs: list[Sequence], logits: torch.Tensor):
+        """Draft tokens (argmax at T = 0, else sampled from q with the sequence's generator)
+        -> (tokens, q rows or None)."""
+        greedy = logits.argmax(-1).tolist()
+        out_tokens, out_q = [], []
+        for n, seq in enumerate(seqs):
+            p = seq.params
+            if p.temperature == 0:
+                out_tokens.append(greedy[n])
+                out_q.append(None)
+                continue
+            qn = torch.softmax(_processed(logits[n: n + 1], p)[0], -1)
+            out_tokens.append(int(torch.multinomial(qn, 1, generator=seq.generator)))
+            out_q.append(qn)
+        return out_tokens, out_q
+
+    def _finish_seq(self, seq: Sequence, start: int, drafts: list[int], q, logits,
+                    best: list[int], finite: bool) -> None:
+        """Accept / correct / bonus for one sequence, append the tokens, stop checks.
+        logits [k+1, V] fp32 of the target at positions start..start+k; best = their argmax."""
+        eng, p, k = self.engine, seq.params, len(drafts)
+        if not finite:
+            eng._finish(seq, "error", "non-finite logits")
+            return
+        processed = None
+        if p.temperature == 0:
+            if p.top_k > 0 or p.top_p < 1:   # the sampler's argmax over processed (exact ties)
+                processed = _processed(logits, p)
+                best = processed.argmax(-1).tolist()
+            n = next((i for i in range(k) if drafts[i] != best[i]), k)
+            nxt = best[n]
+        else:
+            processed = _processed(logits, p)
+            n, nxt = _reject_sample(drafts, q, torch.softmax(processed, -1), seq.generator)
+        emitted = drafts[:n] + [nxt]
+        stats = getattr(seq, "spec_stats", None) or SpecStats()
+        seq.spec_stats = stats
+        stats.steps, stats.drafted = stats.steps + 1, stats.drafted + k
+        stats.accepted, stats.emitted = stats.accepted + n, stats.emitted + n + 1
+        logps, tops = _logprobs(logits, processed, emitted, p, eng.config.logprobs_mode)
+        for i, token in enumerate(emitted):
+            seq.append_token(token, logps[i], tops[i], eng.num_rounds, eng.num_rounds,
+                             eng.weights.version)
+            seq.spec_tokens = getattr(seq, "spec_tokens", 0) + 1
+            if seq.request.stream:
+                eng._streamed[seq.request_id] = seq.request
+            eng._check_stop(seq, token)
+            if seq.is_finished:
+                return
+        seq.num_computed = start + len(emitted)   # P..P+n are final in every plane
+
+
+def _split(values: list, sizes: list[int]) -> list[list]:
+    out, lo = [], 0
+    for n in sizes:
+        out.append(values[lo: lo + n])
+        lo += n
+    return out
+
+
+def _processed(logits: torch.Tensor, p) -> torch.Tensor:
+    rows, dev = logits.shape[0], logits.device
+    return process_logits(logits, torch.full((rows,), float(p.temperature), device=dev),
+                          torch.full((rows,), p.top_k, device=dev),
+                          torch.full((rows,), float(p.top_p), device=dev))
+
+
+def _reject_sample(drafts: list[int], q: list[torch.Tensor], probs: torch.Tensor, gen):
+    """Rejection sampling (lossless): -> (accepted count n, next token)."""
+    k = len(drafts)
+    if k:
+        x = torch.tensor(drafts, device=probs.device)
+        q_t = torch.stack(q)
+        p_x, q_x = probs[:k].gather(-1, x[:, None])[:, 0], q_t.gather(-1, x[:, None])[:, 0]
+        u = torch.rand(k, generator=gen, device=gen.device).to(probs.device)
+        n = int((u * q_x < p_x).long().cumprod(0).sum())   # u < min(1, p/q); q_x > 0 (x ~ q)
+    else:
+        n = 0
+    dist = probs[n]
+    if n < k:
+        resid = (probs[n] - q_t[n]).clamp(min=0)
+        mass = resid.sum()
+        dist = resid / mass if mass > 0 else probs[n]
+    return n, int(torch.multinomial(dist, 1, generator=gen))
+
+
+def _logprobs(logits, processed, emitted, p, mode):
+    """Per emitted token i (from target row i): log-prob and top-k dict, as the sampler does."""
+    m = len(emitted)
+    if p.logprobs is None:
+        return [None] * m, [None] * m
+    if mode != "raw_logprobs" and processed is None:
+        processed = _processed(logits, p)
+    logp = torch.log_softmax((logits if mode == "raw_logprobs" else processed)[:m], -1)
+    chosen = logp.gather(-1, torch.tensor(emitted, device=logp.device)[:, None])[:, 0].tolist()
+    tops = [None] * m
+    if p.logprobs > 0:
+        vals, ids = logp.topk(p.logprobs, dim=-1)
+        tops = [dict(zip(i, v)) for i, v in zip(ids.tolist(), vals.tolist())]
+    return chosen, tops

@@ -1,0 +1,208 @@
+"""Decode rounds through static buffers: fused projections, Triton paged attention, CUDA graphs.
+
+A decode row is the single token of one sequence at its own round. One call runs ONE round of the
+shared layers for up to max_batch such rows (rows may sit at different rounds: each reads and
+writes its own plane). Everything the round needs lives in fixed device buffers, so on CUDA the
+whole round (24 layers, final norm, exit gate) is captured once per batch-size bucket and
+replayed: one launch per round instead of ~20 per layer. The host packs the rows' indices into a
+pinned staging buffer and issues one copy; nothing in a round reads the device back.
+
+Math: the reference layer (rltlab.model), with the sandwich norms fused pairwise
+(kernels.add_rmsnorm: h + norm(x) * w_post, then the next norm) and q/k/v resp. gate/up as one
+matmul each. fuse_projections() makes the model's q/k/v (gate/up) weights views into one fused
+tensor, so in-place weight updates reach the fused matmuls and the captured graphs as they are.
+
+Padding rows (a bucket larger than the batch) carry slot -1 (their K/V write is skipped) and
+context length 1; their outputs are never read.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rltlab import kernels
+from rltlab.model import OuroForCausalLM, apply_rope, rope_cos_sin
+
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
+
+
+def fuse_projections(model: OuroForCausalLM) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Make q/k/v and gate/up weights views of one tensor each (values unchanged).
+    Returns [(w_qkv, w_gate_up)] per layer."""
+    fused = []
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        fused.append((_fuse([attn.q_proj, attn.k_proj, attn.v_proj]),
+                      _fuse([mlp.gate_proj, mlp.up_proj])))
+    return fused
+
+
+def _fuse(linears: list[nn.Linear]) -> torch.Tensor:
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    offset = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = nn.Parameter(weight[offset: offset + rows], requires_grad=False)
+        offset += rows
+    return weight
+
+
+def qkv_rope(y, w_qkv, cos, sin, num_heads: int, num_kv_heads: int, head_dim: int):
+    """One matmul for q, k, v; RoPE on q and k. -> q [N, Hq, D], k, v [N, Hkv, D]."""
+    qkv = F.linear(y, w_qkv)
+    q_end, k_end = num_heads * head_dim, (num_heads + num_kv_heads) * head_dim
+    q = qkv[:, :q_end].view(-1, num_heads, head_dim)
+    k = qkv[:, q_end:k_end].view(-1, num_kv_heads, head_dim)
+    v = qkv[:, k_end:].view(-1, num_kv_heads, head_dim)
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def post_attention(x, attn, w_o, w_attn_out, w_mlp_in, w_gate_up, w_down, w_mlp_out, w_next,
+                   eps: float, add_rmsnorm):
+    """o_proj, sandwich norms, SwiGLU MLP. -> (residual x, norm_next(x)) for the next layer."""
+    x, m = add_rmsnorm(x, F.linear(attn.flatten(1), w_o), w_attn_out, w_mlp_in, eps)
+    gate, up = F.linear(m, w_gate_up).chunk(2, dim=-1)
+    return add_rmsnorm(x, F.linear(F.silu(gate) * up, w_down), w_mlp_out, w_next, eps)
+
+
+class StaticDecoder:
+    def __init__(self, model: OuroForCausalLM, fused, kv_cache: torch.Tensor, block_size: int,
+                 max_batch: int, max_blocks_per_seq: int, *, cuda_graphs: bool, compile: bool):
+        cfg = model.config
+        self.model, self.config, self.kv_cache, self.block_size = model, cfg, kv_cache, block_size
+        self.device, self.dtype = kv_cache.device, kv_cache.dtype
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self.buckets = [b for b in BUCKETS if b < max_batch] + [max_batch]
+        self.max_batch, self.max_blocks = max_batch, max_blocks_per_seq
+        self.layers = [self._layer_weights(i, layer, fused[i])
+                       for i, layer in enumerate(model.model.layers)]
+        # Triton on CUDA; the torch references elsewhere (the kernels have their own
+        # interpreter tests, and interpreting them here would only slow the CPU path down).
+        use_triton = self.device.type == "cuda"
+        self._attention = kernels.paged_decode_attention if use_triton \
+            else kernels.paged_decode_attention_ref
+        self._write_kv = kernels.write_kv if use_triton else kernels.write_kv_ref
+        # Under torch.compile the torch reference norm is fused by inductor with its neighbours.
+        norm = kernels.add_rmsnorm if use_triton and not compile else kernels.add_rmsnorm_ref
+        self._qkv, self._post = qkv_rope, post_attention
+        if compile:
+            self._qkv = torch.compile(qkv_rope, dynamic=True, fullgraph=True)
+            self._post = torch.compile(post_attention, dynamic=True, fullgraph=True)
+        self._norm = norm
+        # Index buffer: [positions | planes | slots | context lengths | block tables], int32.
+        self._num_index = max_batch * (4 + max_blocks_per_seq)
+        self.index = torch.zeros(self._num_index, dtype=torch.int32, device=self.device)
+        pin = self.device.type == "cuda"
+        self._staging = [torch.zeros(self._num_index, dtype=torch.int32, pin_memory=pin)
+                         for _ in range(2)]
+        self._staged_events: list = [None, None]
+        self._turn = 0
+        for buf in self._staging:
+            self._stage_padding(buf.numpy(), 0)
+        self.hidden_in = torch.zeros(max_batch, cfg.hidden_size, dtype=self.dtype,
+                                     device=self.device)
+        self.hidden_out = torch.zeros_like(self.hidden_in)
+        self.gate_out = torch.zeros(max_batch, dtype=torch.float32, device=self.device)
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
+
+    def _layer_weights(self, idx, layer, fused) -> dict:
+        layers = self.model.model.layers
+        next_norm = (layers[idx + 1].input_layernorm if idx + 1 < len(layers)
+                     else self.model.model.norm)
+        return dict(w_qkv=fused[0], w_o=layer.self_attn.o_proj.weight,
+                    w_attn_out=layer.input_layernorm_2.weight,
+                    w_mlp_in=layer.post_attention_layernorm.weight, w_gate_up=fused[1],
+                    w_down=layer.mlp.down_proj.weight,
+                    w_mlp_out=layer.post_attention_layernorm_2.weight,
+                    w_next=next_norm.weight)
+
+    # ---------------------------------------------------------------------------- host side
+    def _views(self, buf):
+        b, nb = self.max_batch, self.max_blocks
+        return buf[:b], buf[b: 2 * b], buf[2 * b: 3 * b], buf[3 * b: 4 * b], \
+            buf[4 * b:].reshape(b, nb)
+
+    def _stage_padding(self, buf: np.ndarray, start: int) -> None:
+        positions, planes, slots, ctx, _ = self._views(buf)
+        positions[start:], planes[start:], slots[start:], ctx[start:] = 0, 0, -1, 1
+
+    def stage(self, positions: list[int], planes: list[int], slots: list[int],
+              tables: list[list[int]]) -> None:
+        """Pack the rows' indices into pinned memory and copy them to the device in one go."""
+        n = len(positions)
+        if not 0 < n <= self.max_batch:
+            raise ValueError(f"{n} decode rows; this decoder holds 1..{self.max_batch}")
+        turn, self._turn = self._turn, 1 - self._turn
+        if self._staged_events[turn] is not None:
+            self._staged_events[turn].synchronize()   # that buffer's last copy must be done
+        buf = self._staging[turn].numpy()
+        pos_v, plane_v, slot_v, ctx_v, table_v = self._views(buf)
+        pos_v[:n], plane_v[:n], slot_v[:n] = positions, planes, slots
+        ctx_v[:n] = np.asarray(positions) + 1
+        for row, table in enumerate(tables):
+            table_v[row, : len(table)] = table
+        self._stage_padding(buf, n)
+        self.index.copy_(self._staging[turn], non_blocking=True)
+        if self.device.type == "cuda":
+            self._staged_events[turn] = torch.cuda.Event()
+            self._staged_events[turn].record()
+
+    # ------------------------------------------------------------------------- device side
+    def run(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One round for the staged rows; hidden [n, H] is their round input.
+        -> (h_r [n, H] after model.norm, gate logits fp32 [n]), both fresh tensors."""
+        n = hidden.shape[0]
+        self.hidden_in[:n].copy_(hidden)
+        bucket = next(b for b in self.buckets if b >= n)
+        if self.cuda_graphs:
+            if bucket not in self._graphs:
+                self._graphs[bucket] = self._capture(bucket)
+            self._graphs[bucket].replay()
+        else:
+            self._round(bucket)
+        return self.hidden_out[:n].clone(), self.gate_out[:n].clone()
+
+    def _capture(self, bucket: int) -> torch.cuda.CUDAGraph:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):   # warm-up: compile / autotune outside the capture
+            for _ in range(2):
+                self._round(bucket)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            self._round(bucket)
+        return graph
+
+    @torch.no_grad()
+    def _round(self, n: int) -> None:
+        cfg, model = self.config, self.model.model
+        positions, planes, slots, ctx, tables = self._views(self.index)
+        positions, planes, slots, ctx, tables = (positions[:n], planes[:n], slots[:n], ctx[:n],
+                                                 tables[:n])
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, self.dtype)
+        cos, sin = cos[:, None], sin[:, None]
+        scale, eps = cfg.head_dim ** -0.5, cfg.rms_norm_eps
+        capacity = self.max_blocks * self.block_size
+        x = self.hidden_in[:n]
+        y = kernels.rmsnorm_ref(x, model.layers[0].input_layernorm.weight, eps)
+        for idx, w in enumerate(self.layers):
+            q, k, v = self._qkv(y, w["w_qkv"], cos, sin, cfg.num_attention_heads,
+                                cfg.num_key_value_heads, cfg.head_dim)
+            self._write_kv(self.kv_cache, idx, planes, slots, k, v)
+            attn = self._attention(q, self.kv_cache[idx, 0], self.kv_cache[idx, 1], planes,
+                                   tables, ctx, scale, **self._attention_kwargs(capacity))
+            x, y = self._post(x, attn, w["w_o"], w["w_attn_out"], w["w_mlp_in"], w["w_gate_up"],
+                              w["w_down"], w["w_mlp_out"], w["w_next"], eps, self._norm)
+        self.hidden_out[:n].copy_(y)
+        self.gate_out[:n].copy_(model.early_exit_gate(y).float().squeeze(-1))
+
+    def _attention_kwargs(self, capacity: int) -> dict:
+        # The Triton kernel sizes its key-range split from a host bound; the graph fixes it at
+        # the block-table capacity (empty splits cost one tile check each).
+        if self._attention is kernels.paged_decode_attention:
+            return {"max_context_len": capacity}
+        return {}

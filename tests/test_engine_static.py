@@ -1,0 +1,103 @@
+"""The static decode path (fused projections, fixed buffers; CUDA graphs on a GPU) against the
+gather path and the teacher-forced recompute, fp32 on CPU (torch reference kernels; the Triton
+kernels themselves are checked in test_kernels.py). Tolerance 1e-5 on log-probs."""
+import pytest
+import torch
+
+from rltlab.bench.engine import main as bench_main
+from rltlab.engine import LLM, SamplingParams
+from rltlab.engine.exit_policies import ExitPolicy, register_exit_policy
+from rltlab.engine.static_decode import StaticDecoder
+from test_engine_exactness import (MIXED, POLICIES, assert_same_rollouts,
+                                   check_against_recompute, params_list, random_prompts)
+from tiny_models import tiny_engine_model
+
+torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES) + ["trace"])
+def test_static_path_equals_gather_path_and_recompute(name):
+    model = tiny_engine_model(5)
+    prompts = random_prompts(8, seed=6)
+    gen = torch.Generator().manual_seed(3)
+    traces = [[4] + torch.randint(1, 5, (15,), generator=gen).tolist() for _ in prompts]
+    policy = POLICIES.get(name) or (lambda i: dict(exit_policy="trace",
+                                                   exit_policy_args={"depths": traces[i]}))
+    params = params_list(prompts, policy, seed0=10)
+    gather = LLM(model, decode_path="gather", **MIXED).generate(prompts, params)
+    static_llm = LLM(model, decode_path="static", **MIXED)
+    assert static_llm.llm_engine.runner.static is not None
+    static = static_llm.generate(prompts, params)
+    assert_same_rollouts(gather, static)
+    check_against_recompute(model, prompts, static, greedy_rows=range(2, 8, 3))
+
+
+def test_static_engine_owns_fused_weights_and_updates_reach_them():
+    model, other = tiny_engine_model(1), tiny_engine_model(2)
+    prompts = random_prompts(4, seed=2)
+    sp = SamplingParams(temperature=0.0, max_tokens=6, logprobs=0, exit_policy="q_exit",
+                        exit_threshold=0.6, min_loops=1)
+    llm = LLM(model, decode_path="static", max_num_seqs=4)
+    engine = llm.llm_engine
+    assert engine.model is not model    # the user's model keeps its own storage
+    attn = engine.model.model.layers[0].self_attn
+    storages = {p.weight.untyped_storage().data_ptr()
+                for p in (attn.q_proj, attn.k_proj, attn.v_proj)}
+    assert len(storages) == 1           # q/k/v are views of one fused weight
+    engine.start_weight_update(1)
+    engine.update_weights(list(other.named_parameters()))
+    engine.finish_weight_update()
+    after = llm.generate(prompts, sp)
+    expected = LLM(other, decode_path="gather", max_num_seqs=4).generate(prompts, sp)
+    assert_same_rollouts(expected, after)
+    assert all(v == 1 for o in after for v in o.weight_versions)
+
+
+def test_gate_free_policies_leave_the_gate_history_alone():
+    """fixed / trace decide on the host: the engine never gathers gates for them."""
+    model = tiny_engine_model(3)
+    llm = LLM(model, decode_path="static", max_num_seqs=2)
+    llm.generate(random_prompts(3, seed=4), SamplingParams(max_tokens=5, exit_policy="fixed"))
+    assert not llm.llm_engine._gate_history.any()
+    llm.generate(random_prompts(3, seed=4), SamplingParams(max_tokens=5, exit_policy="q_exit"))
+    assert llm.llm_engine._gate_history.any()
+
+
+class _TooEager(ExitPolicy):
+    """Breaks its lag promise: answers 'exit now' while claiming decision_lag 1."""
+    name = "too_eager"
+    decision_lag = 1
+
+    def decide(self, info):
+        return info.rounds.clone()
+
+
+def test_lagged_policy_breaking_its_promise_fails_only_its_request():
+    register_exit_policy("too_eager", lambda cfg: _TooEager(), overwrite=True)
+    model = tiny_engine_model(4)
+    llm = LLM(model, decode_path="static", max_num_seqs=4)
+    prompts = random_prompts(2, seed=5)
+    outs = llm.generate(prompts, [SamplingParams(max_tokens=4, exit_policy="too_eager",
+                                                 min_loops=1),
+                                  SamplingParams(max_tokens=4, exit_policy="fixed")])
+    assert outs[0].finish_reason == "error" and "decision_lag" in outs[0].error
+    assert outs[1].finish_reason == "length" and len(outs[1].token_ids) == 4
+
+
+def test_static_decoder_rejects_more_rows_than_it_holds():
+    llm = LLM(tiny_engine_model(0), decode_path="static", max_num_seqs=2)
+    decoder: StaticDecoder = llm.llm_engine.runner.static
+    with pytest.raises(ValueError, match="decode rows"):
+        decoder.stage([1, 2, 3], [0, 0, 0], [5, 6, 7], [[0], [1], [2]])
+
+
+def test_engine_benchmark_reports_every_mode_and_the_w4_gain():
+    res = bench_main(["--preset", "tiny", "--device", "cpu", "--workload", "W1", "W3", "W4",
+                      "--scale", "0.03", "--modes", "plain,gather,eager", "--kv-gib", "0.05"])
+    w1 = res["workloads"]["W1"]["modes"]
+    assert set(w1) == {"plain", "gather", "eager"}
+    assert all(m["decode"]["decode_tok_s"] > 0 for m in w1.values())
+    gain = res["w4_gain"]["eager"]
+    assert gain["mean_executed_rounds"] < 4 and gain["ideal"] == round(
+        4 / gain["mean_executed_rounds"], 3)
+    assert res["workloads"]["W3"]["modes"]["eager"]["closed_loop"]["tokens"] > 0
