@@ -6,10 +6,12 @@ name (its prog's last word, and args.command at run time) picks which arguments 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from rltlab import runs
+from rltlab.scale import NUM_PROCESSES_ENV
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--list-parameters", action="store_true",
                         help="print the notebook's parameters and exit")
+    parser.add_argument("--num-processes", type=int, default=1, metavar="N",
+                        help="data-parallel ranks for the notebook's trace collection and "
+                             "evaluation (accelerate launch; one GPU per rank); see "
+                             "docs/scale_out.md")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -54,6 +60,11 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if args.num_processes < 1:
+        print(f"error: --num-processes must be >= 1, got {args.num_processes}", file=sys.stderr)
+        return 2
+    # the kernel inherits the environment; rltlab.scale.num_processes() reads it
+    os.environ[NUM_PROCESSES_ENV] = str(args.num_processes)
     run_dir = args.run_dir
     if run_dir is None:
         run_dir = runs.new_run_dir(args.name or notebook.stem)

@@ -100,3 +100,20 @@ def test_loader_refuses_other_models(model, tmp_path):
         load_draft_component(out, other)
     with pytest.raises(FileNotFoundError):
         load_draft_component(tmp_path, model)
+
+
+def test_save_component_records_digests_and_replaces_an_earlier_component(model, tmp_path):
+    from rltlab.draft_heads.heads import component_files_ok
+    out = tmp_path / "comp"
+    save_component(build_component("lora_lm_head", model, draft_rounds=1), model, out)
+    assert component_files_ok(out) and (out / "peft" / "adapter_model.safetensors").is_file()
+    save_component(build_component("residual_mlp", model, draft_rounds=1), model, out)
+    meta = json.loads((out / "draft_component.json").read_text())
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert files == ["draft_component.json", "head.safetensors"] == sorted(
+        ["draft_component.json", *meta["files"]])          # the LoRA files are gone, no temps
+    assert component_files_ok(out) and load_draft_component(out, model).kind == "residual_mlp"
+    (out / "head.safetensors").write_bytes((out / "head.safetensors").read_bytes()[:-4])
+    assert not component_files_ok(out)                     # torn weights: not a finished one
+    (out / "draft_component.json").unlink()
+    assert not component_files_ok(out)

@@ -229,7 +229,7 @@ def test_round_observer_hook():
     llm.remove_round_observer(handle)
     llm.generate([prompt(3, 3)], SamplingParams(max_tokens=2))
     assert len(events) == R + 4
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(TypeError):
         llm.set_proposer(object())
 
 

@@ -105,9 +105,11 @@ def test_evaluate_notebook(tiny_model_dir, tmp_path):
 
 def test_loop_notebook_crash_and_resume(tiny_model_dir, tmp_path):
     from papermill.exceptions import PapermillExecutionError
+    from rltlab.loop import GATE_BIAS, GATE_WEIGHT, load_gate
     run_dir = tmp_path / "loop"
     params = {"MODEL_DIR": str(tiny_model_dir), "ITERATIONS": 2, "ROLLOUT_PROMPTS": 3,
               "MAX_TOKENS": 8, "EVAL_PROBLEMS": 3, "THRESHOLDS": [0.3, 1.0], "GATE_STEPS": 10,
+              "PREDICTOR_EPOCHS": 2, "DRAFT_STEPS": 3, "DRAFT_PROMPTS": 2, "DRAFT_K": 2,
               "THREADS": 1, "CRASH_AT_ITERATION": 1}
     with pytest.raises(PapermillExecutionError, match="simulated crash in iteration 1"):
         _run("10_rollout_update_evaluate", params, run_dir)
@@ -115,15 +117,19 @@ def test_loop_notebook_crash_and_resume(tiny_model_dir, tmp_path):
     assert not (run_dir / "iter_1").exists()
     assert not list(run_dir.glob(".iter_*"))     # the crashed iteration left nothing behind
     assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
-    first = (run_dir / "iter_0" / "result.json").read_text()
-    mtime = (run_dir / "iter_0" / "result.json").stat().st_mtime_ns
-    gate_mtime = (run_dir / "iter_0" / "gate.safetensors").stat().st_mtime_ns
+    it0 = run_dir / "iter_0"
+    kept = ["result.json", "gate.safetensors", "exit_predictor/n1/predictor.safetensors",
+            "exit_predictor/n1/manifest.json", "draft_head/draft_component.json"]
+    first = (it0 / "result.json").read_text()
+    mtimes = {f: (it0 / f).stat().st_mtime_ns for f in kept}
 
-    # Resume with more iterations: iteration 0 is loaded, 1 and 2 are computed.
-    _run("10_rollout_update_evaluate", {"ITERATIONS": 3, "CRASH_AT_ITERATION": -1}, run_dir)
-    assert (run_dir / "iter_0" / "result.json").read_text() == first
-    assert (run_dir / "iter_0" / "result.json").stat().st_mtime_ns == mtime
-    assert (run_dir / "iter_0" / "gate.safetensors").stat().st_mtime_ns == gate_mtime
+    # Resume with more iterations: iteration 0 is loaded, 1 and 2 are computed. GATE_LR 0
+    # makes their candidate gates no better on validation: they must be rejected and the
+    # current gate pushed again unchanged (GATE_KEEP_WORSE False).
+    _run("10_rollout_update_evaluate", {"ITERATIONS": 3, "CRASH_AT_ITERATION": -1,
+                                        "GATE_LR": 0.0}, run_dir)
+    assert (it0 / "result.json").read_text() == first
+    assert {f: (it0 / f).stat().st_mtime_ns for f in kept} == mtimes
     m = _metrics(run_dir)
     assert m["resumed_from"] == 1 and m["headline"]["iterations"] == 3
     assert m["headline"]["final_weight_version"] == 3
@@ -131,21 +137,125 @@ def test_loop_notebook_crash_and_resume(tiny_model_dir, tmp_path):
     assert [i["rollout_weight_versions"] for i in its] == [[0], [1], [2]]
     assert [i["trace_weight_versions"] for i in its] == [[0], [1], [2]]
     assert [i["new_weight_version"] for i in its] == [1, 2, 3]
-    assert all(i["gate_loss_after"] < i["gate_loss_before"] for i in its)
+    gates = [load_gate(run_dir / f"iter_{k}" / "gate.safetensors") for k in range(3)]
+    assert set(gates[2]) == {GATE_WEIGHT, GATE_BIAS}
+    for k, it in enumerate(its):
+        # validation split of the rollout prompts, early stopping on the validation BCE
+        assert it["gate_val_loss_before"] is not None and it["gate_best_step"] >= 1
+        if it["gate_accepted"]:
+            assert it["gate_validation_passed"] and not it["gate_reasons"]
+            assert it["gate_val_loss_after"] < it["gate_val_loss_before"]
+        else:
+            assert it["gate_reasons"] and it["gate_val_loss_after"] >= it["gate_val_loss_before"]
+            assert (run_dir / f"iter_{k}" / "gate_rejected.safetensors").is_file()
+    assert [i["gate_accepted"] for i in its[1:]] == [False, False]      # GATE_LR 0
+    for k in (1, 2):    # a rejected candidate: the previous gate is pushed again, unchanged
+        for name in gates[k]:
+            torch.testing.assert_close(gates[k][name], gates[k - 1][name], rtol=0, atol=0)
+
+    # held-out gate curve: same problems before/after, paired comparison, asserted verdict
+    gc = m["gate_curve"]
+    assert gc["eval_problems"] == 3 and gc["heldout_overlap_with_rollouts"] == 0
+    assert gc["final_vs_v0"]["before_version"] == 0 and gc["final_vs_v0"]["after_version"] == 3
+    assert len(gc["per_iteration"]) == 3 and gc["per_iteration"][2]["after_version"] == 3
+    assert gc["no_worse"] is True and m["headline"]["gate_curve_no_worse"] is True
+    for cmp in [gc["final_vs_v0"]] + gc["per_iteration"]:
+        assert cmp["points"] and cmp["overlap"][0] <= cmp["overlap"][1] <= 4.0
+        for pt in cmp["points"]:
+            assert pt["diff_pp"] == pytest.approx(pt["after"] - pt["before"], abs=1e-6)
+            assert pt["worse"] == (pt["diff_pp"] < -2.0 * pt["se_pp"] - 1e-10)
+        assert cmp["no_worse"] == (not any(pt["worse"] for pt in cmp["points"]))
+
+    for k, it in enumerate(its):
+        hashes = json.loads((run_dir / f"iter_{k}" / "result.json").read_text())[
+            "trace_model_hashes"]
+        # N+2 predictor: trained on version k's traces, stamped with version k's model hash
+        ep = it["exit_predictor"]
+        assert ep["weight_version"] == k and ep["model_hash"] == hashes[str(k)]
+        man = json.loads((run_dir / f"iter_{k}" / ep["checkpoint"] / "manifest.json").read_text())
+        assert man["base_model_hash"] == hashes[str(k)]
+        assert man["training_data"]["weight_version"] == k
+        assert man["training_data"]["trace_dir"] == str(run_dir / f"iter_{k}" / "traces")
+        assert 3.0 <= ep["mean_rounds"] <= 4.0     # decision after round 1: exit at 3 or 4
+        assert 0.0 <= ep["quality"] <= 100.0
+        # draft head: distilled on the same traces, lossless at T=0
+        dh = it["draft_head"]
+        meta = json.loads((run_dir / f"iter_{k}" / dh["component"] /
+                           "draft_component.json").read_text())
+        assert meta["weight_version"] == k == dh["weight_version"]
+        assert meta["base_model_hash"] == hashes[str(k)] == dh["model_hash"]
+        assert dh["identical_at_t0"] is True
+        assert 1.0 <= dh["tau"] <= 3.0 and 1.0 <= dh["tau_shallow"] <= 3.0   # K = 2
+        assert 0.0 <= dh["acceptance"] <= 1.0 and 0.0 <= dh["heldout_agree"] <= 1.0
+    assert len({it["exit_predictor"]["model_hash"] for it in its}) >= 2  # gate 0 -> 1 changed
+    # Stage II inputs are the gate's inputs: the pushed version-1 gate on the traced h_r of
+    # iteration 1 (version 1) reproduces the gate logits the engine recorded
+    from rltlab.traces import load_traces
+    tr = load_traces(run_dir / "iter_1" / "traces", fields=["hidden", "gate_logit"])
+    logits = (tr["hidden"] @ gates[0][GATE_WEIGHT].T).squeeze(-1) + gates[0][GATE_BIAS]
+    torch.testing.assert_close(logits, tr["gate_logit"], atol=1e-5, rtol=1e-5)
     assert json.loads((run_dir / "iter_0" / "result.json").read_text())["started"] == \
         its[0]["started"]
-    assert its[1]["started"] > its[0]["started"] or its[1]["started"] >= its[0]["started"]
+    assert its[1]["started"] >= its[0]["started"]
     curves = m["curves"]
-    assert sorted({c["weight_version"] for c in curves}) == [0, 1, 2, 3]
-    assert len(curves) == 4 * 2
+    q = [c for c in curves if "q_exit" in c["policy"]]
+    assert sorted({c["weight_version"] for c in q}) == [0, 1, 2, 3] and len(q) == 4 * 2
     assert all(c["quality"] is not None and c["mean_rounds"] is not None for c in curves)
-    full = [c for c in curves if c["threshold"] == 1.0]
+    full = [c for c in q if c["threshold"] == 1.0]
     assert all(c["mean_rounds"] == 4.0 for c in full)   # threshold 1.0 = full depth
-    # the gate at version k+1 is what iteration k trained
-    from rltlab.loop import load_gate
-    gate = load_gate(run_dir / "iter_2" / "gate.safetensors")
-    assert set(gate) == {"model.early_exit_gate.weight", "model.early_exit_gate.bias"}
+    # generated, not copied: version 0 and the accepted update's sweep below full depth; the
+    # rejected updates (same gate pushed again) copy the previous sweep
+    carried = {c["weight_version"]: c.get("carried_from_version") for c in q
+               if c["threshold"] < 1.0}
+    assert carried[0] is None and carried[2] == carried[3] == (1 if its[0]["gate_accepted"]
+                                                               else 0)
+    assert all(c.get("carried_from_version") == 0 for c in full[1:])
+    assert [c["weight_version"] for c in curves if "n_plus_2" in c["policy"]] == [0, 1, 2]
     _plots_exist(m)
+
+
+def test_compare_curves_rule():
+    """The paired Pareto-curve rule: equal curves pass, a clear drop at equal rounds fails, a
+    drop within 2 paired SE passes, a better curve passes; interpolation is linear."""
+    from rltlab.eval.curves import compare_curves, curve_scores_at, pareto_curve
+
+    n = 100
+    base = [(1.0, [1.0] * 80 + [0.0] * 20), (2.0, [1.0] * n), (4.0, [1.0] * n)]
+    same = compare_curves(base, base)
+    assert same["no_worse"] is True and all(p["diff_pp"] == 0 for p in same["points"])
+    worse = [(1.0, [1.0] * 60 + [0.0] * 40), (2.0, [1.0] * n), (4.0, [1.0] * n)]
+    res = compare_curves(base, worse)
+    assert res["no_worse"] is False
+    bad = [p for p in res["points"] if p["worse"]]
+    assert bad and bad[0]["mean_rounds"] == 1.0 and bad[0]["diff_pp"] == pytest.approx(-20.0)
+    assert bad[0]["se_pp"] == pytest.approx(100 * (0.16 / 99) ** 0.5,
+                                            rel=0.05)
+    slight = [(1.0, [1.0] * 79 + [0.0] * 21), (2.0, [1.0] * n), (4.0, [1.0] * n)]
+    assert compare_curves(base, slight)["no_worse"] is True     # -1 pp, se 1 pp
+    better = [(1.2, [1.0] * 90 + [0.0] * 10), (1.5, [1.0] * n), (3.0, [1.0] * 99 + [0.0])]
+    res = compare_curves(base, better)
+    assert res["no_worse"] is True and res["overlap"] == [1.2, 3.0]
+    x, s, xmax = pareto_curve(base)
+    assert list(x) == [1.0, 2.0] and xmax == 4.0          # (4.0, 100%) is dominated
+    assert curve_scores_at(x, s, 1.5).mean() == pytest.approx(0.9)
+    assert curve_scores_at(x, s, 3.0).mean() == 1.0        # flat right of the last front point
+
+
+def test_train_gate_early_stopping():
+    from rltlab.loop import train_gate
+    gen = torch.Generator().manual_seed(0)
+    gate = torch.nn.Linear(8, 1)
+    h = torch.randn(64, 4, 8, generator=gen)
+    ce = torch.rand(64, 4, generator=gen) * torch.tensor([2.0, 1.0, 0.9, 0.9])
+    val = (h[:16], ce[:16], None)
+    res = train_gate(gate, h[16:], ce[16:], steps=60, lr=0.05, batch=16, val=val,
+                     eval_every=5, patience=3)
+    best = min(v for _, v in res["val_curve"])
+    assert res["val_after"] == pytest.approx(best)
+    assert res["best_step"] == next(s for s, v in res["val_curve"] if v == best)
+    assert res["steps_run"] <= 60 and res["val_before"] is not None
+    none = train_gate(gate, h[16:], ce[16:], steps=0, val=val)
+    assert none["val_after"] == none["val_before"]        # nothing trained: not an improvement
 
 
 def test_stage2_targets_match_pretrain_stage2_loss():

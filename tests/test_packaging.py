@@ -26,4 +26,4 @@ def test_kernels_and_patches_have_unique_import_paths():
     assert dirs["rltlab.engine_patches"] == "engine_patches"
     assert "kernels" not in _pyproject()["packages"]
     import rltlab.kernels
-    assert Path(rltlab.kernels.__file__).parent == ROOT / "kernels"
+    assert Path(rltlab.kernels.__file__).parent.resolve() == (ROOT / "kernels").resolve()

@@ -91,7 +91,9 @@ def decode_phase(llm: LLM, prompts, params) -> dict:
 def run_mode(model, spec: dict, mode: str, prompts, params, kv_gib: float) -> dict:
     llm = LLM(model, max_num_seqs=spec["concurrency"],
               max_model_len=spec["prompt_len"] + spec["max_tokens"],
-              max_num_batched_tokens=max(4096, spec["prompt_len"] + spec["concurrency"]),
+              # Big prefill steps: the gather path's per-step launch cost is paid per 16K
+              # tokens instead of per 4K (prefill is compute-bound either way).
+              max_num_batched_tokens=max(16384, spec["prompt_len"] + spec["concurrency"]),
               prefill_chunk=max(512, spec["prompt_len"]), kv_cache_memory_gib=kv_gib,
               **MODES[mode])
     c = spec["concurrency"]
@@ -102,6 +104,8 @@ def run_mode(model, spec: dict, mode: str, prompts, params, kv_gib: float) -> di
             llm.generate(prompts[:c], [SamplingParams(**{**vars(p), "max_tokens": 2})
                                        for p in params[:c]])
         result = {"decode": decode_phase(llm, prompts[:c], params[:c])}
+        if llm.llm_engine.runner.static is not None and c == 1:
+            result["round"] = engine_checks.round_profile(llm.llm_engine.runner.static)
         if spec["requests"] > 1:
             result["closed_loop"] = bench_engine(llm, prompts, params, c)
         return result
@@ -180,7 +184,7 @@ def main(argv=None) -> dict:
     if args.weight_update:
         results["weight_update"] = engine_checks.weight_update(model, args.kv_gib)
     if args.bf16_check:
-        results["bf16_vs_fp32"] = engine_checks.bf16_agreement(model, args.kv_gib)
+        results["bf16_vs_fp32"] = engine_checks.bf16_paths(model, args)
     engine_checks.print_table(results)
     engine_checks.save(results, args.out)
     print(json.dumps(results))

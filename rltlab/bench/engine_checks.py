@@ -75,6 +75,34 @@ def depth_gain(w3: dict, w4: dict, num_rounds: int) -> dict:
     return out
 
 
+def round_profile(decoder, repeats: int = 50, top: int = 8) -> dict:
+    """Where a c=1 round's time goes: the GPU time of one round (graph replay, or the eager
+    round), and the heaviest GPU kernels of an eager round (torch.profiler)."""
+    graph = decoder._graphs.get(1)
+    run = graph.replay if graph is not None else (lambda: decoder._round(1))
+    run()
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        run()
+    _sync()
+    out = {"gpu_ms_per_round": round(1e3 * (time.perf_counter() - t0) / repeats, 4)}
+    if torch.cuda.is_available():
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                decoder._round(1)
+            _sync()
+        events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+        total = sum(e.self_device_time_total for e in events) / 5
+        out["eager_kernel_us_per_round"] = round(total, 1)
+        out["eager_kernels_per_round"] = sum(e.count for e in events) // 5
+        events.sort(key=lambda e: -e.self_device_time_total)
+        out["top_kernels"] = [(e.key[:60], round(e.self_device_time_total / 5, 1), e.count // 5)
+                              for e in events[:top]]
+    return out
+
+
 def weight_update(model, kv_gib: float, mode_kwargs=None) -> dict:
     """Time a full update of every parameter from device tensors, under CUDA graphs, and check
     that a same-weights update leaves greedy outputs and log-probs unchanged."""
@@ -108,12 +136,14 @@ def weight_update(model, kv_gib: float, mode_kwargs=None) -> dict:
             "versions": [o.weight_versions[-1] for o in after][:1]}
 
 
-def bf16_agreement(model, kv_gib: float, num_prompts: int = 8, max_tokens: int = 64) -> dict:
-    """Engine (model dtype, default mode) vs a teacher-forced fp32 forward of the same model:
-    greedy token agreement and |log-prob difference| of the engine's tokens."""
-    llm = LLM(model, max_num_seqs=num_prompts, max_model_len=128 + max_tokens,
-              kv_cache_memory_gib=min(kv_gib, 16.0))
-    prompts = prompts_for(num_prompts, 128, model.config.vocab_size, seed=13)
+def bf16_agreement(model, kv_gib: float, num_prompts: int = 8, max_tokens: int = 64,
+                   prompts=None, **engine_kwargs) -> dict:
+    """Engine (model dtype) vs a teacher-forced fp32 forward of the same model: greedy token
+    agreement and |log-prob difference| of the engine's tokens."""
+    prompts = prompts or prompts_for(num_prompts, 128, model.config.vocab_size, seed=13)
+    llm = LLM(model, max_num_seqs=len(prompts),
+              max_model_len=max(map(len, prompts)) + max_tokens,
+              kv_cache_memory_gib=min(kv_gib, 16.0), **engine_kwargs)
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens,
                                                 ignore_eos=True, logprobs=0, exit_policy="fixed"))
     del llm
@@ -134,6 +164,26 @@ def bf16_agreement(model, kv_gib: float, num_prompts: int = 8, max_tokens: int =
             "logprob_absdiff_mean": round(sum(diffs) / len(diffs), 5),
             "logprob_absdiff_p99": round(diffs[int(0.99 * (len(diffs) - 1))], 5),
             "logprob_absdiff_max": round(diffs[-1], 5)}
+
+
+def bf16_paths(model, args) -> dict:
+    """bf16_agreement for the static (graph) and gather paths, on the benchmark model (random
+    weights: near-uniform logits, many near-ties) and on the trained embedded model."""
+    from rltlab.checkpoint import load_model_and_tokenizer
+    from rltlab.data import make_arithmetic_problems
+    from rltlab.eval.tasks import arithmetic_prompt
+    from rltlab.paths import embedded_model_dir
+    out = {}
+    trained, tokenizer = load_model_and_tokenizer(embedded_model_dir(),
+                                                  dtype=model.lm_head.weight.dtype,
+                                                  device=model.lm_head.weight.device)
+    problems = [arithmetic_prompt(tokenizer, p.question)
+                for p in make_arithmetic_problems(16, seed=5, split="heldout")]
+    for label, net, prompts in (("random", model, None), ("embedded", trained, problems)):
+        for path in ("static", "gather"):
+            out[f"{label}_{path}"] = bf16_agreement(net, args.kv_gib, prompts=prompts,
+                                                    decode_path=path)
+    return out
 
 
 def print_table(results: dict) -> None:

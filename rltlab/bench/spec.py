@@ -57,11 +57,16 @@ def timed(fn, device, warmup: int, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _engine_kwargs(args) -> dict:
+    return {"decode_path": args.decode_path} if args.decode_path else {}
+
+
 # --------------------------------------------------------------------------- (a) cost model
 def engine_costs(model, args, ks, ds) -> dict:
     cfg, R, device = model.config, model.config.num_rounds, args.device
     llm = LLM(model, max_num_seqs=1, max_model_len=args.context + max(ks) + 8,
-              max_num_batched_tokens=max(2048, args.context), kv_cache_memory_gib=1.0)
+              max_num_batched_tokens=max(2048, args.context), kv_cache_memory_gib=1.0,
+              **_engine_kwargs(args))
     eng = llm.llm_engine
     eng.add_request("a", prompts_for(1, args.context, cfg.vocab_size, 0)[0], SamplingParams(
         temperature=0.0, max_tokens=max(ks) + 4, ignore_eos=True, exit_policy="fixed"))
@@ -86,6 +91,7 @@ def engine_costs(model, args, ks, ds) -> dict:
                "t_target": t_target,
                "t_verify": {k: timed(lambda: verify(k, d), device, args.warmup, args.repeats)
                             for k in ks}} for d in ds}
+    out["decode_path"] = "static" if getattr(eng.runner, "static", None) else "gather"
     eng.abort_request("a")
     eng._drain_outputs()
     return out
@@ -134,6 +140,11 @@ def part_a(args) -> dict:
            "t_verify); tau = (1 - a^(K+1)) / (1 - a)", "impl": {}}
     for impl, fn in (("engine", engine_costs), ("reference", reference_costs)):
         res["impl"][impl] = fn(model, args, ks, args.draft_rounds)
+    res["engine_decode_path"] = res["impl"]["engine"].pop("decode_path")
+    verify_path = ("static token rows" if res["engine_decode_path"] == "static"
+                   else "gather")
+    print(f"engine decode path for 1-token rounds: {res['engine_decode_path']}; "
+          f"verification: {verify_path}")
     print(f"\n(a) {res['model']} {args.dtype} on {args.device}, c=1, context {args.context}; "
           f"ms per call (median of {args.repeats}); {res['formula']}")
     head = " ".join(f"{'a=' + str(a):>11}" for a in args.alphas)
@@ -164,7 +175,9 @@ def trained_head(model, tokenizer, args):
         return load_draft_component(args.draft, model), {"loaded": args.draft}
     rows = training_rows(tokenizer, args.train_rows, args.seq_len, seed=0,
                          text_bytes=args.text_bytes).to(args.device)
-    comp = build_component("residual_mlp", model, draft_rounds=1, inner=args.head_inner)
+    param = next(model.parameters())
+    comp = build_component("residual_mlp", model, draft_rounds=1, inner=args.head_inner).to(
+        device=param.device, dtype=param.dtype)
     started = time.perf_counter()
     log = distill(model, comp, rows, steps=args.train_steps, batch_size=16, lr=1e-3,
                   log_every=max(1, args.train_steps))
@@ -174,7 +187,8 @@ def trained_head(model, tokenizer, args):
 
 def engine_runs(model, prompts, configs, conc, temperature, args) -> list[dict]:
     llm = LLM(model, max_num_seqs=conc, block_size=16, kv_cache_memory_gib=0.5,
-              max_model_len=max(map(len, prompts)) + args.max_tokens + 1)
+              max_model_len=max(map(len, prompts)) + args.max_tokens + 1,
+              **_engine_kwargs(args))
     params = [SamplingParams(temperature=temperature, max_tokens=args.max_tokens, seed=17 + i,
                              exit_policy="fixed") for i in range(len(prompts))]
     rows, ref = [], None
@@ -258,7 +272,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--tiny-model", default=None, help="(b) model dir (default: embedded)")
     ap.add_argument("--tiny-dtype", default="float32")
-    ap.add_argument("--tiny-repeats", type=int, default=2)
+    ap.add_argument("--tiny-repeats", type=int, default=1)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--k", type=int, default=4)
@@ -271,6 +285,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--text-bytes", type=int, default=400_000)
     ap.add_argument("--head-inner", type=int, default=512)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (CPU: 1)")
+    ap.add_argument("--decode-path", default=None,
+                    help="engine decode path (EngineConfig.decode_path; default: the engine's)")
     ap.add_argument("--skip-a", action="store_true")
     ap.add_argument("--skip-b", action="store_true")
     args = ap.parse_args(argv)

@@ -15,6 +15,7 @@ Every component is called as head(h) -> logits and records its draft_rounds; `sa
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from pathlib import Path
 
@@ -160,18 +161,57 @@ def build_component(kind: str, model: OuroForCausalLM, draft_rounds: int = 1, **
 
 
 def save_component(component, model: OuroForCausalLM, out_dir, extra: dict | None = None) -> Path:
-    """<out_dir>/draft_component.json + the weights (PEFT format for the LoRA kinds)."""
+    """<out_dir>/draft_component.json + the weights (PEFT format for the LoRA kinds).
+
+    Crash-safe: the old metadata goes first, the weights are written to a temporary directory
+    and moved into place file by file (rltlab.atomic), the metadata (with every weight file's
+    sha256, "files") lands last, atomically; files of an earlier component that the new one
+    does not have are removed. So a directory holding draft_component.json holds the finished
+    component it describes (`component_files_ok` checks the digests)."""
+    import tempfile
+
+    from rltlab.atomic import write_bytes_atomic, write_text_atomic
     from rltlab.checkpoint import model_hash
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    component.save_weights(out)
+    meta_path = out / META_FILE
+    old_files = set()
+    if meta_path.is_file():
+        old_files = set(json.loads(meta_path.read_text()).get("files", {}))
+        meta_path.unlink()              # not a finished component until the new metadata lands
+    files = {}
+    with tempfile.TemporaryDirectory(prefix=".draft-component-", dir=out) as tmp:
+        component.save_weights(Path(tmp))
+        for path in sorted(Path(tmp).rglob("*")):
+            if path.is_file():
+                rel, data = path.relative_to(tmp).as_posix(), path.read_bytes()
+                write_bytes_atomic(out / rel, data)
+                files[rel] = hashlib.sha256(data).hexdigest()
+    for rel in sorted(old_files - set(files)):
+        (out / rel).unlink(missing_ok=True)
     meta = {"kind": component.kind, "draft_rounds": component.draft_rounds,
             "config": component.config_dict(), "base_model_hash": model_hash(model),
             "hidden_size": model.config.hidden_size, "vocab_size": model.config.vocab_size,
             "num_rounds": model.config.num_rounds, "reuse_exact": component.reuse_exact,
-            **(extra or {})}
-    (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+            **(extra or {}), "files": files}
+    write_text_atomic(meta_path, json.dumps(meta, indent=2) + "\n")
     return out
+
+
+def component_files_ok(path) -> bool:
+    """Whether <path> holds a finished component: its metadata and every weight file it lists,
+    with the recorded sha256 (metadata written before the digests were recorded: False)."""
+    meta_path = Path(path) / META_FILE
+    if not meta_path.is_file():
+        return False
+    files = json.loads(meta_path.read_text()).get("files")
+    if not files:
+        return False
+    for rel, digest in files.items():
+        f = Path(path) / rel
+        if not f.is_file() or hashlib.sha256(f.read_bytes()).hexdigest() != digest:
+            return False
+    return True
 
 
 def component_kwargs(component) -> dict:

@@ -11,6 +11,7 @@ layers' rounds 1..d for the layer LoRA). Logged per step and on a held-out batch
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 
 import torch
@@ -88,53 +89,132 @@ def evaluate(model: OuroForCausalLM, component, rows: torch.Tensor, batch_size: 
 
 @torch.no_grad()
 def teacher_features(model: OuroForCausalLM, rows: torch.Tensor, draft_rounds: int,
-                     batch_size: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+                     batch_size: int = 16, need: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """(h_d [N, T, H], target log-probs [N, T, V] in bf16) of the frozen model, computed once:
-    a reuse-exact head only ever sees these, so its training steps skip the 16-layer forward."""
-    hs, logps = [], []
+    a reuse-exact head only ever sees these, so its training steps skip the 16-layer forward.
+    need (bool [N], a data-parallel rank's rows): only the batches of `batch_size` consecutive
+    rows that hold a needed row are computed (the others stay zero); the batches are cut the
+    same way as without it, so the computed rows have the same bits as in one process."""
+    hs = logps = None
     for lo in range(0, len(rows), batch_size):
+        if need is not None and not bool(need[lo: lo + batch_size].any()):
+            continue
         out = model(rows[lo: lo + batch_size])
-        hs.append(out.hidden_states[draft_rounds - 1])
-        logps.append(torch.log_softmax(out.final_logits.float(), -1).bfloat16())
-    return torch.cat(hs), torch.cat(logps)
+        h = out.hidden_states[draft_rounds - 1]
+        logp = torch.log_softmax(out.final_logits.float(), -1).bfloat16()
+        if hs is None:
+            hs = h.new_zeros((len(rows), *h.shape[1:]))
+            logps = logp.new_zeros((len(rows), *logp.shape[1:]))
+        hs[lo: lo + len(h)], logps[lo: lo + len(h)] = h, logp
+    if hs is None:            # nothing needed (or no rows)
+        return torch.zeros(0), torch.zeros(0, dtype=torch.bfloat16)
+    return hs, logps
+
+
+def _schedule(params, lr: float, steps: int):
+    """AdamW with a linear warm-up over steps // 10 and a linear decay (to 1e-3 of lr)."""
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / max(1, steps // 10)) * (1 - s / max(1, steps)) + 1e-3)
+    return opt, sched
+
+
+def _local(pick: torch.Tensor, state) -> tuple[torch.Tensor, float]:
+    """(this rank's contiguous slice of a global batch of row picks, its share of the batch).
+    One process (state None or a world of one): the whole batch, share 1.0."""
+    if state is None or state.num_processes == 1:
+        return pick, 1.0
+    local = torch.tensor_split(pick, state.num_processes)[state.process_index]
+    return local, len(local) / max(1, len(pick))
+
+
+def _kl_step(draft_logits, target_logp, params, opt, sched, share: float = 1.0,
+             state=None) -> torch.Tensor:
+    """One optimizer step on KL(target || draft) (log-prob targets); returns the loss.
+
+    Data parallel (state: accelerate PartialState of several ranks): draft / target are this
+    rank's slice of a global batch (None: an empty slice) and share = slice / global batch;
+    the slice's mean KL is weighted by share and the gradients are summed over the ranks
+    (rltlab.distributed.sum_gradients), so every rank clips and steps with the gradient of the
+    global batch's mean and the returned loss, summed over the ranks, is the global batch's.
+    One process: share 1.0, no communication (the plain single-process step)."""
+    from rltlab.distributed import sum_gradients
+
+    opt.zero_grad(set_to_none=True)
+    if draft_logits is not None and len(draft_logits):
+        loss = F.kl_div(torch.log_softmax(draft_logits, -1), target_logp, log_target=True,
+                        reduction="none").sum(-1).mean() * share
+        loss.backward()
+    else:
+        loss = torch.zeros(())
+    sum_gradients(params, state)
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    sched.step()
+    return loss.detach()
+
+
+def _global_loss(loss: torch.Tensor, state) -> float:
+    """The global batch's loss from this rank's share-weighted one (`_kl_step`)."""
+    from rltlab.distributed import reduce_weighted
+    return reduce_weighted({"kl": loss.item()}, 1.0, state)["kl"]
+
+
+def _metric_keys(positions: int, max_j: int = 4) -> list[str]:
+    """The keys agreement_metrics returns for rows of `positions` tokens."""
+    return ["agree", "accept_t1", *[f"acc@{j}" for j in range(1, min(max_j, positions) + 1)]]
 
 
 def distill(model: OuroForCausalLM, component, rows: torch.Tensor, steps: int = 200,
             batch_size: int = 16, lr: float = 1e-3, seed: int = 0, log_every: int = 20,
-            heldout: torch.Tensor | None = None, log_fn=None, precompute: bool = True
-            ) -> list[dict]:
+            heldout: torch.Tensor | None = None, log_fn=None, precompute: bool = True,
+            state=None) -> list[dict]:
     """Train the component's adapter parameters (the base model stays frozen). -> log rows.
-    precompute (reuse-exact heads only): teacher features of `rows` once, then steps on them."""
+    precompute (reuse-exact heads only): teacher features of `rows` once, then steps on them.
+
+    state (accelerate PartialState, rltlab.distributed.get_state(); None = one process): data
+    parallel over its ranks. Every step draws the same global batch of `batch_size` row picks
+    (seeded, as one process draws them); each rank takes its contiguous slice, the gradients
+    are summed with each slice weighted by its share (`_kl_step`), so the ranks take the global
+    batch's steps and their adapter parameters stay identical (rank 0's are broadcast first).
+    A rank computes teacher features only for the feature batches holding rows it picks. The
+    logged train KL and agreement are over the global batch; held-out metrics are computed on
+    every rank (the same). Collective: every rank calls it with the same arguments."""
+    from rltlab.distributed import broadcast_parameters, reduce_weighted
+
     params = component.adapter_parameters()
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / max(1, steps // 10)) * (1 - s / max(1, steps)) + 1e-3)
+    broadcast_parameters(params, state)
+    opt, sched = _schedule(params, lr, steps)
     gen = torch.Generator().manual_seed(seed)
+    picks = [_local(torch.randint(0, len(rows), (batch_size,), generator=gen), state)
+             for _ in range(steps)]
     log, started = [], time.perf_counter()
     model.eval()
     cached = None
     if precompute and component.reuse_exact:
-        cached = teacher_features(model, rows, component.draft_rounds)
+        need = torch.zeros(len(rows), dtype=torch.bool)
+        for pick, _ in picks:
+            need[pick] = True
+        cached = teacher_features(model, rows, component.draft_rounds, need=need)
     heldout_feats = None
     with _frozen(model):
         for p in params:
             p.requires_grad_(True)
         for step in range(1, steps + 1):
-            pick = torch.randint(0, len(rows), (batch_size,), generator=gen)
-            if cached is not None:
+            pick, share = picks[step - 1]
+            draft = target = None
+            if len(pick) and cached is not None:
                 draft, target = component(cached[0][pick]).float(), cached[1][pick].float()
-            else:
+            elif len(pick):
                 draft, target = draft_and_target_logits(model, component, rows[pick])
-            loss = F.kl_div(torch.log_softmax(draft, -1), target, log_target=True,
-                            reduction="none").sum(-1).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            sched.step()
+            loss = _kl_step(draft, target, params, opt, sched, share, state)
             if step % log_every == 0 or step == steps:
-                row = {"step": step, "kl": loss.item(), "seconds": time.perf_counter() - started,
-                       **agreement_metrics(draft.detach(), target)}
+                batch = (agreement_metrics(draft.detach(), target) if draft is not None else
+                         dict.fromkeys(_metric_keys(rows.shape[1]), 0.0))
+                row = {"step": step, "kl": _global_loss(loss, state),
+                       "seconds": time.perf_counter() - started,
+                       **reduce_weighted(batch, share, state)}
                 if heldout is not None and cached is not None:
                     if heldout_feats is None:
                         heldout_feats = teacher_features(model, heldout, component.draft_rounds)
@@ -149,3 +229,256 @@ def distill(model: OuroForCausalLM, component, rows: torch.Tensor, steps: int = 
                 if log_fn is not None:
                     log_fn(row)
     return log
+
+
+def token_agreement(draft: torch.Tensor, target_logp: torch.Tensor) -> dict:
+    """Per-token agreement of draft logits [N, V] with target log-probs [N, V] (flat tokens,
+    e.g. from rollout traces): top-1 agreement and accept@T1 = E sum_x min(p, q)."""
+    if len(draft) == 0:
+        return {"agree": float("nan"), "accept_t1": float("nan"), "tokens": 0}
+    q = torch.softmax(draft.float(), -1)
+    return {"agree": (draft.argmax(-1) == target_logp.argmax(-1)).float().mean().item(),
+            "accept_t1": torch.minimum(q, target_logp.float().exp()).sum(-1).mean().item(),
+            "tokens": int(len(draft))}
+
+
+def distill_features(component, hidden: torch.Tensor, target_logp: torch.Tensor, *,
+                     steps: int = 150, batch_size: int = 256, lr: float = 1e-3, seed: int = 0,
+                     val: tuple[torch.Tensor, torch.Tensor] | None = None,
+                     log_every: int = 50, model: OuroForCausalLM | None = None,
+                     keep_best: bool = True, state=None) -> list[dict]:
+    """Distil a reuse-exact component (head(h_d) -> logits) on precomputed token features:
+    hidden = h_d [N, H] and target_logp = log p_R [N, V] (e.g. from teacher-mode rollout
+    traces: h_d and lm_head(h_R) of every decode token). KL(p_R || q) per token, AdamW with the
+    warm-up/decay schedule of `distill`; `model` (the base) is frozen meanwhile (no gradients
+    into the shared lm_head). Returns log rows (train KL, held-out KL and agreement; a step-0
+    row for the untrained component). keep_best (with `val`): the adapter parameters end at
+    the logged step with the lowest held-out KL, step 0 included (the zero-initialised
+    components ARE the shallow drafter there), so distillation never ends worse on held-out
+    tokens than where it started; the chosen step is the last row's "best_step".
+    state: data parallel over its ranks as in `distill` (each rank trains on its slice of every
+    global batch of tokens, gradients summed; every rank evaluates the same `val`, so every
+    rank keeps the same best step); None = one process."""
+    from rltlab.distributed import broadcast_parameters
+
+    if not component.reuse_exact:
+        raise ValueError(f"{component.kind} is not reuse-exact: it needs token ids, not h_d")
+    params = component.adapter_parameters()
+    broadcast_parameters(params, state)
+    opt, sched = _schedule(params, lr, steps)
+    gen = torch.Generator().manual_seed(seed)
+    log, started = [], time.perf_counter()
+    hidden, target_logp = hidden.float(), target_logp.float()
+    has_val = val is not None and len(val[0]) > 0
+    best = {"kl": math.inf, "step": 0, "params": None}
+
+    def check(step: int, row: dict) -> None:
+        if has_val:
+            with torch.no_grad():
+                vd = component(val[0].float()).float()
+                row["heldout_kl"] = F.kl_div(torch.log_softmax(vd, -1), val[1].float(),
+                                             log_target=True, reduction="none"
+                                             ).sum(-1).mean().item()
+            row.update({f"heldout_{k}": v for k, v in
+                        token_agreement(vd, val[1]).items() if k != "tokens"})
+            if keep_best and row["heldout_kl"] < best["kl"]:
+                best.update(kl=row["heldout_kl"], step=step,
+                            params=[p.detach().clone() for p in params])
+        log.append(row)
+
+    check(0, {"step": 0, "kl": math.nan, "seconds": 0.0})
+    with _frozen(model) if model is not None else contextlib.nullcontext():
+        for p in params:
+            p.requires_grad_(True)
+        for step in range(1, steps + 1 if len(hidden) else 1):
+            pick, share = _local(torch.randint(0, len(hidden), (min(batch_size, len(hidden)),),
+                                               generator=gen), state)
+            draft = component(hidden[pick]).float() if len(pick) else None
+            loss = _kl_step(draft, target_logp[pick], params, opt, sched, share, state)
+            if step % log_every == 0 or step == steps:
+                check(step, {"step": step, "kl": _global_loss(loss, state),
+                             "seconds": time.perf_counter() - started})
+    if best["params"] is not None:
+        with torch.no_grad():
+            for p, saved in zip(params, best["params"]):
+                p.copy_(saved)
+        log[-1]["best_step"] = best["step"]
+    return log
+
+
+# ----------------------------------------------------------------------------- checkpointed run
+
+def tensor_digest(t: torch.Tensor) -> str:
+    """sha256 of a tensor's dtype, shape and bytes (the identity of the training rows)."""
+    import hashlib
+    t = t.detach().cpu().contiguous()
+    h = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
+    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _params_digest(params) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    for p in params:
+        h.update(p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def train_component(model: OuroForCausalLM, rows: torch.Tensor, heldout: torch.Tensor,
+                    out_dir, *, kind: str = "residual_mlp", draft_rounds: int = 1,
+                    component_args: dict | None = None, steps: int = 150,
+                    batch_size: int = 16, lr: float = 1e-3, seed: int = 0,
+                    log_every: int | None = None, precompute: bool = True,
+                    resume: bool = True, state=None, log_fn=None) -> tuple:
+    """Distil a `kind` component (data parallel over `state`'s ranks, see `distill`) and write
+    it to out_dir: rank 0 alone saves it (save_component: weights, then the metadata with
+    the training settings, train log and held-out metrics) and OUT/metrics.json, with barriers
+    around the writes. Resume: a finished component in out_dir (metadata and weight digests
+    intact) whose metadata records the same settings (kind, d, component config, steps, batch,
+    lr, seed, base model hash, digests of the training and held-out rows) is loaded instead of
+    retrained, whatever world size wrote it; rank 0 decides and tells the others.
+    Returns (component, metrics), the same on every rank; metrics["heldout"] is
+    `evaluate(model, component, heldout)`, "ranks_in_sync" whether every rank ended with the
+    same adapter parameters, "writers" the ranks that wrote a checkpoint."""
+    from pathlib import Path
+
+    from rltlab.checkpoint import model_hash
+    from rltlab.draft_heads.heads import build_component, component_files_ok, save_component
+    from rltlab.engine_patches.loop_draft import load_draft_component, read_metadata
+    from rltlab.runs import _jsonable, write_json_atomic
+
+    world = 1 if state is None else state.num_processes
+    main = state is None or state.is_main_process
+    started = time.perf_counter()
+    out = Path(out_dir)
+    log_every = log_every or max(1, steps // 5)
+    training = _jsonable({
+        "kind": kind, "draft_rounds": draft_rounds, "component": dict(component_args or {}),
+        "steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
+        "log_every": log_every, "precompute": precompute, "base_model_hash": model_hash(model),
+        "rows_sha256": tensor_digest(rows), "heldout_sha256": tensor_digest(heldout)})
+    resumed = bool(main and resume and component_files_ok(out)
+                   and read_metadata(out).get("training") == training)
+    if world > 1:
+        from accelerate.utils import broadcast_object_list
+        resumed = broadcast_object_list([resumed])[0]     # rank 0's decision, on every rank
+    device = next(model.parameters()).device
+    if resumed:
+        component = load_draft_component(out, model, draft_rounds).to(device)
+        log = read_metadata(out)["train_log"]
+    else:
+        torch.manual_seed(seed)
+        component = build_component(kind, model, draft_rounds, **(component_args or {}))
+        component = component.to(device)
+        log = distill(model, component, rows, steps=steps, batch_size=batch_size, lr=lr,
+                      seed=seed, log_every=log_every, heldout=heldout, log_fn=log_fn,
+                      precompute=precompute, state=state)
+    component.eval()
+    heldout_metrics = evaluate(model, component, heldout)
+    digests = [_params_digest(component.adapter_parameters())]
+    if world > 1:
+        from accelerate.utils import gather_object
+        digests = gather_object(digests)
+        state.wait_for_everyone()       # every rank has read out_dir before rank 0 writes
+    wrote = []
+    if main and not resumed:
+        save_component(component, model, out, {"training": training, "train_log": log,
+                                                "heldout": heldout_metrics,
+                                                "num_processes": world})
+        wrote = [0 if state is None else state.process_index]
+    if world > 1:
+        wrote = gather_object(wrote)
+    metrics = {"kind": kind, "draft_rounds": draft_rounds, "component_dir": str(out),
+               "num_processes": world, "resumed": resumed, "training": training,
+               "train_log": log, "heldout": heldout_metrics, "params_sha256": digests[0],
+               "ranks_in_sync": len(set(digests)) == 1, "writers": wrote,
+               "seconds": round(time.perf_counter() - started, 3)}
+    if main:
+        write_json_atomic(out / "metrics.json", metrics)
+    if world > 1:
+        state.wait_for_everyone()       # the checkpoint exists for every rank on return
+    return component, metrics
+
+
+def add_train_args(ap) -> None:
+    """The arguments of a draft-head training run (this module's CLI and `rltlab.scale
+    train-draft`)."""
+    from rltlab.draft_heads.heads import KINDS
+
+    ap.add_argument("--out", required=True, help="component directory (draft_component.json, "
+                    "weights, metrics.json)")
+    ap.add_argument("--model", default=None, help="model dir (default: the embedded model)")
+    ap.add_argument("--kind", default="residual_mlp", choices=sorted(KINDS))
+    ap.add_argument("--draft-rounds", type=int, default=1, help="d: rounds the draft runs")
+    ap.add_argument("--r", type=int, default=None, help="LoRA rank (LoRA kinds)")
+    ap.add_argument("--inner", type=int, default=None, help="residual_mlp inner width")
+    ap.add_argument("--train-rows", type=int, default=192)
+    ap.add_argument("--heldout-rows", type=int, default=32)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--data-seed", type=int, default=0,
+                    help="training rows' seed (held-out rows: data seed + 1)")
+    ap.add_argument("--steps", type=int, default=150, help="optimizer steps")
+    ap.add_argument("--batch-size", type=int, default=16,
+                    help="GLOBAL batch of rows per step (each of N ranks trains on 1/N)")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0, help="init and row-pick seed")
+    ap.add_argument("--log-every", type=int, default=None, help="default: steps // 5")
+    ap.add_argument("--no-precompute", action="store_true",
+                    help="teacher forward every step (reuse-exact kinds precompute it once)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    choices=["cuda", "cpu"], help="cuda: each rank uses cuda:LOCAL_RANK")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads per rank (CPU default: cores / local ranks)")
+    ap.add_argument("--no-resume", action="store_true",
+                    help="retrain even when OUT holds a finished component of these settings")
+    ap.add_argument("--result", default=None, help="rank 0 writes the metrics JSON here too")
+
+
+def run_train(args) -> dict:
+    """A draft-head training run from parsed `add_train_args` arguments, as one process or as
+    every rank under `accelerate launch` (rltlab.distributed.get_state). -> metrics."""
+    from rltlab import distributed as dist
+    from rltlab import workbench as W
+
+    state = dist.get_state(args.device)
+    threads = dist.configure_threads(args.threads, args.device)
+    model, tokenizer, model_dir = W.load_model(args.model, dtype=args.dtype,
+                                               device=str(state.device))
+    rows = training_rows(tokenizer, args.train_rows, args.seq_len, seed=args.data_seed)
+    heldout = training_rows(tokenizer, args.heldout_rows, args.seq_len, seed=args.data_seed + 1)
+    component_args = {k: v for k, v in (("r", args.r), ("inner", args.inner)) if v is not None}
+
+    def show(row):
+        print({k: round(v, 4) for k, v in row.items()}, flush=True)
+    _, metrics = train_component(
+        model, rows.to(state.device), heldout.to(state.device), args.out, kind=args.kind,
+        draft_rounds=args.draft_rounds, component_args=component_args, steps=args.steps,
+        batch_size=args.batch_size, lr=args.lr, seed=args.seed, log_every=args.log_every,
+        precompute=not args.no_precompute, resume=not args.no_resume, state=state,
+        log_fn=show if state.is_main_process else None)
+    metrics.update(command="train-draft", model_dir=str(model_dir), device=str(state.device),
+                   threads_per_rank=threads)
+    if state.is_main_process:
+        if args.result:
+            from rltlab.runs import write_json_atomic
+            write_json_atomic(args.result, metrics)
+        print(f"{args.kind} d={args.draft_rounds} on {state.num_processes} process(es)"
+              f"{' (resumed)' if metrics['resumed'] else ''}: held-out "
+              f"{ {k: round(v, 4) for k, v in metrics['heldout'].items()} } -> {args.out}")
+    return metrics
+
+
+def main(argv=None) -> dict:
+    import argparse
+    ap = argparse.ArgumentParser(
+        prog="python -m rltlab.draft_heads.train",
+        description="Distil a loop-aware draft component on the frozen model; one process or "
+                    "N ranks under `accelerate launch` (see docs/scale_out.md).")
+    add_train_args(ap)
+    return run_train(ap.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -95,9 +95,11 @@ class ModelRunner:
         self._use_triton = self.device.type == "cuda" and kernels.triton_available(self.device)
         self.static = None
         if static_decode:
-            self.static = StaticDecoder(
-                model, fuse_projections(model), self.kv_cache, block_size, max_batch,
-                -(-max_model_len // block_size), cuda_graphs=cuda_graphs, compile=compile)
+            self._static_args = dict(fused=fuse_projections(model), kv_cache=self.kv_cache,
+                                     block_size=block_size,
+                                     max_blocks_per_seq=-(-max_model_len // block_size),
+                                     cuda_graphs=cuda_graphs, compile=compile)
+            self.static = StaticDecoder(model, max_batch=max_batch, **self._static_args)
 
     # ------------------------------------------------------------------------------ one step
     def execute(self, seqs: list[Sequence]):
@@ -120,14 +122,24 @@ class ModelRunner:
                 torch.cat([p[2] for p in parts]), torch.cat([p[3] for p in parts]))
 
     def _run_decode(self, seqs: list[Sequence]):
+        rows = [(seq, seq.span.start, seq.span.round) for seq in seqs]
+        hidden, gates, slots = self.run_token_rows(rows, self._decode_inputs(seqs))
+        return StepRows([1] * len(seqs), slots, [seq.span.round + 1 for seq in seqs],
+                        [seq.span.start for seq in seqs], self.device), hidden, gates
+
+    def run_token_rows(self, rows: list[tuple[Sequence, int, int]], hidden: torch.Tensor):
+        """One static-path round over explicit token rows (sequence, position, plane), hidden
+        [T, H] their inputs -> (h_r, gate logits, slots). Rows of one sequence at consecutive
+        positions are causal among themselves: every layer writes all rows' K/V before any row
+        attends (speculative verification uses this for its K + 1 positions)."""
+        if len(rows) > self.static.max_batch:   # grow (new buffers, graphs recaptured)
+            self.static = StaticDecoder(self.model, max_batch=len(rows), **self._static_args)
         bs = self.block_size
-        positions = [seq.span.start for seq in seqs]
-        planes = [seq.span.round for seq in seqs]
-        slots = [seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, positions)]
-        self.static.stage(positions, planes, slots, [seq.block_table for seq in seqs])
-        hidden, gates = self.static.run(self._decode_inputs(seqs))
-        rows = StepRows([1] * len(seqs), slots, [r + 1 for r in planes], positions, self.device)
-        return rows, hidden, gates
+        positions = [pos for _, pos, _ in rows]
+        slots = [seq.block_table[p // bs] * bs + p % bs for (seq, _, _), p in zip(rows, positions)]
+        self.static.stage(positions, [plane for _, _, plane in rows], slots,
+                          [seq.block_table for seq, _, _ in rows])
+        return (*self.static.run(hidden), slots)
 
     def _decode_inputs(self, seqs: list[Sequence]) -> torch.Tensor:
         """Round input per row: the embedding (round 1) or the span's last hidden state."""

@@ -115,14 +115,18 @@ class SamplingParams:
 
 # ----------------------------------------------------------------------------------- sampler
 def process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                   top_p: torch.Tensor) -> torch.Tensor:
-    """fp32 logits [N, V] -> processed logits (temperature, then top-k and top-p as -inf)."""
+                   top_p: torch.Tensor, filtering: bool | None = None) -> torch.Tensor:
+    """fp32 logits [N, V] -> processed logits (temperature, then top-k and top-p as -inf).
+    filtering: whether any row has top-k < V or top-p < 1 (None: read it from the tensors,
+    a device sync; the sampler knows it from the params)."""
     logits = logits.float()
     scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
     processed = logits / scale[:, None]
     vocab = logits.shape[-1]
     k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
-    if bool((k < vocab).any()) or bool((top_p < 1.0).any()):
+    if filtering is None:
+        filtering = bool((k < vocab).any()) or bool((top_p < 1.0).any())
+    if filtering:
         sorted_vals, order = processed.sort(dim=-1, descending=True)
         rank = torch.arange(vocab, device=logits.device)[None, :]
         drop = rank >= k[:, None]
@@ -143,25 +147,27 @@ class SampleResult:
 
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator], logprobs_mode: str) -> SampleResult:
-    """One token per row of logits [N, V], row i drawn with generators[i] and params[i]."""
-    device = logits.device
+    """One token per row of logits [N, V], row i drawn with generators[i] and params[i].
+    Greedy rows share one argmax and one read-back; sampled rows draw one by one (each has
+    its own generator)."""
+    device, vocab = logits.device, logits.shape[-1]
     logits = logits.float()
     temperature = torch.tensor([p.temperature for p in params], device=device)
     top_k = torch.tensor([p.top_k for p in params], device=device)
     top_p = torch.tensor([p.top_p for p in params], device=device)
-    processed = process_logits(logits, temperature, top_k, top_p)
-    probs = torch.softmax(processed, dim=-1)
-    tokens = []
-    for row, (param, gen) in enumerate(zip(params, generators)):
-        if param.temperature == 0:
-            tokens.append(int(processed[row].argmax()))
-            continue
-        cdf = probs[row].cumsum(0)
+    filtering = any(0 < p.top_k < vocab or p.top_p < 1.0 for p in params)
+    processed = process_logits(logits, temperature, top_k, top_p, filtering)
+    tokens = processed.argmax(dim=-1).tolist()
+    sampled = [row for row, p in enumerate(params) if p.temperature != 0]
+    probs = torch.softmax(processed[sampled], dim=-1) if sampled else None
+    for i, row in enumerate(sampled):
+        gen = generators[row]
+        cdf = probs[i].cumsum(0)
         u = torch.rand((), generator=gen, device=gen.device).to(device)
         idx = int(torch.searchsorted(cdf, u * cdf[-1], right=True).clamp(max=cdf.numel() - 1))
-        if probs[row, idx] <= 0:   # u * total rounded up onto the end of the support
-            idx = int(torch.nonzero(probs[row] > 0)[-1])
-        tokens.append(idx)
+        if probs[i, idx] <= 0:   # u * total rounded up onto the end of the support
+            idx = int(torch.nonzero(probs[i] > 0)[-1])
+        tokens[row] = idx
     want = [p.logprobs is not None for p in params]
     result = SampleResult(tokens, [None] * len(params), [None] * len(params))
     if not any(want):

@@ -102,12 +102,19 @@ class SpecDecoder:
     # --------------------------------------------------------------------------------- step
     def _rounds(self, views: list[_View], count: int) -> torch.Tensor:
         """Run `count` rounds for the views' spans, one runner round each -> last h [T, H]
-        in view order. Uses runner.execute when the runner has it (its static / CUDA-graph
-        decode path takes the 1-token draft spans; verification spans carry exit_rounds, so
-        they take the gather path), else runner.prepare + runner.run_round."""
+        in view order. With the runner's static path (CUDA graphs on a GPU), draft spans go
+        through runner.execute and verification spans through runner.run_token_rows (their
+        K + 1 positions as causal token rows); otherwise runner.prepare + run_round."""
         hidden = None
+        static = getattr(self.runner, "static", None) is not None
         for _ in range(count):
-            if hasattr(self.runner, "execute"):
+            if static and views[0].span.exit_rounds is not None:   # verification: token rows
+                rows = [(v, v.span.start + i, v.span.round) for v in views
+                        for i in range(v.span.length)]
+                hidden, _, _ = self.runner.run_token_rows(
+                    rows, torch.cat([v.span.hidden for v in views]))
+                order, sizes = views, [v.span.length for v in views]
+            elif hasattr(self.runner, "execute"):
                 order, rows, hidden, _ = self.runner.execute(views)
                 sizes = rows.row_sizes
             else:

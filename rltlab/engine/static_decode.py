@@ -68,8 +68,9 @@ def post_attention(x, attn, w_o, w_attn_out, w_mlp_in, w_gate_up, w_down, w_mlp_
 
 
 class StaticDecoder:
-    def __init__(self, model: OuroForCausalLM, fused, kv_cache: torch.Tensor, block_size: int,
-                 max_batch: int, max_blocks_per_seq: int, *, cuda_graphs: bool, compile: bool):
+    def __init__(self, model: OuroForCausalLM, *, fused, kv_cache: torch.Tensor,
+                 block_size: int, max_batch: int, max_blocks_per_seq: int, cuda_graphs: bool,
+                 compile: bool):
         cfg = model.config
         self.model, self.config, self.kv_cache, self.block_size = model, cfg, kv_cache, block_size
         self.device, self.dtype = kv_cache.device, kv_cache.dtype

@@ -62,12 +62,15 @@ def sha256_file(path: str | os.PathLike) -> str:
 def save_predictor(predictor: ExitPredictor, out_dir: str | os.PathLike,
                    manifest: dict[str, Any]) -> Path:
     """Write weights + manifest (the manifest gains format, model kind, weight checksum)."""
+    from rltlab.atomic import write_bytes_atomic
     from rltlab.runs import write_json_atomic
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().float().cpu().contiguous() for k, v in predictor.state_dict().items()}
-    safetensors.torch.save_file(state, out / WEIGHTS, metadata={"format": "pt"})
+    # weights first, manifest last, both atomic: a manifest always vouches for whole weights
+    # (train_from_traces resumes from checkpoints whose manifest exists)
+    write_bytes_atomic(out / WEIGHTS, safetensors.torch.save(state, metadata={"format": "pt"}))
     full = {"format": FORMAT, "schema_version": SCHEMA_VERSION,
             "model": {"kind": predictor.kind, "in_dim": predictor.in_dim,
                       "hidden": predictor.hidden},

@@ -6,11 +6,16 @@
 Per decision round N (each writes OUT/n{N}/, a checkpoint of rltlab.exit_predictor.model):
 tokens are split by prompt id into train / calibration / test (no prompt in two splits); the
 predictor is trained with class-balanced BCE (pos_weight = negatives / positives) through
-accelerate (Accelerator(cpu=...): the same script on one CPU or several GPUs under
-`accelerate launch`); on the calibration split a temperature T is fitted (NLL of
+accelerate (Accelerator(cpu=...), split_batches: the same script on one CPU or as DDP on
+several ranks under `accelerate launch`; --batch-size is the GLOBAL batch, each of N ranks
+gets 1/N of it, so N ranks take the same steps on the same samples as one process); on the
+calibration split a temperature T is fitted (NLL of
 sigmoid(logit / T)), then the smallest threshold whose precision reaches the target. The test
 split gives precision, recall, AUC, the firing rate and the expected executed rounds
 (N + k when it fires, else R) next to the trace oracle's. OUT/metrics.json summarizes all N.
+Every rank computes the same metrics; rank 0 alone writes. An OUT/n{N}/ checkpoint trained on
+the same traces (content digest) with the same settings is loaded instead of retrained
+(resume; any world size), unless --no-resume.
 """
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ def load_training_data(trace_dir: str | os.PathLike, weight_version: int | None 
     sha256 of the trace manifest. Refuses non-teacher traces, projected hidden states and
     traces of several weight versions (pick one with weight_version)."""
     from rltlab.traces import load_traces, read_manifest
+    from rltlab.traces.sharded import content_digest
 
     root = Path(trace_dir)
     manifest = read_manifest(root)
@@ -67,6 +73,7 @@ def load_training_data(trace_dir: str | os.PathLike, weight_version: int | None 
     hashes = manifest.get("info", {}).get("model_hashes", {})
     info = {"trace_dir": str(root.resolve()), "num_tokens": int(keep.sum()),
             "manifest_sha256": hashlib.sha256((root / "manifest.json").read_bytes()).hexdigest(),
+            "content_sha256": manifest.get("content_sha256") or content_digest(manifest),
             "weight_version": int(weight_version),
             "model_hash": hashes.get(str(weight_version)),
             "hidden_size": int(manifest["hidden_dim"]), "num_rounds": int(R),
@@ -171,14 +178,20 @@ def train_predictor(features: torch.Tensor, labels: torch.Tensor, *, kind: str =
                     hidden: int = 64, epochs: int = 30, lr: float = 3e-3, batch_size: int = 256,
                     weight_decay: float = 1e-4, seed: int = 0, cpu: bool | None = None,
                     progress: bool = False) -> tuple[ExitPredictor, dict[str, Any]]:
-    """Class-balanced BCE training through accelerate. Returns (predictor on CPU, log)."""
+    """Class-balanced BCE training through accelerate (DDP under a launcher; batch_size is the
+    global batch, split between the ranks). Returns (predictor on CPU, log)."""
     from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
     from torch.utils.data import DataLoader, TensorDataset
 
     if cpu is None:
         cpu = not torch.cuda.is_available()
     torch.manual_seed(seed)
-    accelerator = Accelerator(cpu=cpu)
+    accelerator = Accelerator(cpu=cpu, dataloader_config=DataLoaderConfiguration(
+        split_batches=True))
+    if batch_size % accelerator.num_processes:
+        raise ValueError(f"batch_size {batch_size} is not divisible by the "
+                         f"{accelerator.num_processes} processes")
     features, labels = features.float(), labels.float()
     predictor = ExitPredictor(features.shape[1], kind, hidden)
     predictor.set_normalization(features)
@@ -197,15 +210,16 @@ def train_predictor(features: torch.Tensor, labels: torch.Tensor, *, kind: str =
     losses = []
     predictor.train()
     for _ in epochs_iter:
-        total, count = 0.0, 0
+        sums = torch.zeros(2, device=accelerator.device)   # loss * samples, samples
         for x, y in loader:
             opt.zero_grad()
             loss = F.binary_cross_entropy_with_logits(predictor(x), y, pos_weight=pos_weight)
             accelerator.backward(loss)
             opt.step()
-            total += float(loss.detach()) * len(y)
-            count += len(y)
-        losses.append(total / max(count, 1))
+            sums += torch.stack([loss.detach() * len(y), torch.tensor(float(len(y)),
+                                                                      device=sums.device)])
+        sums = accelerator.reduce(sums, "sum")   # the epoch loss over every rank's samples
+        losses.append(float(sums[0] / sums[1].clamp_min(1)))
         if hasattr(epochs_iter, "set_postfix"):
             epochs_iter.set_postfix(loss=f"{losses[-1]:.4f}")
     predictor = accelerator.unwrap_model(predictor).cpu().eval()
@@ -226,11 +240,16 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
                       hidden: int = 64, epochs: int = 30, lr: float = 3e-3,
                       batch_size: int = 256, target_precision: float = 0.95, seed: int = 0,
                       weight_version: int | None = None, cpu: bool | None = None,
-                      progress: bool = False) -> dict[str, Any]:
-    """Train, calibrate and evaluate one predictor per decision round N; writes
-    OUT/n{N}/ checkpoints and OUT/metrics.json. Returns the metrics."""
+                      progress: bool = False, resume: bool = True) -> dict[str, Any]:
+    """Train, calibrate and evaluate one predictor per decision round N; writes (rank 0)
+    OUT/n{N}/ checkpoints and OUT/metrics.json. Returns the metrics (on every rank)."""
+    from rltlab.distributed import get_state
+    from rltlab.exit_predictor.model import load_predictor, read_predictor_manifest
     from rltlab.runs import write_json_atomic
 
+    if cpu is None:
+        cpu = not torch.cuda.is_available()
+    state = get_state("cpu" if cpu else "cuda")
     start = time.perf_counter()
     tr, info = load_training_data(trace_dir, weight_version)
     if info["model_hash"] is None:
@@ -248,9 +267,19 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
                              f"N + k <= R = {R}")
         x = trace_features(tr, n)
         y = make_labels(tr, exit_round, spec)
-        predictor, log = train_predictor(x[train_m], y[train_m], kind=kind, hidden=hidden,
-                                         epochs=epochs, lr=lr, batch_size=batch_size,
-                                         seed=seed, cpu=cpu, progress=progress)
+        training = {"kind": kind, "hidden": hidden, "epochs": epochs, "lr": lr,
+                    "batch_size": batch_size, "seed": seed, "label": spec, "k": k,
+                    "content_sha256": info["content_sha256"],
+                    "weight_version": info["weight_version"]}
+        ckpt = out / f"n{n}"
+        if resume and (ckpt / "manifest.json").is_file() and \
+                read_predictor_manifest(ckpt).get("training") == _jsonable(training):
+            predictor, done = load_predictor(ckpt)
+            log = {**done["train_log"], "resumed": True}
+        else:
+            predictor, log = train_predictor(x[train_m], y[train_m], kind=kind, hidden=hidden,
+                                             epochs=epochs, lr=lr, batch_size=batch_size,
+                                             seed=seed, cpu=cpu, progress=progress)
         logits = predict_logits(predictor, x)
         temperature = fit_temperature(logits[calib_m], y[calib_m])
         probs = torch.sigmoid(logits / temperature)
@@ -279,20 +308,32 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
             "temperature": temperature, "threshold": threshold,
             "target_precision": target_precision, "target_reached": reached,
             "training_data": {k2: info[k2] for k2 in ("trace_dir", "manifest_sha256",
-                                                      "num_tokens", "weight_version",
-                                                      "hidden_dtype")},
+                                                      "content_sha256", "num_tokens",
+                                                      "weight_version", "hidden_dtype")},
+            "training": training, "train_log": {k2: v for k2, v in log.items()
+                                                if k2 != "resumed"},
             "split": {"by": "prompt_id", "fractions": [0.7, 0.15, 0.15], "seed": seed},
             "metrics": {"calibration": calib, "test": test}}
-        path = save_predictor(predictor, out / f"n{n}", manifest)
-        entry["checkpoint"] = str(path)
+        if state.is_main_process and not log.get("resumed"):
+            save_predictor(predictor, ckpt, manifest)
+        state.wait_for_everyone()   # the checkpoint exists for every rank before any reads it
+        entry["checkpoint"] = str(ckpt)
         per_round.append(entry)
     metrics = {"trace_dir": info["trace_dir"], "tokens": info["num_tokens"],
                "model_hash": info["model_hash"], "label": spec, "model_kind": kind,
                "split_tokens": {"train": int(train_m.sum()), "calibration": int(calib_m.sum()),
                                 "test": int(test_m.sum())},
                "per_round": per_round, "seconds": round(time.perf_counter() - start, 2)}
-    write_json_atomic(out / "metrics.json", metrics)
+    if state.is_main_process:
+        write_json_atomic(out / "metrics.json", metrics)
+    state.wait_for_everyone()
     return metrics
+
+
+def _jsonable(obj: Any) -> Any:
+    """obj as it reads back from a JSON manifest (tuples -> lists), for comparisons."""
+    import json
+    return json.loads(json.dumps(obj))
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -315,6 +356,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--cpu", action="store_true", help="force the CPU even with GPUs")
+    ap.add_argument("--no-resume", action="store_true",
+                    help="retrain even when OUT/n{N} holds a matching checkpoint")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -323,7 +366,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         margin=args.margin, kind=args.model, hidden=args.hidden, epochs=args.epochs,
         lr=args.lr, batch_size=args.batch_size, target_precision=args.target_precision,
         seed=args.seed, weight_version=args.weight_version, cpu=True if args.cpu else None,
-        progress=True)
+        progress=True, resume=not args.no_resume)
+    from accelerate import PartialState
+    if not PartialState().is_main_process:   # the state train_from_traces set up
+        return metrics
     for e in metrics["per_round"]:
         t = e["test"]
         print(f"N={e['decision_round']} -> exit {e['exit_round']}: T={e['temperature']:.3f} "

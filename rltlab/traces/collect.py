@@ -32,7 +32,7 @@ import torch
 from rltlab.engine.exit_policies import (ExitPolicy, RoundInfo, create_exit_policy,
                                          register_exit_policy)
 from rltlab.traces.stats import stats_from_logprobs
-from rltlab.traces.storage import TraceWriter, dtype_name
+from rltlab.traces.storage import MANIFEST, TraceWriter, dtype_name
 
 _COLLECTOR_IDS = itertools.count()
 
@@ -102,12 +102,14 @@ class TraceCollector:
     hidden_dtype: storage dtype of h_r ("float32", "bfloat16", "float16").
     projection_dim: store h_r @ P (P fixed, Gaussian, from projection_seed) instead of h_r.
     store_hidden: False drops the hidden state (statistics only; hidden is [N, R, 0]).
+    manifest_name: see TraceWriter (one manifest per data-parallel rank).
     """
 
     def __init__(self, llm, out_dir: str | Path, *, teacher: bool = False,
                  hidden_dtype: str = "float32", projection_dim: int | None = None,
                  projection_seed: int = 0, store_hidden: bool = True,
-                 shard_tokens: int = 4096, info: dict[str, Any] | None = None):
+                 shard_tokens: int = 4096, info: dict[str, Any] | None = None,
+                 manifest_name: str = MANIFEST):
         self.engine = getattr(llm, "llm_engine", llm)
         self.num_rounds = self.engine.num_rounds
         hidden_size = self.engine.model_config.hidden_size
@@ -124,7 +126,7 @@ class TraceCollector:
             out_dir, num_rounds=self.num_rounds, hidden_dim=dim, dtype=hidden_dtype,
             shard_tokens=shard_tokens, projection=self.projection,
             projection_seed=projection_seed if self.projection is not None else None,
-            info={"teacher": teacher, **(info or {})})
+            info={"teacher": teacher, **(info or {})}, manifest_name=manifest_name)
         self.out_dir = self.writer.dir
         self.model_hashes: dict[str, str] = dict(self.writer.manifest["info"].get(
             "model_hashes", {}))
@@ -132,6 +134,7 @@ class TraceCollector:
         self._done: dict[str, list[dict[str, Any]]] = {}
         self._requests: dict[str, dict[str, Any]] = {}
         self._selected: dict[tuple, int] = {}
+        self._group: list[dict[str, Any]] | None = None   # records of a shard_group call
         self._teacher_policy = None
         if teacher:
             cfg = self.engine.config
@@ -145,10 +148,12 @@ class TraceCollector:
 
     # --------------------------------------------------------------------------- generation
     def generate(self, prompts: Sequence[Sequence[int]], params, prompt_ids: Sequence[int]
-                 | None = None) -> list:
+                 | None = None, shard_group: str | None = None) -> list:
         """Generate for every prompt (token ids) and trace it; returns the RequestOutputs in
         input order. params: one SamplingParams or one per prompt. prompt_ids default to
-        0..N-1 (give stable ids to join traces with tasks)."""
+        0..N-1 (give stable ids to join traces with tasks). shard_group: write this call's
+        records, sorted by (prompt id, sample, position), as their own shards named after the
+        group (TraceWriter.write_group) instead of streaming them into the running shards."""
         from rltlab.engine import SamplingParams
 
         engine = self.engine
@@ -161,6 +166,7 @@ class TraceCollector:
             raise ValueError(f"{len(params_list)} sampling params for {len(prompts)} prompts")
         prompt_ids = list(range(len(prompts))) if prompt_ids is None else list(prompt_ids)
         start = time.perf_counter()
+        self._group = [] if shard_group is not None else None
         ids = []
         for prompt, param, pid in zip(prompts, params_list, prompt_ids):
             if self.teacher:
@@ -177,6 +183,10 @@ class TraceCollector:
                 if out.finished:
                     results[out.request_id] = out
                     self._finish_request(out)
+        if shard_group is not None:
+            self._group.sort(key=lambda r: (r["prompt_id"], r["sample_index"], r["position"]))
+            self.writer.write_group(self._group, shard_group)
+            self._group = None
         self.stats["generate_s"] += time.perf_counter() - start
         return [results[rid] for rid in ids]
 
@@ -266,7 +276,10 @@ class TraceCollector:
             rec["seed"] = params.sample_seed(rec["sample_index"]) if params.seed is not None \
                 else -1
         records.sort(key=lambda r: (r["sample_index"], r["position"]))
-        self.writer.add(records)
+        if self._group is not None:
+            self._group.extend(records)
+        else:
+            self.writer.add(records)
         self.stats["tokens"] += len(records)
         self.stats["requests"] += 1
         for version in {r["weight_version"] for r in records}:
@@ -280,10 +293,12 @@ def collect_traces(llm, prompts: Sequence[Sequence[int]], params, out_dir: str |
     collector = TraceCollector(llm, out_dir, **collector_kwargs)
     outputs = []
     try:
+        from rltlab.engine import SamplingParams
         ids = list(range(len(prompts))) if prompt_ids is None else list(prompt_ids)
         step = batch_size or len(prompts) or 1
         for start in range(0, len(prompts), step):
-            outputs += collector.generate(prompts[start:start + step], params,
+            part = params if isinstance(params, SamplingParams) else params[start:start + step]
+            outputs += collector.generate(prompts[start:start + step], part,
                                           ids[start:start + step])
     finally:
         manifest = collector.close()

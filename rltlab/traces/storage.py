@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import random
+import struct
 import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -76,7 +77,19 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
 def _atomic_save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
     data = safetensors.torch.save({k: v.contiguous() for k, v in tensors.items()},
                                   metadata=metadata)
-    write_bytes_atomic(path, data)
+    write_bytes_atomic(path, _canonical_header(data))
+
+
+def _canonical_header(data: bytes) -> bytes:
+    """The same safetensors file with its JSON header keys sorted. safetensors writes the
+    metadata from a Rust HashMap, whose order changes from process to process, so equal shards
+    would get different sha256s in different runs or ranks; data offsets are relative to the
+    end of the header, so re-serializing it leaves the tensor bytes valid."""
+    size = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + size])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)   # safetensors pads the header to 8 bytes with spaces
+    return struct.pack("<Q", len(text)) + text + data[8 + size:]
 
 
 def hidden_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -96,24 +109,27 @@ class TraceWriter:
 
     records: dicts holding every field of ALL_FIELDS for one token (tensors or numbers).
     An existing directory with a manifest is appended to when its settings match.
+    manifest_name: the manifest's file name; data-parallel ranks share one directory, each with
+    its own manifest (rltlab.traces.sharded merges them into manifest.json).
     """
 
     def __init__(self, out_dir: str | os.PathLike, *, num_rounds: int, hidden_dim: int,
                  dtype: str | torch.dtype = "float32", shard_tokens: int = 4096,
                  projection: torch.Tensor | None = None, projection_seed: int | None = None,
-                 info: dict[str, Any] | None = None):
+                 info: dict[str, Any] | None = None, manifest_name: str = MANIFEST):
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.manifest_path = self.dir / manifest_name
         self.dtype = hidden_dtype(dtype)
         if shard_tokens < 1:
             raise ValueError("shard_tokens must be >= 1")
         self.shard_tokens = shard_tokens
         self.pending: list[dict[str, Any]] = []
-        old = read_json(self.dir / MANIFEST)
+        old = read_json(self.manifest_path)
         settings = {"num_rounds": num_rounds, "hidden_dim": hidden_dim,
                     "hidden_dtype": dtype_name(self.dtype)}
         if old is not None:
-            _check_manifest(old, self.dir)
+            _check_manifest(old, self.manifest_path)
             clash = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
             if clash:
                 raise ValueError(f"{self.dir} holds traces with other settings {clash}; "
@@ -132,7 +148,7 @@ class TraceWriter:
                 "out_dim": int(projection.shape[1]), "seed": projection_seed,
                 "sha256": sha256_file(path), "bytes": path.stat().st_size}
         self.manifest["info"].update(info or {})
-        write_json_atomic(self.dir / MANIFEST, self.manifest)
+        write_json_atomic(self.manifest_path, self.manifest)
 
     @property
     def num_tokens(self) -> int:
@@ -146,7 +162,7 @@ class TraceWriter:
 
     def update_info(self, **info: Any) -> None:
         self.manifest["info"].update(info)
-        write_json_atomic(self.dir / MANIFEST, self.manifest)
+        write_json_atomic(self.manifest_path, self.manifest)
 
     def close(self) -> dict[str, Any]:
         if self.pending:
@@ -154,10 +170,23 @@ class TraceWriter:
             self.pending = []
         return self.manifest
 
-    def _write(self, records: list[dict[str, Any]]) -> None:
+    def write_group(self, records: Sequence[dict[str, Any]], group: str) -> None:
+        """Write `records` (in the given order) as their own shards `shard-<group>-<part>`, of
+        at most shard_tokens tokens, apart from the pending ones. A shard's bytes then depend
+        only on the group's records, not on what else this writer saw (data-parallel ranks
+        reproduce a single process's shards exactly)."""
+        if not group or "/" in group or group != group.strip():
+            raise ValueError(f"bad shard group name {group!r}")
+        records = list(records)
+        for part, start in enumerate(range(0, len(records), self.shard_tokens)):
+            self._write(records[start:start + self.shard_tokens],
+                        f"shard-{group}-{part:03d}.safetensors")
+
+    def _write(self, records: list[dict[str, Any]], name: str | None = None) -> None:
         tensors = stack_records(records, self.dtype)
-        index = len(self.manifest["shards"])
-        name = f"shard-{index:05d}.safetensors"
+        name = name or f"shard-{len(self.manifest['shards']):05d}.safetensors"
+        if any(entry["file"] == name for entry in self.manifest["shards"]):
+            raise ValueError(f"{self.dir} already has a shard {name}")
         path = self.dir / name
         versions = sorted({int(v) for v in tensors["weight_version"].tolist()})
         meta = {"format": FORMAT, "schema_version": str(SCHEMA_VERSION),
@@ -169,7 +198,7 @@ class TraceWriter:
             "file": name, "num_tokens": len(records), "bytes": path.stat().st_size,
             "sha256": sha256_file(path), "weight_versions": versions})
         self.manifest["num_tokens"] += len(records)
-        write_json_atomic(self.dir / MANIFEST, self.manifest)
+        write_json_atomic(self.manifest_path, self.manifest)
 
 
 def stack_records(records: list[dict[str, Any]], dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -192,16 +221,16 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     manifest = read_json(root / MANIFEST)
     if manifest is None:
         raise FileNotFoundError(f"{root} has no {MANIFEST}: not a trace directory")
-    _check_manifest(manifest, root)
+    _check_manifest(manifest, root / MANIFEST)
     return manifest
 
 
-def _check_manifest(manifest: dict[str, Any], root: Path) -> None:
+def _check_manifest(manifest: dict[str, Any], path: Path) -> None:
     if manifest.get("format") != FORMAT:
-        raise TraceCorruptError(f"{root / MANIFEST}: format {manifest.get('format')!r}, "
+        raise TraceCorruptError(f"{path}: format {manifest.get('format')!r}, "
                                 f"expected {FORMAT!r}")
     if manifest.get("schema_version") != SCHEMA_VERSION:
-        raise TraceCorruptError(f"{root / MANIFEST}: schema version "
+        raise TraceCorruptError(f"{path}: schema version "
                                 f"{manifest.get('schema_version')} is not {SCHEMA_VERSION}")
 
 
