@@ -6,7 +6,7 @@ import torch
 
 from rltlab.config import OuroConfig
 from rltlab.draft_heads.heads import build_component, save_component
-from rltlab.engine import LLM, DraftProposer, EngineConfig, SamplingParams
+from rltlab.engine import LLM, DraftProposer, SamplingParams
 from rltlab.engine.spec_decode import load_proposer
 from rltlab.model import OuroForCausalLM
 from test_speculative import _exact_joint, chisquare_pvalue
@@ -180,8 +180,6 @@ def test_sampling_matches_target_distribution(d, k, with_head):
     assert chisquare_pvalue(observed0, joint.sum((1, 2)) * n) > 1e-3
 
 
-@pytest.mark.skipif("decode_path" not in EngineConfig.__dataclass_fields__,
-                    reason="no static decode path")
 def test_greedy_identical_on_static_decode_path(model, prompts):
     """Draft passes are 1-token decode spans: the runner's static (CUDA-graph on GPU) path
     takes them; verification spans take the gather path."""

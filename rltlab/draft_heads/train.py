@@ -7,6 +7,11 @@ layers' rounds 1..d for the layer LoRA). Logged per step and on a held-out batch
   acc@j        fraction of positions whose next j drafts all agree (per-draft-position
                acceptance proxy, teacher-forced),
   accept_t1    E[sum_x min(p_R, q)] (= acceptance probability of one token at T=1).
+
+Data parallel with the same code (state= an accelerate PartialState; see docs/scale_out.md):
+
+    python -m rltlab.draft_heads.train --out DIR [--kind lora_lm_head --steps 150 ...]
+    accelerate launch --multi_gpu --num_processes 2 -m rltlab.scale train-draft --out DIR ...
 """
 from __future__ import annotations
 
