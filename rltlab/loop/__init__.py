@@ -1,0 +1,57 @@
+"""The rollout -> gate update -> evaluate loop (notebook 10_rollout_update_evaluate).
+
+Files: config (LoopConfig), stage2 (gate training, push), iteration (one iteration, resume),
+addons (predictor / draft-head steps), metrics (curves, verdict, metrics.json).
+
+Iteration k (weight version k in the engine):
+  1. rollout: generate on training-split arithmetic prompts with the stock Q-exit, collecting
+     traces in teacher mode (all R rounds per token, so every round has a Stage II label);
+  2. update: Stage II gate-only training of the exit gate on those traces (REFERENCE
+     section 1): CE_r = -log p_r(round-R token), I_r = max(0, CE_{r-1} - CE_r),
+     w_r = sigmoid(slope (I_r - margin)), BCE between 1 - lambda_r and w_r; round 1 takes w_2
+     (the convention of rltlab.pretrain.stage2_loss, which trains the embedded model's gate).
+     The traces are split by prompt into train / validation; the validation Stage II BCE is
+     checked every `gate_eval_every` steps, the best step is kept (early stopping after
+     `gate_patience` checks without improvement). The candidate is then validated against the
+     current gate on the validation split: its BCE must be lower and its teacher-forced
+     quality-vs-depth curve (agreement of the exit round's top-1 with the round-R token vs
+     mean exit round, Q-exit sweep) no worse by the rule of rltlab.eval.curves. A candidate
+     that fails is reported and, unless `gate_keep_worse`, the current gate is kept (pushed
+     again, unchanged, as the next version);
+  3. optional add-ons on the same traces, at version k (their checkpoints record version k
+     and its model hash, which covers the gate): the N+k lookahead exit predictor
+     (rltlab.exit_predictor, evaluated in real generation through
+     rltlab.engine_patches.lookahead_exit) and the loop-aware draft head (rltlab.draft_heads,
+     distilled on (h_d, p_R) of the traced tokens; tau / acceptance vs the untrained shallow
+     drafter through rltlab.engine.speculative);
+  4. push: the new gate through the engine's weight-update API as version k + 1
+     (start_weight_update / update_weights / finish_weight_update);
+  5. evaluate: quality vs mean executed rounds of the Q-exit threshold sweep at version k + 1
+     ("after"; "before" is version k: computed for k = 0, carried over after that) on held-out
+     problems (disjoint from the training-split rollout prompts; checked), and the paired
+     comparison of the two Pareto curves (rltlab.eval.curves.compare_curves).
+
+Checkpoints: everything of iteration k is built in RUN_DIR/.iter_k.tmp-*/ and renamed to
+RUN_DIR/iter_k/ once complete (result.json, gate.safetensors, traces/, exit_predictor/,
+draft_head/). A finished iteration is never recomputed: a re-run (same RUN_DIR) loads
+iter_0..iter_{j} and resumes at j + 1 after pushing the last finished gate into the engine. A
+crash leaves only a temporary directory, removed on the next run.
+"""
+from rltlab.loop.addons import draft_head_step, exit_predictor_step
+from rltlab.loop.config import GATE_BIAS, GATE_WEIGHT, LoopConfig, SimulatedCrash
+from rltlab.loop.iteration import (LoopState, describe_iteration, evaluate, finished_iterations,
+                                   iteration_dir, run_iteration, setup)
+from rltlab.loop.metrics import (compare_evaluations, curves, depth_histograms,
+                                 gate_curve_report, loop_metrics)
+from rltlab.loop.stage2 import (gate_state_of, load_gate, push_weights, save_gate,
+                                stage2_targets, trace_gate_curve, train_gate,
+                                train_gate_on_traces)
+
+__all__ = [
+    "GATE_BIAS", "GATE_WEIGHT", "LoopConfig", "LoopState", "SimulatedCrash",
+    "compare_evaluations", "curves", "depth_histograms", "describe_iteration",
+    "draft_head_step", "evaluate", "exit_predictor_step", "finished_iterations",
+    "gate_curve_report", "gate_state_of", "iteration_dir", "load_gate", "loop_metrics",
+    "push_weights", "run_iteration", "save_gate", "setup", "stage2_targets",
+    "trace_gate_curve", "train_gate", "train_gate_on_traces",
+]

@@ -1,0 +1,165 @@
+"""Optional update steps of an iteration: the N+k lookahead predictor and the draft head."""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rltlab import workbench as W
+from rltlab.loop.metrics import curve_points
+
+if TYPE_CHECKING:
+    from rltlab.loop.iteration import LoopState
+
+
+def _engine_params(policy: str, args: dict[str, Any], max_tokens: int, min_loops: int = 1):
+    from rltlab.data import EOT_ID
+    from rltlab.engine import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=0, min_loops=min_loops,
+                          exit_policy=policy, exit_policy_args=dict(args),
+                          stop_token_ids=[EOT_ID])
+
+
+def exit_predictor_step(state: LoopState, k: int, tmp: Path, before: dict[str, Any]
+                        ) -> dict[str, Any]:
+    """Train the N+k lookahead predictor on iteration k's teacher-mode traces (prompt split
+    70/15/15, calibration, threshold for the target precision: rltlab.exit_predictor.train),
+    install it in the engine (checked against the model at version k) and evaluate it in real
+    generation on the held-out problems at version k: quality, mean executed rounds, paired
+    difference vs full depth and vs the version-k Q-exit Pareto curve at the same rounds."""
+    from rltlab.checkpoint import model_hash
+    from rltlab.engine_patches.lookahead_exit import install
+    from rltlab.eval.curves import curve_scores_at, pareto_curve
+    from rltlab.eval.metrics import paired_difference
+    from rltlab.eval.tasks import engine_generate_fn, evaluate_arithmetic
+    from rltlab.exit_predictor.train import train_from_traces
+
+    cfg, llm = state.cfg, state.llm
+    t0 = time.perf_counter()
+    mhash = model_hash(state.model)
+    trained = train_from_traces(
+        tmp / "traces", tmp / "exit_predictor", rounds=[cfg.predictor_decision_round],
+        k=cfg.predictor_k, label=cfg.predictor_label, kind=cfg.predictor_kind,
+        epochs=cfg.predictor_epochs, target_precision=cfg.predictor_target_precision,
+        seed=cfg.seed, weight_version=k, cpu=True)
+    entry = trained["per_round"][0]
+    ckpt = Path(entry["checkpoint"])
+    name = f"loop_n_plus_{cfg.predictor_k}_v{k}"
+    install(state.model, ckpt, name=name, model_hash=mhash)     # refuses another model/gate
+    label = f"v{k} n_plus_{cfg.predictor_k}"
+    thr = round(float(entry["threshold"]), 4)
+    full = next((r for r in before["rows"] if r.get("threshold") is not None
+                 and r["threshold"] >= 1.0), None)
+    bx, bs, _ = pareto_curve(curve_points(before))
+    rows = []
+    R = state.model.config.num_rounds
+    for t in sorted({thr} | {float(x) for x in cfg.lookahead_thresholds}):
+        start = time.perf_counter()
+        res = evaluate_arithmetic(engine_generate_fn(llm, _engine_params(
+            name, {"threshold": t}, cfg.max_tokens)), state.tokenizer, state.problems,
+            num_rounds=R)
+        row = {"policy": label, "setting": f"p>={t:g}", "threshold": None, "depth": None,
+               "lookahead_threshold": t, "calibrated": t == thr,
+               "quality": 100 * res["exact_match"], "quality_se": 100 * res["exact_match_se"],
+               "mean_rounds": res.get("mean_executed", math.nan),
+               "mean_selected": res.get("mean_selected", math.nan),
+               "decode_tokens": res.get("decode_tokens", 0),
+               "weight_version": llm.get_weight_version(),
+               "executed_hist": res.get("executed_hist", {}),
+               "seconds": round(time.perf_counter() - start, 3), "key": f"{label} p>={t:g}"}
+        if full is not None:
+            d = paired_difference(res["scores"], before["scores"][full["key"]])
+            row.update(diff_vs_full_pp=100 * d.diff, diff_vs_full_se_pp=100 * d.se)
+        x = row["mean_rounds"]
+        if x is not None and not math.isnan(x) and x >= bx[0]:
+            d = paired_difference(res["scores"], curve_scores_at(bx, bs, x))
+            row.update(q_exit_quality_at_same_rounds=100 * d.mean_b,
+                       diff_vs_q_exit_pp=100 * d.diff, diff_vs_q_exit_se_pp=100 * d.se)
+        row["scores"] = res["scores"]
+        rows.append(row)
+    test = entry["test"]
+    return {"checkpoint": str(ckpt.relative_to(tmp)), "policy_name": name,
+            "weight_version": k, "model_hash": mhash,
+            "decision_round": entry["decision_round"], "exit_round": entry["exit_round"],
+            "label": cfg.predictor_label, "kind": cfg.predictor_kind,
+            "temperature": entry["temperature"], "threshold": entry["threshold"],
+            "target_reached": entry["target_reached"], "split_tokens": trained["split_tokens"],
+            "test": {k2: test.get(k2) for k2 in ("tokens", "label_rate", "precision", "recall",
+                                                 "auc", "fire_rate", "expected_rounds",
+                                                 "oracle_rounds")},
+            "rows": rows, "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def draft_head_step(state: LoopState, k: int, tmp: Path) -> dict[str, Any]:
+    """Distil the loop-aware draft head on iteration k's traces: inputs h_d, targets
+    p_R = softmax(lm_head(h_R)) of every traced decode token (prompt split 80/20 for the
+    held-out agreement); save it (draft_component.json records version k and its model hash),
+    reload it through rltlab.engine_patches.loop_draft (compatibility check) and measure greedy
+    speculative decoding on held-out arithmetic prompts against target-only decoding and the
+    untrained shallow drafter at the same d: tau, acceptance, identical output, speed."""
+    from rltlab.checkpoint import model_hash
+    from rltlab.data import EOT_ID
+    from rltlab.draft_heads import build_component, save_component
+    from rltlab.draft_heads.evaluate import measure
+    from rltlab.draft_heads.heads import component_kwargs
+    from rltlab.draft_heads.train import distill_features, token_agreement
+    from rltlab.engine_patches.loop_draft import load_draft_component
+    from rltlab.exit_predictor.train import split_by_prompt
+    from rltlab.traces import load_traces, read_manifest
+
+    cfg, model = state.cfg, state.model
+    t0 = time.perf_counter()
+    R, d = model.config.num_rounds, cfg.draft_rounds
+    tr = load_traces(tmp / "traces", fields=["hidden", "prompt_id"])
+    with torch.no_grad():
+        target = torch.log_softmax(model.lm_head(tr["hidden"][:, R - 1].float()).float(), -1)
+    h = tr["hidden"][:, d - 1].float()
+    val_m = torch.zeros(len(h), dtype=torch.bool)
+    if len(torch.unique(tr["prompt_id"])) >= 2:
+        val_m = split_by_prompt(tr["prompt_id"], (0.8, 0.2), seed=cfg.seed)[1]
+    tr_m = ~val_m
+    torch.manual_seed(cfg.seed)
+    comp = build_component(cfg.draft_kind, model, draft_rounds=d)
+    with torch.no_grad():
+        shallow = token_agreement(model.lm_head(h[val_m]), target[val_m])
+    log = distill_features(comp, h[tr_m], target[tr_m], steps=cfg.draft_steps, lr=cfg.draft_lr,
+                           seed=cfg.seed, val=(h[val_m], target[val_m]),
+                           log_every=max(1, cfg.draft_steps // 10), model=model)
+    with torch.no_grad():
+        trained_agree = token_agreement(comp(h[val_m]), target[val_m])
+    mhash = model_hash(model)
+    manifest = read_manifest(tmp / "traces")
+    path = save_component(comp, model, tmp / "draft_head", {
+        "weight_version": k, "iteration": k, "train_log": log,
+        "trained_on": {"traces": "traces", "tokens": int(tr_m.sum()),
+                       "trace_weight_versions": sorted({v for s in manifest["shards"]
+                                                        for v in s["weight_versions"]}),
+                       "trace_model_hashes": manifest.get("info", {}).get("model_hashes")}})
+    comp = load_draft_component(path, model, draft_rounds=d)    # checks hash, sizes, d
+    prompts = [[EOT_ID] + W.encode(state.tokenizer, p["question"])
+               for p in state.problems[:cfg.draft_prompts]]
+    trained_name, shallow_name = f"{cfg.draft_kind} d={d}", f"shallow d={d}"
+    speed = measure(model, prompts, {shallow_name: {"draft_rounds": d},
+                                     trained_name: component_kwargs(comp)},
+                    temperature=0.0, concurrency=cfg.draft_concurrency, k=cfg.draft_k,
+                    max_tokens=cfg.draft_max_tokens, repeats=1)
+    by = {r["config"]: r for r in speed}
+    return {"component": str(path.relative_to(tmp)), "kind": cfg.draft_kind, "draft_rounds": d,
+            "weight_version": k, "model_hash": mhash, "train_tokens": int(tr_m.sum()),
+            "heldout_agreement": {"shallow": shallow, "trained": trained_agree},
+            "train_log": log, "best_step": log[-1].get("best_step", cfg.draft_steps),
+            "speed": speed, "k": cfg.draft_k, "prompts": len(prompts),
+            "tau": by[trained_name]["tau"], "acceptance": by[trained_name]["acceptance"],
+            "tau_shallow": by[shallow_name]["tau"],
+            "acceptance_shallow": by[shallow_name]["acceptance"],
+            "tau_gain": by[trained_name]["tau"] - by[shallow_name]["tau"],
+            "identical_at_t0": all(r["identical"] for r in speed),
+            "speedup_vs_target": by[trained_name]["speedup_vs_target"],
+            "speedup_vs_shallow": by[trained_name]["tok_s"] / by[shallow_name]["tok_s"],
+            "seconds": round(time.perf_counter() - t0, 3)}
+
+

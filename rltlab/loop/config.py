@@ -1,0 +1,61 @@
+"""LoopConfig: the knobs of the rollout -> update -> evaluate loop, validated."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+
+GATE_WEIGHT, GATE_BIAS = "model.early_exit_gate.weight", "model.early_exit_gate.bias"
+
+
+@dataclass
+class LoopConfig:
+    iterations: int = 3
+    rollout_prompts: int = 64
+    rollout_threshold: float = 0.5
+    max_tokens: int = 48
+    eval_problems: int = 64
+    thresholds: Sequence[float] = (0.3, 0.5, 0.7, 0.9, 1.0)
+    min_loops: int = 1
+    gate_steps: int = 200
+    gate_lr: float = 3e-3
+    gate_batch: int = 512
+    slope: float = 50.0
+    margin: float = 0.005
+    gate_val_fraction: float = 0.2     # prompts of the rollout held out to validate the gate
+    gate_eval_every: int = 20          # validation BCE every this many steps (early stopping)
+    gate_patience: int = 5             # stop after this many checks without improvement
+    gate_keep_worse: bool = False      # True: push a candidate that fails validation anyway
+    curve_z: float = 2.0               # "no worse" = no point lower by more than z paired SE
+    reuse_full_depth: bool = True      # copy, not regenerate, what the update cannot change:
+    #                                    threshold 1.0 (fixed depth R) and a rejected update
+    temperature: float = 0.0
+    seed: int = 0
+    hidden_dtype: str = "float32"
+    # N+k lookahead exit predictor (rltlab.exit_predictor) trained on each iteration's traces
+    train_exit_predictor: bool = False
+    predictor_kind: str = "mlp"
+    predictor_label: str = "argmax"
+    predictor_epochs: int = 30
+    predictor_decision_round: int = 1
+    predictor_k: int = 2
+    predictor_target_precision: float = 0.99
+    lookahead_thresholds: Sequence[float] = ()   # evaluated besides the calibrated threshold
+    # loop-aware draft head (rltlab.draft_heads) distilled on each iteration's traces
+    train_draft_head: bool = False
+    draft_kind: str = "residual_mlp"   # reuse-exact kinds: residual_mlp | lora_lm_head
+    draft_rounds: int = 1
+    draft_steps: int = 150
+    draft_lr: float = 1e-3
+    draft_k: int = 4
+    draft_prompts: int = 8             # held-out arithmetic prompts for tau / acceptance
+    draft_max_tokens: int = 32
+    draft_concurrency: int = 8
+    crash_at_iteration: int = -1   # test hook: raise inside iteration k before it is committed
+    extra: dict = field(default_factory=dict)
+
+
+class SimulatedCrash(RuntimeError):
+    pass
+
+

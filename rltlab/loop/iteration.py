@@ -1,0 +1,220 @@
+"""One loop iteration: rollout, update, add-ons, push, evaluate; resume from finished ones."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+
+from rltlab import workbench as W
+from rltlab.runs import read_json, write_json_atomic
+from rltlab.loop.addons import draft_head_step, exit_predictor_step
+from rltlab.loop.config import LoopConfig, SimulatedCrash
+from rltlab.loop.metrics import compare_evaluations
+from rltlab.loop.stage2 import load_gate, push_weights, save_gate, train_gate_on_traces
+
+
+def iteration_dir(run_dir: str | os.PathLike, k: int) -> Path:
+    return Path(run_dir) / f"iter_{k}"
+
+
+def finished_iterations(run_dir: str | os.PathLike) -> list[int]:
+    """Indices k with a complete iter_k/ (result.json present), contiguous from 0."""
+    done = []
+    k = 0
+    while (iteration_dir(run_dir, k) / "result.json").is_file():
+        done.append(k)
+        k += 1
+    return done
+
+
+@dataclass
+class LoopState:
+    run_dir: Path
+    cfg: LoopConfig
+    model: Any
+    tokenizer: Any
+    llm: Any
+    model_dir: Path | None = None
+    results: list[dict[str, Any]] = field(default_factory=list)
+    resumed_from: int = 0
+    problems: list[dict[str, Any]] = field(default_factory=list)
+
+
+def setup(run_dir: str | os.PathLike, model, tokenizer, cfg: LoopConfig,
+          model_dir: str | os.PathLike | None = None, **engine_kwargs) -> LoopState:
+    """Engine at version 0 over `model`, then resume: load finished iterations and push the
+    last finished gate as its version. Stale temporary iteration dirs are removed."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in run_dir.glob(".iter_*.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    write_json_atomic(run_dir / "loop_config.json", asdict(cfg))
+    llm = W.make_llm(model, tokenizer, **engine_kwargs)
+    state = LoopState(run_dir, cfg, model, tokenizer, llm,
+                      Path(model_dir) if model_dir else None)
+    state.problems = W.eval_problems(state.model_dir, cfg.eval_problems)
+    done = finished_iterations(run_dir)
+    state.results = [read_json(iteration_dir(run_dir, k) / "result.json") for k in done]
+    state.resumed_from = len(done)
+    if done:
+        last = done[-1]
+        gate = load_gate(iteration_dir(run_dir, last) / "gate.safetensors")
+        push_weights(llm, model, gate, last + 1)
+    return state
+
+
+def evaluate(state: LoopState, label: str, reuse: dict[str, Any] | None = None
+             ) -> dict[str, Any]:
+    """Q-exit threshold sweep at the engine's current version on the held-out problems.
+    With cfg.reuse_full_depth, the threshold-1.0 row (fixed depth R: the gate is never asked,
+    and only the gate changes between versions) is copied from `reuse` (an earlier
+    evaluation of the same problems) instead of being generated again."""
+    cfg = state.cfg
+    full = [t for t in cfg.thresholds if float(t) >= 1.0]
+    carried = None
+    if cfg.reuse_full_depth and reuse is not None and full:
+        carried = next((r for r in reuse["rows"] if r.get("threshold") is not None
+                        and r["threshold"] >= 1.0), None)
+    thresholds = [t for t in cfg.thresholds if carried is None or float(t) < 1.0]
+    rows, scores = W.evaluate_policies(state.llm, state.tokenizer, state.problems,
+                                       thresholds=thresholds, max_tokens=cfg.max_tokens,
+                                       min_loops=cfg.min_loops, label=label)
+    version = state.llm.get_weight_version()
+    if carried is not None:
+        more = carry_evaluation({"rows": [carried], "scores": reuse["scores"]}, label, version)
+        rows += more["rows"]
+        scores.update(more["scores"])
+    return {"version": version, "rows": rows, "scores": scores}
+
+
+def carry_evaluation(ev: dict[str, Any], label: str, version: int) -> dict[str, Any]:
+    """An evaluation's rows relabeled for `version` without generating: for weights that
+    generate exactly the same (greedy, same problems), e.g. a rejected gate update that pushed
+    the unchanged gate again. Rows keep `carried_from_version` (the version that generated)."""
+    rows, scores = [], {}
+    for r in ev["rows"]:
+        key = f"{label} q_exit {r['setting']}"
+        rows.append({**r, "policy": f"{label} q_exit", "key": key, "weight_version": version,
+                     "seconds": 0.0,
+                     "carried_from_version": r.get("carried_from_version", r["weight_version"])})
+        scores[key] = ev["scores"][r["key"]]
+    return {"version": version, "rows": rows, "scores": scores}
+
+
+def _held_out_overlap(problems: Sequence[dict], rollout_problems: Sequence[dict]) -> int:
+    held = {p["question"] for p in problems}
+    return sum(p["question"] in held for p in rollout_problems)
+
+
+def _retarget(root: Path, old: Path, new: Path) -> None:
+    """Rewrite absolute paths old/... -> new/... inside the JSON files under root (add-on
+    manifests written inside the temporary iteration directory)."""
+    for path in root.rglob("*.json"):
+        text = path.read_text()
+        if str(old) in text:
+            data = json.loads(text.replace(json.dumps(str(old))[1:-1], json.dumps(str(new))[1:-1]))
+            write_json_atomic(path, data)
+
+
+def run_iteration(state: LoopState, k: int) -> dict[str, Any]:
+    """Run (or load, if finished) iteration k; returns its result dict."""
+    if k < len(state.results):
+        return {**state.results[k], "skipped": True}
+    if k != len(state.results):
+        raise ValueError(f"iteration {k} requested but only {len(state.results)} are finished")
+    cfg, llm, run_dir = state.cfg, state.llm, state.run_dir
+    version = llm.get_weight_version()
+    if version != k:
+        raise RuntimeError(f"engine is at weight version {version}, iteration {k} expects {k}")
+    started = time.strftime("%Y-%m-%dT%H:%M:%S")
+    t0 = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix=f".iter_{k}.tmp-", dir=run_dir))
+    final = iteration_dir(run_dir, k)
+    try:
+        before = state.results[-1]["after"] if state.results else evaluate(state, f"v{k}")
+        prompts, rollout_problems = W.rollout_prompts(state.tokenizer, cfg.rollout_prompts,
+                                                      seed=cfg.seed * 1000 + k)
+        overlap = _held_out_overlap(state.problems, rollout_problems)
+        if overlap:
+            raise RuntimeError(f"{overlap} rollout prompts are in the held-out evaluation set")
+        outs, manifest = W.collect_rollout_traces(
+            llm, prompts, tmp / "traces", threshold=cfg.rollout_threshold,
+            max_tokens=cfg.max_tokens, teacher=True, temperature=cfg.temperature,
+            seed=cfg.seed + k, min_loops=cfg.min_loops, hidden_dtype=cfg.hidden_dtype,
+            info={"iteration": k})
+        rollout_versions = sorted({v for o in outs for v in o.outputs[0].weight_versions})
+        trained = train_gate_on_traces(state.model, tmp / "traces", cfg)
+        if k == cfg.crash_at_iteration:
+            raise SimulatedCrash(f"simulated crash in iteration {k} (CRASH_AT_ITERATION)")
+        addons: dict[str, Any] = {}
+        if cfg.train_exit_predictor:
+            addons["exit_predictor"] = exit_predictor_step(state, k, tmp, before)
+        if cfg.train_draft_head:
+            addons["draft_head"] = draft_head_step(state, k, tmp)
+        if (tmp / "exit_predictor").is_dir():   # its manifests name the (temporary) traces
+            _retarget(tmp / "exit_predictor", tmp, final)
+        save_gate(tmp / "gate.safetensors", trained["state"], k + 1)
+        if not trained["accepted"]:
+            save_gate(tmp / "gate_rejected.safetensors", trained["candidate_state"], k + 1)
+        new_version = push_weights(llm, state.model, trained["state"], k + 1)
+        if trained["accepted"] or not cfg.reuse_full_depth:
+            after = evaluate(state, f"v{new_version}", reuse=before)
+        else:   # the same gate pushed again: generation is identical, copy "before"
+            after = carry_evaluation(before, f"v{new_version}", new_version)
+        summary = W.trace_summary(tmp / "traces")
+        result = {
+            "iteration": k, "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "seconds": round(time.perf_counter() - t0, 3),
+            "rollout_weight_versions": rollout_versions,
+            "trace_weight_versions": sorted({v for s in manifest["shards"]
+                                             for v in s["weight_versions"]}),
+            "trace_model_hashes": manifest.get("info", {}).get("model_hashes", {}),
+            "trace_tokens": manifest["num_tokens"], "new_weight_version": new_version,
+            "heldout_overlap_with_rollouts": overlap,
+            "gate_training": {k2: v for k2, v in trained.items()
+                              if k2 not in ("state", "candidate_state")},
+            "trace_mean_selected": summary["mean_selected"],
+            "config": asdict(cfg), "before": before, "after": after,
+            "gate_curve": compare_evaluations(before, after, cfg.curve_z), **addons}
+        write_json_atomic(tmp / "result.json", result)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    state.results.append(result)
+    return result
+
+
+def describe_iteration(res: dict[str, Any]) -> str:
+    """One line per iteration for the notebook's log."""
+    g = res["gate_training"]
+    took = "loaded" if res.get("skipped") else f"{res['seconds']:.1f} s"
+
+    def f(x):
+        return "n/a" if x is None else f"{x:.4f}"
+    line = (f"iteration {res['iteration']} ({took}): rollout at v{res['rollout_weight_versions']}, "
+            f"{res['trace_tokens']} traced tokens; gate BCE train {f(g['loss_before'])} -> "
+            f"{f(g['loss_after'])}, validation {f(g.get('val_before'))} -> "
+            f"{f(g.get('val_after'))} (best step {g.get('best_step')}), "
+            f"{'accepted' if g.get('accepted', True) else 'REJECTED: ' + '; '.join(g['reasons'])}"
+            f"; now v{res['new_weight_version']}; held-out curve no worse: "
+            f"{res.get('gate_curve', {}).get('no_worse')}")
+    ep, dh = res.get("exit_predictor"), res.get("draft_head")
+    if ep:
+        cal = next((r for r in ep["rows"] if r.get("calibrated")), ep["rows"][0])
+        line += (f"\n  N+{ep['exit_round'] - ep['decision_round']} predictor (v{ep['weight_version']}"
+                 f"): {cal['quality']:.1f}% at {cal['mean_rounds']:.3f} rounds "
+                 f"(threshold {ep['threshold']:.3f})")
+    if dh:
+        line += (f"\n  draft head {dh['kind']} (v{dh['weight_version']}): tau {dh['tau']:.2f} vs "
+                 f"{dh['tau_shallow']:.2f} untrained d={dh['draft_rounds']}, acceptance "
+                 f"{dh['acceptance']:.3f} vs {dh['acceptance_shallow']:.3f}")
+    return line
+
+
