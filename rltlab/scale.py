@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--thresholds", default="0.5,0.9")
     ev.add_argument("--depths", default="4")
     ev.add_argument("--label", default="")
-    from rltlab.draft_heads.train import add_train_args
+    from rltlab.draft_heads.run import add_train_args
     add_train_args(sub.add_parser(
         "train-draft", help="distil a draft component (DDP over the ranks; rank 0 writes)"))
     return ap
@@ -204,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     if args.command == "train-draft":
-        from rltlab.draft_heads.train import run_train
+        from rltlab.draft_heads.run import run_train
         return run_train(args)      # prints its own summary on rank 0
     result = (run_collect if args.command == "collect" else run_evaluate)(args)
     if dist.get_state(args.device).is_main_process:

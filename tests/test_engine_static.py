@@ -58,9 +58,9 @@ def test_gate_free_policies_leave_the_gate_history_alone():
     model = tiny_engine_model(3)
     llm = LLM(model, decode_path="static", max_num_seqs=2)
     llm.generate(random_prompts(3, seed=4), SamplingParams(max_tokens=5, exit_policy="fixed"))
-    assert not llm.llm_engine._gate_history.any()
+    assert not llm.llm_engine.exit_decider.gate_history.any()
     llm.generate(random_prompts(3, seed=4), SamplingParams(max_tokens=5, exit_policy="q_exit"))
-    assert llm.llm_engine._gate_history.any()
+    assert llm.llm_engine.exit_decider.gate_history.any()
 
 
 class _TooEager(ExitPolicy):

@@ -13,13 +13,14 @@ import torch
 
 from rltlab.engine.block_manager import BlockManager
 from rltlab.engine.config import EngineConfig
-from rltlab.engine.exit_policies import ExitPolicy, RoundInfo, create_exit_policy
+from rltlab.engine.exit_decider import ExitDecider
+from rltlab.engine.exit_policies import ExitPolicy, create_exit_policy
 from rltlab.engine.hooks import DraftProposer, ObserverHandle, RoundEvent, RoundObserver
 from rltlab.engine.model_runner import ModelRunner, StepRows, place_model
 from rltlab.engine.outputs import RequestOutput, build_output
 from rltlab.engine.sampling import SamplingParams, sample
 from rltlab.engine.scheduler import Scheduler
-from rltlab.engine.sequence import PendingDecision, Request, Sequence, SeqStatus
+from rltlab.engine.sequence import Request, Sequence, SeqStatus
 from rltlab.engine.weights import WeightUpdater
 from rltlab.model import OuroForCausalLM
 
@@ -48,11 +49,7 @@ class LLMEngine:
             self.eos_token_id = self.model_config.eos_token_id
         self.policies = {config.exit_policy: create_exit_policy(
             config.exit_policy, self.model_config, **config.exit_policy_args)}
-        # g_1..g_R of every running decode token, one row per sequence (policies read it on the
-        # device; rows are handed out on first use and returned when the sequence finishes).
-        self._gate_history = torch.zeros(config.max_num_seqs, self.num_rounds,
-                                         dtype=torch.float32, device=self.runner.device)
-        self._free_gate_rows = list(range(config.max_num_seqs - 1, -1, -1))
+        self.exit_decider = ExitDecider(self, config.max_num_seqs)
         self.requests: dict[str, Request] = {}
         self.paused = False
         self.observers: list[ObserverHandle] = []
@@ -141,7 +138,7 @@ class LLMEngine:
         if seqs:
             self._failed = {}
             seqs, rows, hidden, gate_logits = self.runner.execute(seqs)
-            exits = self._decide_exits(seqs, rows, hidden, gate_logits)
+            exits = self.exit_decider.decide(seqs, rows, hidden, gate_logits)
             if self.observers:
                 self._notify_observers(seqs, rows, hidden, gate_logits, exits)
             emitting = self._advance_spans(seqs, rows, hidden, exits)
@@ -150,109 +147,6 @@ class LLMEngine:
                 if seq.seq_id in self._failed and not seq.is_finished:
                     self._finish(seq, "error", self._failed[seq.seq_id])
         return self._drain_outputs()
-
-    def _decide_exits(self, seqs, batch: StepRows, hidden, gate_logits) -> torch.Tensor:
-        """bool [T] on the host: which tokens leave after this round (fixed spans: their
-        recorded exit; decode tokens: max_loops, a committed plan, a lagged answer that is due
-        now, or their policy's answer now). Reads the device only for policies that need it."""
-        exits = torch.zeros(len(batch.slot_list), dtype=torch.bool)
-        asking: dict[str, list[tuple[int, Sequence]]] = {}
-        gate_rows: list[tuple[int, Sequence]] = []
-        for seq, lo in zip(seqs, _offsets(batch.row_sizes)):
-            span, rnd = seq.span, seq.span.round + 1
-            if span.exit_rounds is not None:
-                exits[lo: lo + span.num_active] = span.exit_rounds[span.active] == rnd
-                continue
-            policy = self.policy(seq.params.exit_policy)
-            if policy.reads_gates:
-                gate_rows.append((lo, seq))
-            self._read_due_decisions(seq, rnd)
-            if rnd >= min(self.num_rounds, seq.params.max_loops) or span.planned_exit == rnd:
-                exits[lo] = True
-            elif span.planned_exit is None and seq.seq_id not in self._failed:
-                asking.setdefault(policy.name, []).append((lo, seq))
-        if gate_rows:
-            self._record_gates(gate_rows, gate_logits)
-        for name, rows in asking.items():
-            self._ask_policy(self.policy(name), rows, hidden, exits)
-        return exits
-
-    def _record_gates(self, rows, gate_logits) -> None:
-        """g_r of each decode token into its sequence's row of the device gate history."""
-        for _, seq in rows:
-            if seq.gate_row is None:
-                seq.gate_row = self._free_gate_rows.pop()
-        dev = gate_logits.device
-        tokens = torch.tensor([lo for lo, _ in rows]).to(dev, non_blocking=True)
-        hist_rows = torch.tensor([seq.gate_row for _, seq in rows]).to(dev, non_blocking=True)
-        cols = torch.tensor([seq.span.round for _, seq in rows]).to(dev, non_blocking=True)
-        self._gate_history[hist_rows, cols] = gate_logits[tokens]
-
-    def _read_due_decisions(self, seq: Sequence, rnd: int) -> None:
-        span = seq.span
-        due = [p for p in span.pending if p.due_round == rnd]
-        if not due:
-            return
-        span.pending = [p for p in span.pending if p.due_round != rnd]
-        for decision in due:
-            target = decision.read()
-            if target == 0 or span.planned_exit is not None:
-                continue
-            if rnd <= target <= self.num_rounds:
-                span.planned_exit = target
-            else:
-                self._failed[seq.seq_id] = (
-                    f"exit policy {decision.policy!r} answered round {target} after round "
-                    f"{decision.asked_round} (its decision_lag promises >= {decision.due_round})")
-
-    def _ask_policy(self, policy, rows, hidden, exits) -> None:
-        rounds = torch.tensor([seq.span.round + 1 for _, seq in rows])
-        gates = None
-        if policy.reads_gates:
-            hist_rows = torch.tensor([seq.gate_row for _, seq in rows]).to(hidden.device,
-                                                                           non_blocking=True)
-            done = torch.arange(self.num_rounds)[None, :] < rounds[:, None]
-            gates = self._gate_history[hist_rows] * done.to(hidden.device, non_blocking=True)
-        info = RoundInfo(rounds, gates, hidden[[lo for lo, _ in rows]],
-                         [seq for _, seq in rows], self.num_rounds)
-        try:
-            targets = policy.decide(info)
-            if len(targets) != len(rows):
-                raise RuntimeError(f"returned {len(targets)} targets for {len(rows)} rows")
-            if policy.decision_lag > 0:
-                self._defer(policy, rows, rounds.tolist(), targets)
-                return
-            targets = targets.tolist()
-        except Exception as err:  # isolate the failing request(s): retry one row at a time
-            if len(rows) > 1:
-                for row in rows:
-                    self._ask_policy(policy, [row], hidden, exits)
-            else:
-                self._failed[rows[0][1].seq_id] = f"exit policy {policy.name!r} failed: {err!r}"
-            return
-        for (lo, seq), target, rnd in zip(rows, targets, rounds.tolist()):
-            if target == rnd:
-                exits[lo] = True
-            elif target > rnd and target <= self.num_rounds:
-                seq.span.planned_exit = int(target)
-            elif target != 0:
-                self._failed[seq.seq_id] = (f"exit policy {policy.name!r} answered round "
-                                            f"{target} after round {rnd}")
-
-    def _defer(self, policy, rows, rounds: list[int], targets: torch.Tensor) -> None:
-        """Start the device->host copy of a lagged policy's answers; read decision_lag rounds
-        later (PendingDecision.read), so this round's work never waits for the host."""
-        ready = None
-        if targets.device.type == "cuda":
-            host = torch.empty(targets.shape, dtype=targets.dtype, pin_memory=True)
-            host.copy_(targets, non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record()
-        else:
-            host = targets
-        for i, ((_, seq), rnd) in enumerate(zip(rows, rounds)):
-            seq.span.pending.append(PendingDecision(rnd + policy.decision_lag, rnd, policy.name,
-                                                    host, i, ready))
 
     def _notify_observers(self, seqs, batch: StepRows, hidden, gate_logits, exits) -> None:
         want_logits = any(o.with_logits for o in self.observers)
@@ -267,7 +161,7 @@ class LLMEngine:
         Returns (seq, h, exit round) for the rows whose last token samples now."""
         copy_slots, copy_rounds, emitting = [], [], []
         exit_list, slot_list = exits.tolist(), batch.slot_list
-        for seq, lo, n in zip(seqs, _offsets(batch.row_sizes), batch.row_sizes):
+        for seq, lo, n in zip(seqs, batch.offsets, batch.row_sizes):
             if seq.seq_id in self._failed:
                 continue
             span = seq.span
@@ -322,9 +216,7 @@ class LLMEngine:
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         self.scheduler.remove(seq)
-        if seq.gate_row is not None:
-            self._free_gate_rows.append(seq.gate_row)
-            seq.gate_row = None
+        self.exit_decider.release(seq)
         seq.status, seq.finish_reason, seq.error = SeqStatus.FINISHED, reason, error
         request = seq.request
         if request.is_finished and request.request_id in self.requests:
@@ -387,7 +279,3 @@ class LLMEngine:
             from rltlab.engine.spec_decode import SpecDecoder
             spec = SpecDecoder(self, proposer)   # validates
         self.proposer, self._spec = proposer, spec
-
-
-def _offsets(sizes: list[int]) -> list[int]:
-    return list(itertools.accumulate([0] + sizes[:-1]))

@@ -16,6 +16,7 @@ Two paths (EngineConfig.decode_path):
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -41,6 +42,11 @@ class StepRows:
     round_list: list[int]        # per token, 1-based
     position_list: list[int]
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def offsets(self) -> list[int]:
+        """First token index of each row."""
+        return list(itertools.accumulate([0] + self.row_sizes[:-1]))
 
     @property
     def rounds(self) -> torch.Tensor:
