@@ -1,0 +1,24 @@
+"""The speculative benchmark script runs end to end on CPU and reports what the write-up quotes
+(a smoke test of the script, not a timing test)."""
+import torch
+
+from rltlab.bench.spec import main
+
+torch.set_num_threads(1)
+
+
+def test_spec_benchmark_reports_costs_tau_and_identity():
+    res = main(["--preset", "tiny", "--device", "cpu", "--max-k", "2", "--repeats", "1",
+                "--warmup", "0", "--train-steps", "2", "--train-rows", "16", "--prompts", "2",
+                "--max-tokens", "6", "--concurrency", "1", "--temperatures", "0"])
+    engine = res["a"]["impl"]["engine"]
+    for d in ("1", "2"):
+        costs = engine[d] if d in engine else engine[int(d)]
+        assert costs["t_draft"] > 0 and costs["t_target"] > 0
+        assert set(map(str, costs["t_verify"])) == {"1", "2"}
+    rows = res["b"]["runs"][0]["rows"]
+    configs = {(r["impl"], r["config"]) for r in rows}
+    assert ("engine", "trained d=1") in configs and ("reference", "shallow d=2") in configs
+    for row in rows:   # greedy speculation never changes the output
+        assert row["identical"] == "2/2", row
+        assert row["tau"] >= 1.0
