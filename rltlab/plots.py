@@ -75,7 +75,8 @@ def plot_quality_vs_depth(df: Any, out_dir: str | os.PathLike, *, x: str = "mean
     df = _frame(df, [x, y, policy])
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     palette = sns.color_palette("tab10", n_colors=max(1, df[policy].nunique()))
-    for color, (name, group) in zip(palette, df.groupby(policy, sort=False)):
+    labelled: set[tuple] = set()   # (x, y, text) already written: series often coincide
+    for series, (color, (name, group)) in enumerate(zip(palette, df.groupby(policy, sort=False))):
         group = group.sort_values(x)
         ax.scatter(group[x], group[y], color=color, alpha=0.35, s=18)
         front = group.iloc[pareto_front(group[x].to_numpy(), group[y].to_numpy())]
@@ -85,8 +86,12 @@ def plot_quality_vs_depth(df: Any, out_dir: str | os.PathLike, *, x: str = "mean
                         alpha=0.5, capsize=2)
         if label and label in group:   # label the front only (the other points are faint)
             for _, row in front.iterrows():
-                ax.annotate(_short(row[label]), (row[x], row[y]), fontsize=7,
-                            xytext=(3, 3), textcoords="offset points", color=color)
+                key = (round(float(row[x]), 1), round(float(row[y])), _short(row[label]))
+                if key in labelled:
+                    continue
+                labelled.add(key)
+                ax.annotate(key[2], (row[x], row[y]), fontsize=7, color=color,
+                            xytext=(3, 3 + 8 * (series % 3)), textcoords="offset points")
     ax.set_xlabel("mean executed rounds per decode token (rounds)")
     ax.set_ylabel(quality_label)
     if (df[y] >= 0).all():
