@@ -68,6 +68,9 @@ def post_attention(x, attn, w_o, w_attn_out, w_mlp_in, w_gate_up, w_down, w_mlp_
 
 
 class StaticDecoder:
+    """One round for up to max_batch token rows through fixed buffers: stage() the rows'
+    indices, then run() their round inputs (see the module docstring)."""
+
     def __init__(self, model: OuroForCausalLM, *, fused, kv_cache: torch.Tensor,
                  block_size: int, max_batch: int, max_blocks_per_seq: int, cuda_graphs: bool,
                  compile: bool):
@@ -86,12 +89,11 @@ class StaticDecoder:
             else kernels.paged_decode_attention_ref
         self._write_kv = kernels.write_kv if use_triton else kernels.write_kv_ref
         # Under torch.compile the torch reference norm is fused by inductor with its neighbours.
-        norm = kernels.add_rmsnorm if use_triton and not compile else kernels.add_rmsnorm_ref
+        self._norm = kernels.add_rmsnorm if use_triton and not compile else kernels.add_rmsnorm_ref
         self._qkv, self._post = qkv_rope, post_attention
         if compile:
             self._qkv = torch.compile(qkv_rope, dynamic=True, fullgraph=True)
             self._post = torch.compile(post_attention, dynamic=True, fullgraph=True)
-        self._norm = norm
         # Index buffer: [positions | planes | slots | context lengths | block tables], int32.
         self._num_index = max_batch * (4 + max_blocks_per_seq)
         self.index = torch.zeros(self._num_index, dtype=torch.int32, device=self.device)
