@@ -74,11 +74,11 @@ def decode_phase(llm: LLM, prompts, params) -> dict:
         engine.add_request(f"d{i}", prompt, sp)
     while any(s.num_output_tokens == 0 for r in engine.requests.values() for s in r.seqs):
         done += engine.step()
-    torch.cuda.synchronize() if engine.runner.device.type == "cuda" else None
+    engine_checks.sync()
     start = time.perf_counter()
     while engine.has_unfinished_requests():
         done += engine.step()
-    torch.cuda.synchronize() if engine.runner.device.type == "cuda" else None
+    engine_checks.sync()
     wall = time.perf_counter() - start
     tokens = sum(len(o.token_ids) - 1 for o in done)
     selected = [d for o in done for d in o.exit_depths[1:]]
@@ -112,12 +112,12 @@ def run_mode(model, spec: dict, mode: str, prompts, params, kv_gib: float) -> di
     finally:   # the next mode needs the KV cache's memory back
         del llm
         gc.collect()
-        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+        engine_checks.free_device_memory()
 
 
 def run_plain(model, spec: dict, prompts) -> dict:
     generate_plain(model, prompts[:1], 4)
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync = engine_checks.sync
     sync()
     t0 = time.perf_counter()
     generate_plain(model, prompts[:1], 1)

@@ -15,9 +15,16 @@ from rltlab.bench.__main__ import prompts_for
 from rltlab.engine import LLM, SamplingParams
 
 
-def _sync() -> None:
+def sync() -> None:
+    """Wait for queued GPU work (no-op without CUDA), so wall times cover it."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def free_device_memory() -> None:
+    """Hand cached GPU blocks back (the next engine needs its KV cache's memory)."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def copy_bandwidth(device, gib: float = 2.0, repeats: int = 10) -> float:
@@ -25,11 +32,11 @@ def copy_bandwidth(device, gib: float = 2.0, repeats: int = 10) -> float:
     src = torch.empty(int(gib * 2 ** 30), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    _sync()
+    sync()
     t0 = time.perf_counter()
     for _ in range(repeats):
         dst.copy_(src)
-    _sync()
+    sync()
     return round(2 * src.numel() * repeats / (time.perf_counter() - t0) / 1e9, 1)
 
 
@@ -81,18 +88,18 @@ def round_profile(decoder, repeats: int = 50, top: int = 8) -> dict:
     graph = decoder._graphs.get(1)
     run = graph.replay if graph is not None else (lambda: decoder._round(1))
     run()
-    _sync()
+    sync()
     t0 = time.perf_counter()
     for _ in range(repeats):
         run()
-    _sync()
+    sync()
     out = {"gpu_ms_per_round": round(1e3 * (time.perf_counter() - t0) / repeats, 4)}
     if torch.cuda.is_available():
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(5):
                 decoder._round(1)
-            _sync()
+            sync()
         events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
         total = sum(e.self_device_time_total for e in events) / 5
         out["eager_kernel_us_per_round"] = round(total, 1)
@@ -117,12 +124,12 @@ def weight_update(model, kv_gib: float, mode_kwargs=None) -> dict:
     tensors = [(n, p.detach().clone()) for n, p in model.named_parameters()]
     times = []
     for step in range(3):
-        _sync()
+        sync()
         t0 = time.perf_counter()
         engine.start_weight_update(engine.get_weight_version() + 1)
         engine.update_weights(tensors)
         engine.finish_weight_update()
-        _sync()
+        sync()
         times.append(time.perf_counter() - t0)
     after = llm.generate(prompts, sp)
     same = all(a.token_ids == b.token_ids and a.logprobs == b.logprobs
@@ -130,7 +137,7 @@ def weight_update(model, kv_gib: float, mode_kwargs=None) -> dict:
     recaptured = any(engine.runner.static._graphs.get(k) is not g for k, g in graphs.items())
     params = sum(t.numel() for _, t in tensors)
     del llm, tensors
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    free_device_memory()
     return {"parameters": params, "update_s": round(statistics.median(times), 4),
             "outputs_identical": same, "graphs_recaptured": recaptured,
             "versions": [o.weight_versions[-1] for o in after][:1]}
@@ -158,7 +165,7 @@ def bf16_agreement(model, kv_gib: float, num_prompts: int = 8, max_tokens: int =
             chosen = logp.gather(-1, tokens[:, None]).squeeze(-1).cpu()
             diffs += (chosen - torch.tensor(out.logprobs)).abs().tolist()
     del reference
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    free_device_memory()
     diffs.sort()
     return {"tokens": len(agree), "token_agreement": round(sum(agree) / len(agree), 4),
             "logprob_absdiff_mean": round(sum(diffs) / len(diffs), 5),

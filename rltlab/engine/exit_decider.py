@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from rltlab.engine.exit_policies import RoundInfo
-from rltlab.engine.model_runner import StepRows
+from rltlab.engine.model_runner import StepRows, to_device
 from rltlab.engine.sequence import PendingDecision, Sequence
 
 
@@ -61,9 +61,9 @@ class ExitDecider:
             if seq.gate_row is None:
                 seq.gate_row = self._free_rows.pop()
         dev = gate_logits.device
-        tokens = torch.tensor([lo for lo, _ in rows]).to(dev, non_blocking=True)
-        hist_rows = torch.tensor([seq.gate_row for _, seq in rows]).to(dev, non_blocking=True)
-        cols = torch.tensor([seq.span.round for _, seq in rows]).to(dev, non_blocking=True)
+        tokens = to_device([lo for lo, _ in rows], torch.int64, dev)
+        hist_rows = to_device([seq.gate_row for _, seq in rows], torch.int64, dev)
+        cols = to_device([seq.span.round for _, seq in rows], torch.int64, dev)
         self.gate_history[hist_rows, cols] = gate_logits[tokens]
 
     def _read_due_decisions(self, seq: Sequence, rnd: int) -> None:
@@ -87,8 +87,7 @@ class ExitDecider:
         rounds = torch.tensor([seq.span.round + 1 for _, seq in rows])
         gates = None
         if policy.reads_gates:
-            hist_rows = torch.tensor([seq.gate_row for _, seq in rows]).to(hidden.device,
-                                                                           non_blocking=True)
+            hist_rows = to_device([seq.gate_row for _, seq in rows], torch.int64, hidden.device)
             done = torch.arange(self.engine.num_rounds)[None, :] < rounds[:, None]
             gates = self.gate_history[hist_rows] * done.to(hidden.device, non_blocking=True)
         info = RoundInfo(rounds, gates, hidden[[lo for lo, _ in rows]],

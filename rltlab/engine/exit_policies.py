@@ -31,6 +31,7 @@ import torch
 
 from rltlab import gates
 from rltlab.config import OuroConfig
+from rltlab.engine.model_runner import to_device
 from rltlab.engine.sampling import SamplingParams
 
 
@@ -49,7 +50,7 @@ class RoundInfo:
 
     def per_row(self, values: list, dtype=torch.float32) -> torch.Tensor:
         """A per-row host list as a tensor on the model's device (no sync: a host->device copy)."""
-        return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+        return to_device(values, dtype, self.device)
 
     def cdf_now(self) -> torch.Tensor:
         """CDF_r at each row's current round (fp32 [N], on the device)."""

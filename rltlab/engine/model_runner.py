@@ -75,8 +75,11 @@ class RoundBatch:
     tok_col: torch.Tensor      # int64 [T]: index of each token within its row
     key_slots: torch.Tensor    # int64 [B, max_ctx]
     mask: torch.Tensor         # bool [B, 1, groups * max_q, max_ctx] (GQA: per query group)
-    row_sizes: list[int]
     rows: StepRows             # the same, on the host
+
+    @property
+    def row_sizes(self) -> list[int]:
+        return self.rows.row_sizes
 
     @property
     def slot_list(self) -> list[int]:
@@ -130,8 +133,8 @@ class ModelRunner:
     def _run_decode(self, seqs: list[Sequence]):
         rows = [(seq, seq.span.start, seq.span.round) for seq in seqs]
         hidden, gates, slots = self.run_token_rows(rows, self._decode_inputs(seqs))
-        return StepRows([1] * len(seqs), slots, [seq.span.round + 1 for seq in seqs],
-                        [seq.span.start for seq in seqs], self.device), hidden, gates
+        return StepRows([1] * len(seqs), slots, [plane + 1 for _, _, plane in rows],
+                        [pos for _, pos, _ in rows], self.device), hidden, gates
 
     def run_token_rows(self, rows: list[tuple[Sequence, int, int]], hidden: torch.Tensor):
         """One static-path round over explicit token rows (sequence, position, plane), hidden
@@ -190,14 +193,13 @@ class ModelRunner:
         query_pos[row_t, col_t] = pos_t
         mask = keys[None, None, :] <= query_pos[:, :, None]
         groups = self.config.num_attention_heads // self.config.num_key_value_heads
-        rows = StepRows(sizes, slots.tolist(), torch.repeat_interleave(
-            torch.tensor(rounds), torch.tensor(sizes)).tolist(), pos_t.tolist(), dev)
+        token_rounds = torch.repeat_interleave(torch.tensor(rounds), torch.tensor(sizes))
+        rows = StepRows(sizes, slots.tolist(), token_rounds.tolist(), pos_t.tolist(), dev)
         return RoundBatch(
-            hidden=torch.cat(hidden_parts), positions=pos_t.to(dev),
-            rounds=torch.repeat_interleave(torch.tensor(rounds), torch.tensor(sizes)).to(dev),
+            hidden=torch.cat(hidden_parts), positions=pos_t.to(dev), rounds=token_rounds.to(dev),
             slots=slots.to(dev), row_planes=torch.tensor(rounds, device=dev) - 1,
             tok_row=row_t.to(dev), tok_col=col_t.to(dev), key_slots=key_slots.to(dev),
-            mask=mask[:, None].repeat(1, 1, groups, 1).to(dev), row_sizes=sizes, rows=rows)
+            mask=mask[:, None].repeat(1, 1, groups, 1).to(dev), rows=rows)
 
     # ------------------------------------------------------------------------------ one round
     @torch.no_grad()

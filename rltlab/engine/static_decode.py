@@ -88,6 +88,10 @@ class StaticDecoder:
         self._attention = kernels.paged_decode_attention if use_triton \
             else kernels.paged_decode_attention_ref
         self._write_kv = kernels.write_kv if use_triton else kernels.write_kv_ref
+        # The Triton kernel sizes its key-range split from a host bound; the graph fixes it at
+        # the block-table capacity (empty splits cost one tile check each).
+        self._attention_kwargs = ({"max_context_len": max_blocks_per_seq * block_size}
+                                  if use_triton else {})
         # Under torch.compile the torch reference norm is fused by inductor with its neighbours.
         self._norm = kernels.add_rmsnorm if use_triton and not compile else kernels.add_rmsnorm_ref
         self._qkv, self._post = qkv_rope, post_attention
@@ -189,7 +193,6 @@ class StaticDecoder:
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, self.dtype)
         cos, sin = cos[:, None], sin[:, None]
         scale, eps = cfg.head_dim ** -0.5, cfg.rms_norm_eps
-        capacity = self.max_blocks * self.block_size
         x = self.hidden_in[:n]
         y = kernels.rmsnorm_ref(x, model.layers[0].input_layernorm.weight, eps)
         for idx, w in enumerate(self.layers):
@@ -197,15 +200,8 @@ class StaticDecoder:
                                 cfg.num_key_value_heads, cfg.head_dim)
             self._write_kv(self.kv_cache, idx, planes, slots, k, v)
             attn = self._attention(q, self.kv_cache[idx, 0], self.kv_cache[idx, 1], planes,
-                                   tables, ctx, scale, **self._attention_kwargs(capacity))
+                                   tables, ctx, scale, **self._attention_kwargs)
             x, y = self._post(x, attn, w["w_o"], w["w_attn_out"], w["w_mlp_in"], w["w_gate_up"],
                               w["w_down"], w["w_mlp_out"], w["w_next"], eps, self._norm)
         self.hidden_out[:n].copy_(y)
         self.gate_out[:n].copy_(model.early_exit_gate(y).float().squeeze(-1))
-
-    def _attention_kwargs(self, capacity: int) -> dict:
-        # The Triton kernel sizes its key-range split from a host bound; the graph fixes it at
-        # the block-table capacity (empty splits cost one tile check each).
-        if self._attention is kernels.paged_decode_attention:
-            return {"max_context_len": capacity}
-        return {}
