@@ -195,7 +195,8 @@ def engine_gsm8k_fn(llm, tokenizer, max_tokens: int = 1024):
     """generate_fn for evaluate_gsm8k: greedy, the engine's default exit policy, up to
     max_tokens new tokens, stopped early once a gsm8k_cot stop string ("Q:", ...) appears."""
     from rltlab.engine import SamplingParams
-    from rltlab.eval.tasks import GSM8K_STOP, engine_generate_fn
+    from rltlab.eval.gsm8k import GSM8K_STOP
+    from rltlab.eval.tasks import engine_generate_fn
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=0)
     return engine_generate_fn(llm, params, stop=GSM8K_STOP, tokenizer=tokenizer)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from rltlab.eval import metrics as M
+from rltlab.eval import gsm8k as G
 from rltlab.eval import tasks as T
 
 
@@ -61,35 +62,35 @@ def test_timing_stats():
 
 @pytest.mark.parametrize("text,pred,correct", [
     ("So 3 + 2 = 5. The answer is 5.\n\n", "5", True),
-    ("The answer is 5", T.INVALID, False),             # the regex needs one more character
+    ("The answer is 5", G.INVALID, False),             # the regex needs one more character
     ("The answer is 1,005.", "1,005", False),          # commas ignored: 1005 != 5
     ("The answer is 7. The answer is 5.", "7.", False),  # the FIRST match wins
-    ("the answer is 5.", T.INVALID, False),            # case-sensitive regex
-    ("The answer is $5.", T.INVALID, False),           # no '$' in the strict pattern
+    ("the answer is 5.", G.INVALID, False),            # case-sensitive regex
+    ("The answer is $5.", G.INVALID, False),           # no '$' in the strict pattern
     ("The answer is -5.\n", "-5", False),
     ("The answer is 5.0.\n", "5.0", False),            # '.' does not match the newline
     ("The answer is 5.0. Done", "5.0.", False),         # '5.0.' -> '5.0' != '5'
-    ("no number at all", T.INVALID, False),
+    ("no number at all", G.INVALID, False),
 ])
 def test_gsm8k_strict_match(text, pred, correct):
-    assert T.gsm8k_strict_match(text) == pred
-    assert T.gsm8k_is_correct(pred, "Janet sells 9 - 4 = <<9-4=5>>5 eggs.\n#### 5") == correct
+    assert G.gsm8k_strict_match(text) == pred
+    assert G.gsm8k_is_correct(pred, "Janet sells 9 - 4 = <<9-4=5>>5 eggs.\n#### 5") == correct
 
 
 def test_gsm8k_reference_and_commas():
-    assert T.gsm8k_is_correct(T.gsm8k_strict_match("The answer is 1,000. "), "#### 1000")
-    assert T.gsm8k_reference("x\n#### 72") == "72"
+    assert G.gsm8k_is_correct(G.gsm8k_strict_match("The answer is 1,000. "), "#### 1000")
+    assert G.gsm8k_reference("x\n#### 72") == "72"
 
 
 def test_gsm8k_prompt_and_stop():
-    prompt = T.gsm8k_cot_prompt("How many?", 3)
+    prompt = G.gsm8k_cot_prompt("How many?", 3)
     assert prompt.count("Q: ") == 4 and prompt.endswith("\n\nQ: How many?\nA:")
     assert prompt.startswith("Q: There are 15 trees in the grove.")
     assert "The answer is 39.\n\nQ: How many?" in prompt
-    assert T.gsm8k_cot_prompt("x", 0) == "Q: x\nA:"
-    assert T.truncate_at_stop(" 2 + 2 = 4. The answer is 4.\n\nQ: next") == \
+    assert G.gsm8k_cot_prompt("x", 0) == "Q: x\nA:"
+    assert G.truncate_at_stop(" 2 + 2 = 4. The answer is 4.\n\nQ: next") == \
         " 2 + 2 = 4. The answer is 4.\n\n"
-    assert T.truncate_at_stop("a\n\nb", T.GSM8K_STOP_LEGACY) == "a"
+    assert G.truncate_at_stop("a\n\nb", G.GSM8K_STOP_LEGACY) == "a"
 
 
 class _CharTok:
@@ -114,7 +115,7 @@ def test_evaluate_gsm8k_with_fake_generate(tmp_path):
         question = tok.decode(prompts[0]).rsplit("Q: ", 1)[1][:-3]
         return [{"token_ids": tok.encode(replies[question]), "exit_depths": [4, 2, 3]}]
 
-    res = T.evaluate_gsm8k(generate_fn, tok, path)
+    res = G.evaluate_gsm8k(generate_fn, tok, path)
     assert res["scores"] == [1.0, 0.0] and res["predictions"] == ["1", "3"]
     assert res["exact_match"] == 0.5
     assert res["mean_selected"] == pytest.approx(2.5)
@@ -170,7 +171,7 @@ def test_engine_generate_fn_stop_strings_stop_early():
     first = text0.index(stop)
     assert len(early[0].token_ids) < 40 and len(early[0].token_ids) >= first + len(stop)
     for e, f in zip(early, full):   # greedy: same text up to the stop string
-        assert T.truncate_at_stop(tok.decode(e.token_ids), [stop]) == \
-            T.truncate_at_stop(tok.decode(f.token_ids), [stop])
+        assert G.truncate_at_stop(tok.decode(e.token_ids), [stop]) == \
+            G.truncate_at_stop(tok.decode(f.token_ids), [stop])
         assert e.token_ids == f.token_ids[:len(e.token_ids)]
     assert not llm.has_unfinished_requests()
