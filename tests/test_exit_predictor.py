@@ -143,3 +143,78 @@ def test_rule_policies_in_the_engine(model):
             assert o.outputs[0].error is None if hasattr(o.outputs[0], "error") else True
             assert len(o.outputs[0].token_ids) == 6
             assert all(2 <= d <= R for d in o.outputs[0].exit_depths[1:])
+
+
+# ----------------------------------------------------------------------------- round 0 (N = 0)
+
+def test_round0_labels_exit_at_2():
+    tr = _fake_traces()
+    # round-2 argmax vs round-4 argmax: 2==2, 5==5, 4!=6, 8!=9
+    assert feat.make_labels(tr, 2, feat.label_spec("argmax")).tolist() == [1, 1, 0, 0]
+    assert feat.make_labels(tr, 2, feat.label_spec("kl", eps=0.1)).tolist() == [0, 1, 0, 0]
+    # stage2 at exit 2: I_3 = CE_2 - CE_3 and I_4 = CE_3 - CE_4 must both be <= 0.005
+    assert feat.make_labels(tr, 2, feat.label_spec("stage2")).tolist() == [0, 1, 0, 1]
+
+
+def _round0_traces():
+    """Two prompts x output indices, stored out of order; prompt 7 lacks output index 2."""
+    rows = [  # (prompt_id, sample, output_index, token)
+        (3, 0, 2, 11), (3, 0, 1, 10), (7, 0, 1, 20), (3, 0, 3, 12), (7, 0, 3, 22),
+        (3, 1, 1, 15), (3, 1, 2, 16)]
+    n, H = len(rows), 4
+    gen = torch.Generator().manual_seed(1)
+    return {"prompt_id": torch.tensor([r[0] for r in rows]),
+            "sample_index": torch.tensor([r[1] for r in rows]),
+            "output_index": torch.tensor([r[2] for r in rows]),
+            "token": torch.tensor([r[3] for r in rows]),
+            "round_mask": torch.ones(n, R, dtype=torch.bool),
+            "top1_prob": torch.rand(n, R, generator=gen) + 0.1,
+            "margin": torch.rand(n, R, generator=gen) + 0.1,
+            "entropy": torch.rand(n, R, generator=gen) + 0.1,
+            "hidden": torch.randn(n, R, H, generator=gen)}
+
+
+def test_round0_features_from_previous_position():
+    tr = _round0_traces()
+    # row i's input is the token emitted by (same prompt, sample, output index - 1)
+    assert feat.previous_rows(tr).tolist() == [1, -1, -1, 0, -1, -1, 5]
+    emb = torch.randn(30, 4, generator=torch.Generator().manual_seed(2))
+    x, keep = feat.trace_round0_features(tr, emb, ("embed", "prev_stats", "prev_hidden"))
+    assert keep.tolist() == [True, False, False, True, False, False, True]
+    assert x.shape == (3, 4 + 3 + 4)
+    for row, (i, p) in enumerate([(0, 1), (3, 0), (6, 5)]):
+        want = torch.cat([emb[tr["token"][p]], torch.stack([tr["top1_prob"][p, R - 1],
+                          tr["margin"][p, R - 1], tr["entropy"][p, R - 1]]),
+                          tr["hidden"][p, R - 1]])
+        assert torch.allclose(x[row], want, atol=0, rtol=0), (i, p)
+    x2, _ = feat.trace_round0_features(tr, emb)     # default blocks: embed + prev_stats
+    assert torch.equal(x2, x[:, :7])
+    assert len(feat.feature_names(4, 0)) == 7
+    with pytest.raises(ValueError, match="blocks"):
+        feat.trace_round0_features(tr, emb, ("embed", "gates"))
+
+
+def test_train_round0_on_teacher_traces(trace_dir, tmp_path, model):
+    from rltlab.checkpoint import model_hash
+    from rltlab.exit_predictor.train import train_from_traces
+    from tiny_models import tiny_engine_model
+    tr, info = load_training_data(trace_dir)
+    metrics = train_from_traces(trace_dir, tmp_path / "p", rounds=[0], k=2, kind="mlp",
+                                hidden=8, epochs=3, target_precision=0.5, model=model)
+    e = metrics["per_round"][0]
+    assert e["decision_round"] == 0 and e["exit_round"] == 2
+    assert 2 <= e["test"]["expected_rounds"] <= R
+    pred, manifest = load_predictor(tmp_path / "p" / "n0")
+    assert manifest["decision_round"] == 0 and manifest["k"] == 2
+    assert manifest["base_model_hash"] == model_hash(model)
+    assert manifest["features"]["set"] == "round0"
+    assert manifest["features"]["blocks"] == ["embed", "prev_stats"]
+    assert manifest["features"]["dim"] == pred.in_dim == 32 + 3
+    # output index 1 has no previous traced position: dropped
+    first = int((tr["output_index"] == 1).sum())
+    assert first > 0 and manifest["rows_used"] == info["num_tokens"] - first
+    with pytest.raises(ValueError, match="base model"):
+        train_from_traces(trace_dir, tmp_path / "q", rounds=[0], epochs=1)
+    with pytest.raises(ValueError, match="hash"):
+        train_from_traces(trace_dir, tmp_path / "q", rounds=[0], epochs=1,
+                          model=tiny_engine_model(1))

@@ -88,3 +88,129 @@ def test_mismatched_checkpoint_is_rejected(model, tmp_path):
     with pytest.raises(PredictorMismatchError, match="R = 4 rounds != the model's 3"):
         install(deep, _checkpoint(tmp_path / "d", model), name="n_plus_2_bad")
     assert issubclass(PredictorMismatchError, ValueError)
+
+
+# ----------------------------------------------------------------------------- round 0 (N = 0)
+
+def _checkpoint0(path, model, blocks=("embed", "prev_stats"), **override):
+    torch.manual_seed(1)
+    dim = {"embed": H, "prev_stats": 3, "prev_hidden": H}
+    in_dim = sum(dim[b] for b in blocks)
+    pred = ExitPredictor(in_dim, "mlp", 16)
+    pred.set_normalization(torch.randn(64, in_dim) * 2)
+    manifest = {"base_model_hash": model_hash(model), "hidden_size": H, "num_rounds": R,
+                "decision_round": 0, "k": 2, "exit_round": 2, "temperature": 1.3,
+                "threshold": 0.5, "label": {"kind": "argmax"},
+                "features": {"set": "round0", "blocks": list(blocks), "dim": in_dim},
+                **override}
+    return save_predictor(pred, path, manifest)
+
+
+def _recompute(model, prompt, o):
+    seq = prompt + o.token_ids[:-1]
+    exits = [R] * len(prompt) + o.exit_depths[1:]
+    with torch.no_grad():
+        return seq, exits, model(torch.tensor([seq]), exit_rounds=torch.tensor([exits]))
+
+
+def _round0_scores(policy, model, prompt, seq, exits, rec):
+    """Score of every decode position from round-0 information of the recompute: embed(its
+    token) and the state the previous position exited from (h at that position's exit)."""
+    pos = list(range(len(prompt), len(seq)))
+    prev = torch.stack([rec.hidden_states[exits[p - 1] - 1][0, p - 1] for p in pos])
+    emb = model.model.embed_tokens(torch.tensor([seq[p] for p in pos])).float()
+    prev = prev.float()   # features rebuilt here by hand (not with the policy's own code)
+    probs = torch.softmax(prev @ model.lm_head.weight.float().T, -1)
+    top = probs.topk(2, -1).values
+    entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1)
+    parts = {"embed": emb, "prev_stats": torch.stack([top[:, 0], top[:, 0] - top[:, 1],
+                                                      entropy], -1), "prev_hidden": prev}
+    x = torch.cat([parts[b] for b in policy.manifest["features"]["blocks"]], -1)
+    return torch.sigmoid(policy.predictor(x) / policy.temperature)
+
+
+def _threshold0(policy, model):
+    with torch.no_grad():      # median over a full-depth pass: both exits (2 and R) occur
+        ids = list(range(1, 41))
+        out = model(torch.tensor([ids]))
+        s = _round0_scores(policy, model, [ids[0]], ids, [R] * len(ids), out)
+    return float(s.median())
+
+
+@pytest.mark.parametrize("blocks", [("embed", "prev_stats"), ("embed", "prev_stats",
+                                                              "prev_hidden")])
+def test_round0_engine_matches_teacher_forced_recompute(model, tmp_path, blocks):
+    ckpt = _checkpoint0(tmp_path / "p0", model, blocks)
+    policy = load_policy(ckpt, model)
+    assert policy.asks_before_round1 and policy.decision_lag == 2
+    thr = _threshold0(policy, model)
+    name = install(model, ckpt, name="n0_test")
+    llm = LLM(model, max_num_seqs=3)       # 5 requests, 3 slots: refill mid-run
+    params = [SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=21 + i,
+                             logprobs=0, exit_policy=name,
+                             exit_policy_args={"threshold": thr}) for i in range(5)]
+    outs = llm.generate(PROMPTS, params)
+    seen = set()
+    for prompt, res in zip(PROMPTS, outs):
+        o = res.outputs[0]
+        assert o.exit_depths[0] == R and set(o.exit_depths[1:]) <= {2, R}
+        assert o.executed_depths == o.exit_depths
+        seen |= set(o.exit_depths[1:])
+        seq, exits, rec = _recompute(model, prompt, o)
+        logp = torch.log_softmax(rec.final_logits[0].float(), -1)[len(prompt) - 1:]
+        recomputed = logp.gather(-1, torch.tensor(o.token_ids)[:, None])[:, 0]
+        assert torch.allclose(recomputed, torch.tensor(o.logprobs), atol=1e-5)   # fp32
+        # the decision used only round-0 information: it is reproduced from the recompute
+        s = _round0_scores(policy, model, prompt, seq, exits, rec)
+        assert torch.where(s >= thr, 2, R).tolist() == o.exit_depths[1:]
+    assert seen == {2, R}
+
+
+def test_round0_then_n1_exit_semantics(model, tmp_path):
+    ckpt0, ckpt1 = _checkpoint0(tmp_path / "a", model), _checkpoint(tmp_path / "b", model)
+    p0, p1 = load_policy(ckpt0, model), load_policy(ckpt1, model)
+    thr0 = _threshold0(p0, model)
+    with torch.no_grad():
+        out = model(torch.tensor([list(range(1, 41))]))
+        thr1 = float(p1.score(out.hidden_states[0][0], out.gate_logits[0, :, :1]).median())
+    name = install(model, ckpt0, name="n0_n1_test", then=ckpt1)
+    llm = LLM(model, max_num_seqs=4)
+    params = [SamplingParams(temperature=1.0, max_tokens=14, ignore_eos=True, seed=5 + i,
+                             logprobs=0, exit_policy=name,
+                             exit_policy_args={"threshold": thr0, "then_threshold": thr1})
+              for i in range(5)]
+    seen = set()
+    for prompt, res in zip(PROMPTS, llm.generate(PROMPTS, params)):
+        o = res.outputs[0]
+        seen |= set(o.exit_depths[1:])
+        seq, exits, rec = _recompute(model, prompt, o)
+        logp = torch.log_softmax(rec.final_logits[0].float(), -1)[len(prompt) - 1:]
+        recomputed = logp.gather(-1, torch.tensor(o.token_ids)[:, None])[:, 0]
+        assert torch.allclose(recomputed, torch.tensor(o.logprobs), atol=1e-5)
+        s0 = _round0_scores(p0, model, prompt, seq, exits, rec)
+        pos = slice(len(prompt), len(seq))
+        s1 = p1.score(rec.hidden_states[0][0, pos], rec.gate_logits[0, pos, :1])
+        want = torch.where(s0 >= thr0, 2, torch.where(s1 >= thr1, 3, R))
+        assert want.tolist() == o.exit_depths[1:]
+    assert seen == {2, 3, R}
+
+
+def test_round0_checkpoint_compatibility(model, tmp_path):
+    name = install(model, _checkpoint0(tmp_path / "ok", model), name="n0_ok")
+    assert name == "n0_ok"
+    with pytest.raises(PredictorMismatchError, match="base model hash"):
+        install(_model(seed=1), _checkpoint0(tmp_path / "h", model), name="n0_bad")
+    with pytest.raises(PredictorMismatchError, match="hidden size 32 != the model's 64"):
+        install(_model(hidden=64), _checkpoint0(tmp_path / "w", model), name="n0_bad")
+    with pytest.raises(PredictorMismatchError, match="must exit at round 2"):
+        install(model, _checkpoint0(tmp_path / "e", model, exit_round=3, k=3), name="n0_bad")
+    with pytest.raises(PredictorMismatchError, match="blocks"):
+        install(model, _checkpoint0(tmp_path / "b", model, features={"blocks": ["gates"],
+                                                                       "dim": 35}),
+                name="n0_bad")
+    with pytest.raises(PredictorMismatchError, match="have 67 inputs"):   # wrong block list
+        install(model, _checkpoint0(tmp_path / "d", model, features={
+            "blocks": ["embed", "prev_stats", "prev_hidden"], "dim": 35}), name="n0_bad")
+    with pytest.raises(ValueError, match="then= needs"):       # N = 1 first, N = 0 second
+        install(model, _checkpoint(tmp_path / "n1", model), name="n0_bad",
+                then=_checkpoint0(tmp_path / "n0", model))

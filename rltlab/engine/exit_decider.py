@@ -55,6 +55,36 @@ class ExitDecider:
             self._ask_policy(self.engine.policy(name), rows, hidden, exits)
         return exits
 
+    def ask_before_round1(self, seqs) -> None:
+        """Round-0 ask: decode tokens about to run round 1 whose policy has asks_before_round1
+        get its answer deferred like any lagged answer (read at the end of round
+        decision_lag; no host sync here). RoundInfo: rounds 0, hidden h_0 = embed(token)."""
+        asking: dict[str, list[Sequence]] = {}
+        for seq in seqs:
+            span = seq.span
+            if span.exit_rounds is not None or span.round != 0 or span.planned_exit is not None:
+                continue
+            policy = self.engine.policy(seq.params.exit_policy)
+            if getattr(policy, "asks_before_round1", False) and policy.decision_lag >= 1:
+                asking.setdefault(policy.name, []).append(seq)
+        for name, rows in asking.items():
+            policy = self.engine.policy(name)
+            ids = [seq.token_ids(seq.span.start, seq.span.start + 1)[0] for seq in rows]
+            runner = self.engine.runner
+            h0 = runner.model.model.embed_tokens(to_device(ids, torch.int64, runner.device))
+            info = RoundInfo(torch.zeros(len(rows), dtype=torch.int64), None, h0, rows,
+                             self.engine.num_rounds)
+            try:
+                targets = policy.decide(info)
+                if len(targets) != len(rows):
+                    raise RuntimeError(f"returned {len(targets)} targets for {len(rows)} rows")
+            except Exception as err:
+                for seq in rows:
+                    self.engine._failed[seq.seq_id] = (f"exit policy {policy.name!r} failed "
+                                                       f"before round 1: {err!r}")
+                continue
+            self._defer(policy, [(None, seq) for seq in rows], [0] * len(rows), targets)
+
     def _record_gates(self, rows, gate_logits) -> None:
         """g_r of each decode token into its sequence's row of the device gate history."""
         for _, seq in rows:

@@ -20,6 +20,12 @@ per-request settings from the effective SamplingParams of each row's sequence
 (min_loops / max_loops / exit_threshold / exit_policy_args); its factory receives the model
 config and the engine-level keyword arguments (EngineConfig.exit_policy_args).
 
+Round 0: a policy with `asks_before_round1 = True` (and decision_lag >= 1) is also asked once
+per decode token BEFORE its round 1 runs, with rounds = 0, hidden = h_0 = embed(token) and no
+gate logits; it answers 0 (no decision) or t >= decision_lag, read (lagged, as above) at the
+end of round decision_lag. The emitting state of the previous output token is on the
+sequence (Sequence.emit_hidden). Other policies are first asked after round 1.
+
     register_exit_policy("mine", lambda model_config, **kw: MyPolicy(...))
 """
 from __future__ import annotations
@@ -63,6 +69,7 @@ class ExitPolicy:
     name = "base"
     reads_gates = True      # the engine keeps each token's gate logits for RoundInfo
     decision_lag = 0        # see the module docstring
+    asks_before_round1 = False   # round-0 ask (see the module docstring)
 
     def validate(self, params: SamplingParams, num_rounds: int) -> None:
         """Raise ValueError naming the field if a request's settings cannot work."""

@@ -91,6 +91,9 @@ class Sequence:
         self.span: Span | None = None
         self.gate_row: int | None = None    # row of the engine's device gate history
         self.first_token_time: float | None = None
+        # (i, h): output token i was sampled from lm_head(h) (h on the model's device); read
+        # by round-0 exit policies for the input token i (engine_patches.lookahead_exit)
+        self.emit_hidden: tuple[int, torch.Tensor] | None = None
 
     @property
     def request_id(self) -> str:

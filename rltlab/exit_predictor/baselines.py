@@ -90,12 +90,13 @@ def register_rule_policies(model) -> dict[str, str]:
 
 @torch.no_grad()
 def oracle_generate(model, prompts: list[list[int]], max_new_tokens: int, *,
-                    eos_token_id: int | None = 0) -> list[GenOutput]:
+                    eos_token_id: int | None = 0, min_round: int = 1) -> list[GenOutput]:
     """Greedy generation where every decode token computes all R rounds, then exits at the
     earliest round e whose argmax equals round R's (its token is round R's): its K/V of
     round e is copied into planes e+1..R (LAST_EXITED), as if it had exited at e.
     exit_depths = e per output token (first = R); executed_depths reports the same e (the
-    oracle's selected depth; it actually needed R rounds to know e)."""
+    oracle's selected depth; it actually needed R rounds to know e). min_round m > 1: the
+    floored oracle, e = max(m, earliest agreeing round)."""
     from rltlab.model import LoopedKVCache
 
     R = model.config.num_rounds
@@ -118,6 +119,7 @@ def oracle_generate(model, prompts: list[list[int]], max_new_tokens: int, *,
         top = torch.stack([lg[:, -1].argmax(-1) for lg in out.logits], dim=-1)   # [B, R]
         agree = top == top[:, -1:]
         exit_round = torch.where(agree, torch.arange(1, R + 1), R + 1).min(-1).values.cpu()
+        exit_round = exit_round.clamp_min(min(max(1, min_round), R))
         pos = cache.length - 1
         for b, e in enumerate(exit_round.tolist()):
             if e < R:

@@ -49,10 +49,13 @@ def default_settings(R: int, lookahead: dict[str, dict[str, Any]], *,
                      delayed_thresholds: Sequence[float] = (0.5, 0.7, 0.9, 0.95),
                      delta_eps: Sequence[float] = (0.2, 0.3, 0.4, 0.5, 0.6),
                      kl_eps: Sequence[float] = (1e-4, 1e-3, 0.01, 0.1, 0.5),
-                     lookahead_thresholds: Sequence[float] = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95,
-                                                              0.99)) -> list[dict[str, Any]]:
+                     lookahead_thresholds: Sequence[float] | dict[str, Sequence[float]] = (
+                         0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99),
+                     oracle_min_rounds: Sequence[int] = ()) -> list[dict[str, Any]]:
     """(policy label, setting, engine policy name, exit_policy_args, Q threshold) rows.
-    lookahead: label -> {"name": registered policy, "threshold": calibrated threshold}."""
+    lookahead: label -> {"name": registered policy, "threshold": calibrated threshold};
+    lookahead_thresholds: one list for all, or label -> list. oracle_min_rounds: the floored
+    oracle ("oracle_floor": exit at max(m, the oracle's round)) for each m."""
     rows = [{"policy": "fixed", "setting": f"depth={d}", "name": "fixed",
              "args": {"depth": d}, "threshold": None}
             for d in (depths if depths is not None else range(1, R + 1))]
@@ -66,8 +69,12 @@ def default_settings(R: int, lookahead: dict[str, dict[str, Any]], *,
               "args": {"eps": e}, "threshold": None} for e in kl_eps]
     rows.append({"policy": "oracle", "setting": "oracle", "name": None, "args": {},
                  "threshold": None})
+    rows += [{"policy": "oracle_floor", "setting": f"min={m}", "name": None,
+              "args": {"min_round": m}, "threshold": None} for m in oracle_min_rounds]
     for label, spec in lookahead.items():
-        thrs = sorted(set(lookahead_thresholds) | {round(float(spec["threshold"]), 4)})
+        extra = lookahead_thresholds.get(label, ()) if isinstance(lookahead_thresholds, dict) \
+            else lookahead_thresholds
+        thrs = sorted(set(extra) | {round(float(spec["threshold"]), 4)})
         rows += [{"policy": label, "setting": f"p>={t:g}", "name": spec["name"],
                   "args": {"threshold": t}, "threshold": None,
                   "calibrated": abs(t - round(float(spec["threshold"]), 4)) < 1e-9}
@@ -89,8 +96,9 @@ def evaluate_arithmetic_settings(model, tokenizer, llm, problems: Sequence[dict]
         it = tqdm(settings, desc="policies", unit="setting")
     for s in it:
         start = time.perf_counter()
-        if s["policy"] == "oracle":
-            gen = lambda prompts: oracle_generate(model, prompts, max_tokens)  # noqa: E731
+        if s["policy"] in ("oracle", "oracle_floor"):
+            gen = lambda prompts, m=s["args"].get("min_round", 1): oracle_generate(  # noqa
+                model, prompts, max_tokens, min_round=m)
         else:
             gen = engine_generate_fn(llm, _params(s["name"], max_tokens, s["args"],
                                                   s["threshold"]))
@@ -175,6 +183,8 @@ def text_table(model, rows: torch.Tensor, lookahead: dict[str, Any], settings: S
             fn = make_exit_fn(R, threshold=s["threshold"], min_loops=1)
         elif s["policy"] in ("hidden_delta", "successive_kl"):
             fn = _rule_exit_fn(s["policy"], s["args"]["eps"], model.lm_head.weight)
+        elif s["policy"] in lookahead and lookahead[s["policy"]]["policy"].decision_round == 0:
+            continue    # round-0 features need the generated context: generation only
         elif s["policy"] in lookahead:
             fn = _lookahead_exit_fn(lookahead[s["policy"]]["policy"], R, s["args"]["threshold"])
         elif s["policy"] == "oracle":
@@ -256,9 +266,10 @@ def run(model_dir: str | None, predictors: dict[str, str], out_dir: str | Path, 
     mhash = model_hash(model)
     register_rule_policies(model)
     lookahead = {}
-    for label, path in predictors.items():
+    for label, spec in predictors.items():
         name = label.replace(" ", "_")
-        install(model, path, name=name, model_hash=mhash)
+        path, _, then = spec.partition("+")    # "DIR0+DIR1": round-0 predictor, then N = 1
+        install(model, path, name=name, model_hash=mhash, then=then or None)
         policy = load_policy(path, model, name=name, model_hash=mhash)
         lookahead[label] = {"name": name, "threshold": policy.threshold, "policy": policy,
                             "checkpoint": str(path), "manifest": policy.manifest}
@@ -323,7 +334,8 @@ QUICK = {"q_thresholds": (0.3, 0.5, 0.7, 0.9), "delayed_thresholds": (0.5, 0.9),
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(prog="python -m rltlab.exit_predictor.evaluate")
     ap.add_argument("--predictor", action="append", default=[],
-                    help="LABEL=CHECKPOINT_DIR (repeatable), e.g. n_plus_2=runs/p/n1")
+                    help="LABEL=CHECKPOINT_DIR (repeatable), e.g. n_plus_2=runs/p/n1; "
+                    "LABEL=N0_DIR+N1_DIR: a round-0 predictor, then an N = 1 one")
     ap.add_argument("--out", required=True)
     ap.add_argument("--model-dir", default=None)
     ap.add_argument("--problems", type=int, default=100)

@@ -21,6 +21,20 @@ Features available after round N (fp32):
     g_1 .. g_N             [N]   exit-gate logits so far
     top1_prob, margin,
     entropy at round N     [3]   from softmax(lm_head(h_N)) (probability units, nats)
+
+Features at round N = 0 (before round 1 of token t runs; ROUND0_BLOCKS, fp32, in this order):
+
+    embed        [H]   h_0 = embed(token t): the round-1 input
+    prev_stats   [3]   top-1 prob, margin, entropy of the distribution token t was sampled from
+                       (lm_head of the state the previous position exited from; in teacher-mode
+                       traces: round R of the previous traced position)
+    prev_hidden  [H]   that state itself (optional block)
+
+The previous position's executed depth and gate logits are not used: in teacher-mode traces
+every token ran R rounds (a constant), and in generation the gates after its exit round do not
+exist. The first decode token (output index 1) has no previous traced position (its input
+came from the prefill), so N = 0 training uses output indices >= 2; the engine feeds it the
+prefill's distribution, which is the same kind of state (round R).
 """
 from __future__ import annotations
 
@@ -31,7 +45,9 @@ import torch
 LABEL_KINDS = ("argmax", "kl", "stage2")
 TRACE_FIELDS = ("hidden", "round_mask", "gate_logit", "top1_id", "top1_prob", "margin",
                 "entropy", "kl_ref", "logprob_ref", "ref_token", "executed", "prompt_id",
-                "weight_version")
+                "weight_version", "token", "output_index", "sample_index")
+ROUND0_BLOCKS = ("embed", "prev_stats", "prev_hidden")
+DEFAULT_ROUND0_BLOCKS = ("embed", "prev_stats")
 
 
 def label_spec(kind: str = "argmax", eps: float = 0.1, margin: float = 0.005) -> dict[str, Any]:
@@ -70,7 +86,13 @@ def make_labels(traces: Mapping[str, torch.Tensor], exit_round: int,
     return lab.float()
 
 
-def feature_names(hidden_size: int, decision_round: int) -> list[str]:
+def feature_names(hidden_size: int, decision_round: int,
+                  blocks: tuple[str, ...] = DEFAULT_ROUND0_BLOCKS) -> list[str]:
+    if decision_round == 0:
+        names = {"embed": [f"h0[{i}]" for i in range(hidden_size)],
+                 "prev_stats": ["prev_top1_prob", "prev_margin", "prev_entropy"],
+                 "prev_hidden": [f"prev_h[{i}]" for i in range(hidden_size)]}
+        return [n for b in check_round0_blocks(blocks) for n in names[b]]
     return ([f"h{decision_round}[{i}]" for i in range(hidden_size)]
             + [f"g{r}" for r in range(1, decision_round + 1)]
             + [f"top1_prob{decision_round}", f"margin{decision_round}",
@@ -100,6 +122,58 @@ def trace_features(traces: Mapping[str, torch.Tensor], decision_round: int) -> t
                          traces["entropy"][:, n]], dim=-1)
     return build_features(traces["hidden"][:, n], traces["gate_logit"][:, :decision_round],
                           stats)
+
+
+def check_round0_blocks(blocks) -> tuple[str, ...]:
+    blocks = tuple(blocks)
+    bad = [b for b in blocks if b not in ROUND0_BLOCKS]
+    if bad or not blocks or len(set(blocks)) != len(blocks):
+        raise ValueError(f"round-0 feature blocks must be distinct names out of "
+                         f"{ROUND0_BLOCKS}, got {list(blocks)}")
+    return blocks
+
+
+def build_round0_features(embed: torch.Tensor, prev_stats: torch.Tensor,
+                          prev_hidden: torch.Tensor | None,
+                          blocks: tuple[str, ...] = DEFAULT_ROUND0_BLOCKS) -> torch.Tensor:
+    """[T, F] fp32: the named blocks of embed [T, H], prev_stats [T, 3], prev_hidden [T, H]."""
+    parts = {"embed": embed, "prev_stats": prev_stats, "prev_hidden": prev_hidden}
+    return torch.cat([parts[b].float() for b in check_round0_blocks(blocks)], dim=-1)
+
+
+def previous_rows(traces: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """int64 [T]: index of the traced position whose output is token t's input (same prompt,
+    sample, output index - 1), or -1 if it is not in the traces (output index 1: the input
+    came from the prefill) or its emitted token is unknown."""
+    key = ((traces["prompt_id"].long() * 8192 + traces["sample_index"].long()) * 1_000_003
+           + traces["output_index"].long())
+    order = torch.argsort(key)
+    want = key - 1
+    pos = torch.searchsorted(key[order], want).clamp_max(len(key) - 1)
+    found = key[order][pos] == want if len(key) else torch.zeros(0, dtype=torch.bool)
+    prev = torch.where(found, order[pos], torch.full_like(pos, -1))
+    valid = prev >= 0
+    valid[valid.clone()] &= traces["token"][prev[valid]] >= 0
+    return torch.where(valid, prev, torch.full_like(prev, -1))
+
+
+def trace_round0_features(traces: Mapping[str, torch.Tensor], embed_weight: torch.Tensor,
+                          blocks: tuple[str, ...] = DEFAULT_ROUND0_BLOCKS
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features [T', F], keep bool [T]) at round 0 from teacher-mode traces: token t's input
+    is the token emitted by the previous traced position, whose round-R distribution (the one
+    it was sampled from in teacher mode) gives prev_stats and whose h_R is prev_hidden. Rows
+    without a previous traced position are dropped (keep False)."""
+    prev = previous_rows(traces)
+    keep = prev >= 0
+    p = prev[keep]
+    R = traces["round_mask"].shape[1]
+    tokens = traces["token"][p].long()
+    stats = torch.stack([traces["top1_prob"][p, R - 1], traces["margin"][p, R - 1],
+                         traces["entropy"][p, R - 1]], dim=-1)
+    x = build_round0_features(embed_weight.detach().float()[tokens], stats,
+                              traces["hidden"][p, R - 1], blocks)
+    return x, keep
 
 
 def oracle_rounds(traces: Mapping[str, torch.Tensor]) -> torch.Tensor:

@@ -27,12 +27,16 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rltlab.exit_predictor.features import (TRACE_FIELDS, label_spec, make_labels,
-                                            oracle_rounds, trace_features)
+from rltlab.exit_predictor.calibration import (  # noqa: F401  (re-exported)
+    binary_metrics, choose_threshold, expected_rounds, fit_temperature, roc_auc,
+    split_by_prompt)
+from rltlab.exit_predictor.features import (DEFAULT_ROUND0_BLOCKS, TRACE_FIELDS,
+                                            check_round0_blocks, label_spec, make_labels,
+                                            oracle_rounds, trace_features,
+                                            trace_round0_features)
 from rltlab.exit_predictor.model import ExitPredictor, save_predictor
 
 
@@ -81,95 +85,8 @@ def load_training_data(trace_dir: str | os.PathLike, weight_version: int | None 
     return tr, info
 
 
-def split_by_prompt(prompt_ids: torch.Tensor, fractions: Sequence[float] = (0.7, 0.15, 0.15),
-                    seed: int = 0) -> list[torch.Tensor]:
-    """Boolean masks (train, calibration, test): whole prompts go to one split (seeded)."""
-    uniq = torch.unique(prompt_ids)
-    order = uniq[torch.randperm(len(uniq), generator=torch.Generator().manual_seed(seed))]
-    cuts = np.cumsum([0] + [round(f * len(uniq)) for f in fractions[:-1]] + [len(uniq)])
-    cuts = np.minimum(cuts, len(uniq))
-    masks = []
-    for lo, hi in zip(cuts[:-1], cuts[1:]):
-        masks.append(torch.isin(prompt_ids, order[lo:hi]))
-    return masks
-
-
-# ----------------------------------------------------------------------------- metrics
-
-def roc_auc(scores: Sequence[float], labels: Sequence[float]) -> float:
-    """Area under the ROC curve (Mann-Whitney, ties count one half); NaN with one class."""
-    s, y = np.asarray(scores, float), np.asarray(labels, float) > 0.5
-    pos, neg = int(y.sum()), int((~y).sum())
-    if pos == 0 or neg == 0:
-        return math.nan
-    order = np.argsort(s, kind="mergesort")
-    ranks = np.empty(len(s))
-    sorted_s = s[order]
-    i = 0
-    while i < len(s):           # average ranks over ties
-        j = i
-        while j + 1 < len(s) and sorted_s[j + 1] == sorted_s[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    return float((ranks[y].sum() - pos * (pos + 1) / 2) / (pos * neg))
-
-
-def binary_metrics(probs: torch.Tensor, labels: torch.Tensor, threshold: float
-                   ) -> dict[str, float]:
-    fire = probs >= threshold
-    y = labels > 0.5
-    tp, fp = int((fire & y).sum()), int((fire & ~y).sum())
-    fn = int((~fire & y).sum())
-    return {"tokens": int(len(y)), "label_rate": float(y.float().mean()) if len(y) else math.nan,
-            "fire_rate": float(fire.float().mean()) if len(y) else math.nan,
-            "precision": tp / (tp + fp) if tp + fp else math.nan,
-            "recall": tp / (tp + fn) if tp + fn else math.nan,
-            "auc": roc_auc(probs.tolist(), labels.tolist())}
-
-
-def fit_temperature(logits: torch.Tensor, labels: torch.Tensor, steps: int = 200) -> float:
-    """Temperature T > 0 minimizing the NLL of sigmoid(logit / T) (LBFGS on log T)."""
-    if logits.numel() == 0 or labels.min() == labels.max():
-        return 1.0
-    log_t = torch.zeros(1, requires_grad=True)
-    opt = torch.optim.LBFGS([log_t], lr=0.1, max_iter=steps)
-    z, y = logits.detach().float(), labels.float()
-
-    def closure():
-        opt.zero_grad()
-        loss = F.binary_cross_entropy_with_logits(z / log_t.exp(), y)
-        loss.backward()
-        return loss
-    opt.step(closure)
-    t = float(log_t.detach().exp())
-    return t if math.isfinite(t) and t > 0 else 1.0
-
-
-def choose_threshold(probs: torch.Tensor, labels: torch.Tensor, target_precision: float,
-                     min_fires: int = 5) -> tuple[float, bool]:
-    """Smallest threshold whose precision on (probs, labels) is >= target_precision with at
-    least min_fires firing tokens: (threshold, reached). Not reachable -> (1.0, False)."""
-    p, y = probs.double().numpy(), labels.numpy() > 0.5
-    order = np.argsort(-p, kind="mergesort")
-    tp = np.cumsum(y[order])
-    count = np.arange(1, len(p) + 1)
-    precision = tp / count
-    ok = (precision >= target_precision) & (count >= min_fires)
-    # a threshold equal to p[order[i]] fires every token with p >= it: only positions where
-    # the next score differs are valid cut points
-    distinct = np.r_[p[order][1:] != p[order][:-1], True] if len(p) else np.zeros(0, bool)
-    ok &= distinct
-    if not ok.any():
-        return 1.0, False
-    i = int(np.nonzero(ok)[0].max())
-    return float(p[order][i]), True
-
-
-def expected_rounds(fire: torch.Tensor, exit_round: int, num_rounds: int) -> float:
-    """Mean executed rounds of the lookahead rule on traced tokens (N + k if fired, else R)."""
-    return float(torch.where(fire, float(exit_round), float(num_rounds)).mean()) \
-        if len(fire) else math.nan
+# split_by_prompt, roc_auc, binary_metrics, fit_temperature, choose_threshold and
+# expected_rounds live in rltlab.exit_predictor.calibration (re-exported here)
 
 
 # ----------------------------------------------------------------------------- training
@@ -240,9 +157,12 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
                       hidden: int = 64, epochs: int = 30, lr: float = 3e-3,
                       batch_size: int = 256, target_precision: float = 0.95, seed: int = 0,
                       weight_version: int | None = None, cpu: bool | None = None,
-                      progress: bool = False, resume: bool = True) -> dict[str, Any]:
+                      progress: bool = False, resume: bool = True, model=None,
+                      round0_features: Sequence[str] = DEFAULT_ROUND0_BLOCKS) -> dict[str, Any]:
     """Train, calibrate and evaluate one predictor per decision round N; writes (rank 0)
-    OUT/n{N}/ checkpoints and OUT/metrics.json. Returns the metrics (on every rank)."""
+    OUT/n{N}/ checkpoints and OUT/metrics.json. Returns the metrics (on every rank).
+    N = 0 (decide before round 1 from features.ROUND0_BLOCKS) needs the base `model` (its
+    embedding; its hash must equal the traces') and uses tokens of output index >= 2."""
     from rltlab.distributed import get_state
     from rltlab.exit_predictor.model import load_predictor, read_predictor_manifest
     from rltlab.runs import write_json_atomic
@@ -260,56 +180,63 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
     oracle = oracle_rounds(tr)
     out = Path(out_dir)
     per_round = []
+    blocks = check_round0_blocks(round0_features)
     for n in rounds:
         exit_round = n + k
-        if not 1 <= n < R or exit_round > R:
-            raise ValueError(f"decision round {n} with k={k} must satisfy 1 <= N < R and "
+        if not 0 <= n < R or exit_round > R:
+            raise ValueError(f"decision round {n} with k={k} must satisfy 0 <= N < R and "
                              f"N + k <= R = {R}")
-        x = trace_features(tr, n)
-        y = make_labels(tr, exit_round, spec)
+        keep = torch.ones(len(oracle), dtype=torch.bool)
+        if n == 0:
+            x, keep = trace_round0_features(tr, _embedding(model, info), blocks)
+        else:
+            x = trace_features(tr, n)
+        y = make_labels(tr, exit_round, spec)[keep]
+        tr_m, ca_m, te_m, orc = train_m[keep], calib_m[keep], test_m[keep], oracle[keep]
         training = {"kind": kind, "hidden": hidden, "epochs": epochs, "lr": lr,
                     "batch_size": batch_size, "seed": seed, "label": spec, "k": k,
                     "content_sha256": info["content_sha256"],
                     "weight_version": info["weight_version"]}
+        if n == 0:
+            training["round0_features"] = list(blocks)
         ckpt = out / f"n{n}"
         if resume and (ckpt / "manifest.json").is_file() and \
                 read_predictor_manifest(ckpt).get("training") == _jsonable(training):
             predictor, done = load_predictor(ckpt)
             log = {**done["train_log"], "resumed": True}
         else:
-            predictor, log = train_predictor(x[train_m], y[train_m], kind=kind, hidden=hidden,
+            predictor, log = train_predictor(x[tr_m], y[tr_m], kind=kind, hidden=hidden,
                                              epochs=epochs, lr=lr, batch_size=batch_size,
                                              seed=seed, cpu=cpu, progress=progress)
         logits = predict_logits(predictor, x)
-        temperature = fit_temperature(logits[calib_m], y[calib_m])
+        temperature = fit_temperature(logits[ca_m], y[ca_m])
         probs = torch.sigmoid(logits / temperature)
-        threshold, reached = choose_threshold(probs[calib_m], y[calib_m], target_precision)
-        test = binary_metrics(probs[test_m], y[test_m], threshold)
-        fire_test = probs[test_m] >= threshold
+        threshold, reached = choose_threshold(probs[ca_m], y[ca_m], target_precision)
+        test = binary_metrics(probs[te_m], y[te_m], threshold)
+        fire_test = probs[te_m] >= threshold
         test.update({
             "expected_rounds": expected_rounds(fire_test, exit_round, R),
             "rounds_saved": R - expected_rounds(fire_test, exit_round, R),
-            "label_ceiling_rounds": expected_rounds(y[test_m] > 0.5, exit_round, R),
-            "oracle_rounds": float(oracle[test_m].float().mean()) if bool(test_m.any())
+            "label_ceiling_rounds": expected_rounds(y[te_m] > 0.5, exit_round, R),
+            "oracle_rounds": float(orc[te_m].float().mean()) if bool(te_m.any())
             else math.nan})
-        calib = binary_metrics(probs[calib_m], y[calib_m], threshold)
+        calib = binary_metrics(probs[ca_m], y[ca_m], threshold)
         entry = {"decision_round": n, "k": k, "exit_round": exit_round,
                  "temperature": temperature, "threshold": threshold,
                  "target_precision": target_precision, "target_reached": reached,
-                 "train": {**log, "tokens": int(train_m.sum()),
-                           "label_rate": float(y[train_m].mean())},
+                 "train": {**log, "tokens": int(tr_m.sum()),
+                           "label_rate": float(y[tr_m].mean())},
                  "calibration": calib, "test": test}
         manifest = {
             "base_model_hash": info["model_hash"], "hidden_size": info["hidden_size"],
             "num_rounds": R, "decision_round": n, "k": k, "exit_round": exit_round,
-            "label": spec, "features": {"hidden": f"h_{n}", "gate_logits": f"g_1..g_{n}",
-                                        "stats": ["top1_prob", "margin", "entropy"],
-                                        "dim": int(x.shape[1])},
+            "label": spec, "features": _feature_spec(n, blocks, int(x.shape[1])),
             "temperature": temperature, "threshold": threshold,
             "target_precision": target_precision, "target_reached": reached,
             "training_data": {k2: info[k2] for k2 in ("trace_dir", "manifest_sha256",
                                                       "content_sha256", "num_tokens",
                                                       "weight_version", "hidden_dtype")},
+            "rows_used": int(keep.sum()),
             "training": training, "train_log": {k2: v for k2, v in log.items()
                                                 if k2 != "resumed"},
             "split": {"by": "prompt_id", "fractions": [0.7, 0.15, 0.15], "seed": seed},
@@ -330,6 +257,29 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
     return metrics
 
 
+def _feature_spec(n: int, blocks: Sequence[str], dim: int) -> dict[str, Any]:
+    """The manifest's feature description (the engine policy builds its input from it)."""
+    if n == 0:
+        return {"set": "round0", "blocks": list(blocks), "embed": "embed(token t) = h_0",
+                "prev_stats": ["top1_prob", "margin", "entropy"], "prev_source":
+                "the state the previous position exited from (round R in teacher traces)",
+                "dim": dim}
+    return {"set": f"round{n}", "hidden": f"h_{n}", "gate_logits": f"g_1..g_{n}",
+            "stats": ["top1_prob", "margin", "entropy"], "dim": dim}
+
+
+def _embedding(model, info: dict[str, Any]) -> torch.Tensor:
+    """The base model's token embedding [V, H] (fp32) after checking it made the traces."""
+    from rltlab.checkpoint import model_hash
+    if model is None:
+        raise ValueError("decision round 0 needs the base model (its token embedding): pass "
+                         "model= (CLI: --model-dir, default the embedded model)")
+    if model_hash(model) != info["model_hash"]:
+        raise ValueError(f"the model's hash {model_hash(model)!r} is not the traces' "
+                         f"{info['model_hash']!r}: load the model the traces were made with")
+    return model.model.embed_tokens.weight.detach().float().cpu()
+
+
 def _jsonable(obj: Any) -> Any:
     """obj as it reads back from a JSON manifest (tuples -> lists), for comparisons."""
     import json
@@ -341,7 +291,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--traces", required=True, help="teacher-mode trace directory")
     ap.add_argument("--out", required=True, help="output directory (OUT/n{N}/ checkpoints)")
-    ap.add_argument("--rounds", type=int, nargs="+", default=[1], help="decision rounds N")
+    ap.add_argument("--rounds", type=int, nargs="+", default=[1],
+                    help="decision rounds N (0: before round 1, needs the model)")
+    ap.add_argument("--model-dir", default=None,
+                    help="base model for N = 0 (its embedding); default: the embedded model")
+    ap.add_argument("--round0-features", nargs="+", default=list(DEFAULT_ROUND0_BLOCKS),
+                    help="N = 0 feature blocks out of embed, prev_stats, prev_hidden")
     ap.add_argument("--k", type=int, default=2, help="lookahead: exit at N + k")
     ap.add_argument("--label", default="argmax", choices=["argmax", "kl", "stage2"])
     ap.add_argument("--eps", type=float, default=0.1, help="KL bound of --label kl (nats)")
@@ -361,12 +316,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    model = None
+    if 0 in args.rounds:
+        from rltlab.workbench import load_model
+        model = load_model(args.model_dir, threads=args.threads or 1)[0]
     metrics = train_from_traces(
         args.traces, args.out, rounds=args.rounds, k=args.k, label=args.label, eps=args.eps,
         margin=args.margin, kind=args.model, hidden=args.hidden, epochs=args.epochs,
         lr=args.lr, batch_size=args.batch_size, target_precision=args.target_precision,
         seed=args.seed, weight_version=args.weight_version, cpu=True if args.cpu else None,
-        progress=True, resume=not args.no_resume)
+        progress=True, resume=not args.no_resume, model=model,
+        round0_features=args.round0_features)
     from accelerate import PartialState
     if not PartialState().is_main_process:   # the state train_from_traces set up
         return metrics
