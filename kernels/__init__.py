@@ -22,12 +22,14 @@ from .paged_attention import (
     paged_prefill_attention,
     paged_prefill_attention_ref,
 )
+from .small_batch import rope_write_kv, rope_write_kv_ref, small_m_linear, small_m_linear_ref
 
 __all__ = [
     "add_rmsnorm", "add_rmsnorm_ref", "rmsnorm", "rmsnorm_ref",
     "last_exited_copy", "last_exited_copy_ref", "write_kv", "write_kv_ref",
     "paged_decode_attention", "paged_decode_attention_ref",
     "paged_prefill_attention", "paged_prefill_attention_ref",
+    "rope_write_kv", "rope_write_kv_ref", "small_m_linear", "small_m_linear_ref",
     "triton_available",
 ]
 

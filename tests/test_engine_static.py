@@ -4,10 +4,11 @@ kernels themselves are checked in test_kernels.py). Tolerance 1e-5 on log-probs.
 import pytest
 import torch
 
+from rltlab import kernels
 from rltlab.bench.engine import main as bench_main
 from rltlab.engine import LLM, SamplingParams
 from rltlab.engine.exit_policies import ExitPolicy, register_exit_policy
-from rltlab.engine.static_decode import StaticDecoder
+from rltlab.engine.static_decode import GEMV_ROWS, StaticDecoder
 from test_engine_exactness import (MIXED, POLICIES, assert_same_rollouts,
                                    check_against_recompute, params_list, random_prompts)
 from tiny_models import tiny_engine_model
@@ -101,3 +102,83 @@ def test_engine_benchmark_reports_every_mode_and_the_w4_gain():
     assert gain["mean_executed_rounds"] < 4 and gain["ideal"] == round(
         4 / gain["mean_executed_rounds"], 3)
     assert res["workloads"]["W3"]["modes"]["eager"]["closed_loop"]["tokens"] > 0
+
+
+@pytest.mark.skipif(not kernels.triton_available("cpu"), reason="needs TRITON_INTERPRET=1")
+def test_triton_small_batch_rounds_equal_the_reference_rounds():
+    """The small-batch kernels (Triton GEMVs, fused RoPE + K/V write, paged attention) wired
+    into the static decoder, interpreted on CPU in fp32, against the torch-reference decoder."""
+    model = tiny_engine_model(6)
+    prompts = random_prompts(2, seed=8)
+    params = params_list(prompts, POLICIES["q_exit"], seed0=20)
+    one_row = {**MIXED, "max_num_seqs": 1}   # the GEMV takes rounds of GEMV_ROWS = 1 row
+    reference = LLM(model, decode_path="static", **one_row).generate(prompts, params)
+    llm = LLM(model, decode_path="static", **one_row)
+    runner = llm.llm_engine.runner
+    runner.static = StaticDecoder(runner.model, max_batch=runner.static.max_batch, triton=True,
+                                  **runner._static_args)
+    assert runner.static._small_rows == GEMV_ROWS == 1
+    assert_same_rollouts(reference, llm.generate(prompts, params))
+
+
+@pytest.mark.parametrize("depth", [4, 2])
+def test_whole_token_steps_equal_round_steps_and_recompute(depth):
+    """Fixed-depth decoding through FusedTokenStep (every round of a token in one launch,
+    LAST_EXITED copies when depth < R) equals the round-per-step engine and the recompute."""
+    model = tiny_engine_model(7)
+    prompts = random_prompts(7, seed=9)
+    params = [SamplingParams(temperature=(0.0, 0.8)[i % 2], seed=i, max_tokens=4 + i % 5,
+                             logprobs=1, exit_policy="fixed", exit_policy_args={"depth": depth})
+              for i in range(len(prompts))]
+    rounds = LLM(model, decode_path="static", fused_tokens=False, **MIXED).generate(prompts,
+                                                                                      params)
+    llm = LLM(model, decode_path="static", **MIXED)
+    runner, calls = llm.llm_engine.runner, []
+    run_token = runner.run_token
+    runner.run_token = lambda seqs, d: calls.append((len(seqs), d)) or run_token(seqs, d)
+    whole = llm.generate(prompts, params)
+    assert calls and all(d == depth for _, d in calls)
+    assert sum(n for n, _ in calls) > len(prompts)   # most tokens took the fused path
+    assert_same_rollouts(rounds, whole)
+    assert all(d == depth for o in whole for d in o.exit_depths[1:])
+    check_against_recompute(model, prompts, whole, greedy_rows=range(0, 7, 2))
+
+
+def test_whole_token_steps_wait_for_mixed_depths_and_observers():
+    model = tiny_engine_model(8)
+    llm = LLM(model, decode_path="static", max_num_seqs=2)
+    engine = llm.llm_engine
+    run_token, calls = engine.runner.run_token, []
+    engine.runner.run_token = lambda seqs, d: calls.append({s.params.exit_policy_args["depth"]
+                                                             for s in seqs}) or run_token(seqs, d)
+    prompts = random_prompts(2, seed=3)
+    mixed = [SamplingParams(max_tokens=6, exit_policy="fixed", exit_policy_args={"depth": d})
+             for d in (1, 3)]
+    llm.generate(prompts, mixed)
+    # Only once the depth-1 sequence is done may the depth-3 one take whole-token steps.
+    assert calls and all(depths == {3} for depths in calls)
+    calls.clear()
+    handle = engine.add_round_observer(lambda event: None)
+    llm.generate(prompts, SamplingParams(max_tokens=5, exit_policy="fixed",
+                                         exit_policy_args={"depth": 4}))
+    engine.remove_round_observer(handle)
+    llm.generate(prompts, SamplingParams(max_tokens=5, exit_policy="q_exit"))
+    assert calls == []
+
+
+def test_whole_token_run_is_idempotent_as_graph_capture_needs():
+    """A CUDA-graph capture first runs the token twice as a warm-up: running it again must
+    give the same state and leave the same K/V (the token reads only its own input buffer)."""
+    llm = LLM(tiny_engine_model(9), decode_path="static", max_num_seqs=2, block_size=4)
+    decoder: StaticDecoder = llm.llm_engine.runner.static
+    decoder.stage([5, 2], [0, 0], [5, 10], [[0, 1], [2, 3]])
+    gen = torch.Generator().manual_seed(0)
+    embeddings = torch.randn(2, decoder.config.hidden_size, generator=gen)
+    first, gates = decoder.run_token(embeddings, 3)
+    cache = decoder.kv_cache.clone()
+    decoder._token(2, 3)   # what the warm-up does, without copying the input in again
+    again, gates_again = decoder.run_token(embeddings, 3)
+    assert torch.equal(first, decoder.hidden_out[:2]) and torch.equal(first, again)
+    assert torch.equal(gates, gates_again) and gates.shape == (2, 3)
+    assert torch.equal(cache, decoder.kv_cache)
+    assert cache[:, :, :3].abs().sum() > 0 and not cache[:, :, 3].any()   # planes 1..3 only

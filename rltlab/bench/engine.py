@@ -8,8 +8,11 @@ Workloads (greedy, ignore_eos, random prompts; fixed depth R unless stated):
   W3  c=128 closed loop (until 256 finished), 1024 in / 128 out
   W4  W3 replaying exit depths drawn from DEPTH_DISTRIBUTION (mean 2.8 rounds; trace policy)
 Modes: plain (the model's cached loop, batch 1: W1 only), gather (the engine's plain-torch path),
-eager (static decode path: Triton attention, no graphs), graph (+ CUDA graphs), compile (+
-torch.compile of the per-layer functions).
+eager (static decode path: Triton attention and, for <= 16 rows, the small-batch GEMV kernels;
+no graphs), graph (+ CUDA graphs), compile (+ torch.compile of the per-layer functions of
+buckets > 1), graph-rounds (graph, but one engine step per round instead of whole fixed-depth
+tokens, rltlab.engine.token_step), graph-cublas / compile-cublas (graph / compile with cuBLAS
+for every bucket).
 
 Per workload and mode: closed-loop output tok/s, TTFT and TPOT (medians), and a decode-phase
 figure: c requests admitted together, timed from the moment all have their first token until
@@ -45,6 +48,12 @@ MODES = {
     "eager": dict(decode_path="static", cuda_graphs=False),
     "graph": dict(decode_path="static", cuda_graphs=True),
     "compile": dict(decode_path="static", cuda_graphs=True, compile=True),
+    # Baselines: one engine step per round instead of whole fixed-depth tokens; cuBLAS instead of
+    # the one-row Triton GEMV (the session-2 engine = graph-cublas with graph-rounds).
+    "graph-rounds": dict(decode_path="static", cuda_graphs=True, fused_tokens=False),
+    "graph-cublas": dict(decode_path="static", cuda_graphs=True, small_batch_kernels=False),
+    "compile-cublas": dict(decode_path="static", cuda_graphs=True, compile=True,
+                           small_batch_kernels=False),
 }
 
 

@@ -85,7 +85,10 @@ def depth_gain(w3: dict, w4: dict, num_rounds: int) -> dict:
 def round_profile(decoder, repeats: int = 50, top: int = 8) -> dict:
     """Where a c=1 round's time goes: the GPU time of one round (graph replay, or the eager
     round), and the heaviest GPU kernels of an eager round (torch.profiler)."""
-    graph = decoder._graphs.get(1)
+    # A whole-token graph (engine.token_step) if the run used one, else the one-round graph.
+    token = [key for key in decoder._graphs if isinstance(key, tuple) and key[0] == 1]
+    rounds, graph = (token[0][1], decoder._graphs[token[0]]) if token else \
+        (1, decoder._graphs.get(1))
     run = graph.replay if graph is not None else (lambda: decoder._round(1))
     run()
     sync()
@@ -93,7 +96,8 @@ def round_profile(decoder, repeats: int = 50, top: int = 8) -> dict:
     for _ in range(repeats):
         run()
     sync()
-    out = {"gpu_ms_per_round": round(1e3 * (time.perf_counter() - t0) / repeats, 4)}
+    out = {"gpu_ms_per_round": round(1e3 * (time.perf_counter() - t0) / repeats / rounds, 4),
+           "timed": f"{'whole-token' if token else 'one-round'} graph" if graph else "eager"}
     if torch.cuda.is_available():
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CUDA]) as prof:

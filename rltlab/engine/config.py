@@ -36,7 +36,11 @@ class EngineConfig:
     (rltlab.engine.static_decode), "gather" through the plain torch path, "auto" = static on
     CUDA, gather elsewhere. cuda_graphs: capture the static path's round per batch bucket (CUDA
     only; False = the engine's eager mode). compile: torch.compile the static path's per-layer
-    functions (fuses norms, RoPE and SwiGLU; costs a one-off compile).
+    functions (fuses norms, RoPE and SwiGLU; costs a one-off compile). small_batch_kernels: on
+    CUDA, static rounds of <= 16 rows run every matmul as a weight-streaming Triton GEMV with
+    SiLU * up and RoPE + K/V write fused (rltlab.kernels.small_batch); False = cuBLAS.
+    fused_tokens: with the static path, run all rounds of host-fixed-depth decode tokens in one
+    launch when nothing needs to look between rounds (rltlab.engine.token_step).
     """
 
     max_num_seqs: int = 64
@@ -55,6 +59,8 @@ class EngineConfig:
     decode_path: str = "auto"
     cuda_graphs: bool = True
     compile: bool = False
+    small_batch_kernels: bool = True
+    fused_tokens: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "prefill_chunk", "block_size",
@@ -82,7 +88,7 @@ class EngineConfig:
         if self.decode_path not in DECODE_PATHS:
             raise ValueError(f"EngineConfig.decode_path must be one of {DECODE_PATHS}, "
                              f"got {self.decode_path!r}")
-        for name in ("cuda_graphs", "compile"):
+        for name in ("cuda_graphs", "compile", "small_batch_kernels", "fused_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
         self.dtype = parse_dtype(self.dtype)

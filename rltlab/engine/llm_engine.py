@@ -1,6 +1,7 @@
 """LLMEngine: requests in, one round per step, RequestOutputs out.
 
-    step():  schedule rows -> run one round -> decide exits -> tell observers
+    step():  schedule rows -> ask round-0 policies (decode tokens about to run round 1)
+             -> run one round -> decide exits -> tell observers
              -> advance spans (LAST_EXITED copies) -> sample exiting rows -> finished outputs
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from rltlab.engine.model_runner import ModelRunner, StepRows, place_model
 from rltlab.engine.outputs import RequestOutput, build_output
 from rltlab.engine.sampling import SamplingParams, sample
 from rltlab.engine.scheduler import Scheduler
+from rltlab.engine.token_step import FusedTokenStep
 from rltlab.engine.sequence import Request, Sequence, SeqStatus
 from rltlab.engine.weights import WeightUpdater
 from rltlab.model import OuroForCausalLM
@@ -42,7 +44,8 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, num_blocks, config.block_size,
                                   static_decode=static, max_batch=config.max_num_seqs,
                                   max_model_len=self.max_model_len,
-                                  cuda_graphs=config.cuda_graphs, compile=config.compile)
+                                  cuda_graphs=config.cuda_graphs, compile=config.compile,
+                                  small_batch_kernels=config.small_batch_kernels)
         self.weights = WeightUpdater(self.model, weight_version)
         self.eos_token_id = getattr(tokenizer, "eos_token_id", None)
         if self.eos_token_id is None:
@@ -54,6 +57,7 @@ class LLMEngine:
         self.paused = False
         self.observers: list[ObserverHandle] = []
         self.proposer: DraftProposer | None = None
+        self._whole_tokens = FusedTokenStep(self) if static and config.fused_tokens else None
         self._outputs: list[RequestOutput] = []
         self._failed: dict[int, str] = {}   # seq_id -> why, within one step
         self._streamed: dict[str, Request] = {}
@@ -134,9 +138,13 @@ class LLMEngine:
         self.weights.check_ready()
         if self.proposer is not None and self._spec.ready():   # all decoding: speculate
             return self._spec.step()
+        depth = self._whole_tokens.ready() if self._whole_tokens else None
+        if depth:   # all decoding at one host-fixed depth: every round in one launch
+            return self._whole_tokens.step(depth)
         seqs = [] if self.paused else self.scheduler.schedule()
         if seqs:
             self._failed = {}
+            self.exit_decider.ask_before_round1(seqs)   # round-0 (lookahead) policies only
             seqs, rows, hidden, gate_logits = self.runner.execute(seqs)
             exits = self.exit_decider.decide(seqs, rows, hidden, gate_logits)
             if self.observers:
@@ -195,6 +203,8 @@ class LLMEngine:
         keep = [i for i, ok in enumerate(finite) if ok]
         if not keep:
             return
+        for seq, h, _ in emitting:   # the state output token num_output_tokens comes from
+            seq.emit_hidden = (seq.num_output_tokens, h)
         rows = [emitting[i] for i in keep]
         result = sample(logits[keep], [s.params for s, _, _ in rows],
                         [s.generator for s, _, _ in rows], self.config.logprobs_mode)

@@ -89,7 +89,8 @@ class RoundBatch:
 class ModelRunner:
     def __init__(self, model: OuroForCausalLM, num_blocks: int, block_size: int, *,
                  static_decode: bool = False, max_batch: int = 1, max_model_len: int = 0,
-                 cuda_graphs: bool = True, compile: bool = False):
+                 cuda_graphs: bool = True, compile: bool = False,
+                 small_batch_kernels: bool = True):
         cfg = model.config
         self.model, self.config, self.block_size = model, cfg, block_size
         param = next(model.parameters())
@@ -107,7 +108,8 @@ class ModelRunner:
             self._static_args = dict(fused=fuse_projections(model), kv_cache=self.kv_cache,
                                      block_size=block_size,
                                      max_blocks_per_seq=-(-max_model_len // block_size),
-                                     cuda_graphs=cuda_graphs, compile=compile)
+                                     cuda_graphs=cuda_graphs, compile=compile,
+                                     small_batch_kernels=small_batch_kernels)
             self.static = StaticDecoder(model, max_batch=max_batch, **self._static_args)
 
     # ------------------------------------------------------------------------------ one step
@@ -149,6 +151,22 @@ class ModelRunner:
         self.static.stage(positions, [plane for _, _, plane in rows], slots,
                           [seq.block_table for seq, _, _ in rows])
         return (*self.static.run(hidden), slots)
+
+    def run_token(self, seqs: list[Sequence], depth: int) -> torch.Tensor:
+        """Rounds 1..depth of every sequence's pending token (its last, at position
+        num_tokens - 1) in one static-path launch, LAST_EXITED copies into the deeper planes
+        included -> h_depth [n, H]."""
+        if len(seqs) > self.static.max_batch:
+            self.static = StaticDecoder(self.model, max_batch=len(seqs), **self._static_args)
+        bs = self.block_size
+        positions = [seq.num_tokens - 1 for seq in seqs]
+        slots = [seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, positions)]
+        self.static.stage(positions, [0] * len(seqs), slots, [seq.block_table for seq in seqs])
+        ids = to_device([seq.output_token_ids[-1] for seq in seqs], torch.int64, self.device)
+        hidden, _ = self.static.run_token(self.model.model.embed_tokens(ids), depth)
+        if depth < self.config.num_rounds:
+            self.last_exited_copy(slots, [depth] * len(seqs))
+        return hidden
 
     def _decode_inputs(self, seqs: list[Sequence]) -> torch.Tensor:
         """Round input per row: the embedding (round 1) or the span's last hidden state."""

@@ -12,6 +12,11 @@ Math: the reference layer (rltlab.model), with the sandwich norms fused pairwise
 matmul each. fuse_projections() makes the model's q/k/v (gate/up) weights views into one fused
 tensor, so in-place weight updates reach the fused matmuls and the captured graphs as they are.
 
+Triton rounds write K/V with one fused RoPE + K/V-write kernel (kernels/small_batch.py); rounds
+of one row (batch-1 decode, speculative drafts) also run every matmul as a weight-streaming
+Triton GEMV with SiLU * up fused into the down projection's loads (small_batch_kernels=True, the
+default). Larger buckets keep cuBLAS matmuls (optionally torch.compile'd).
+
 Padding rows (a bucket larger than the batch) carry slot -1 (their K/V write is skipped) and
 context length 1; their outputs are never read.
 """
@@ -25,6 +30,11 @@ from torch import nn
 from rltlab import kernels
 from rltlab.model import OuroForCausalLM, apply_rope, rope_cos_sin
 
+# Rounds of at most this many rows use the Triton GEMV instead of cuBLAS. On the H200 it matches
+# or beats cuBLAS at one row (0.96 vs 1.00 ms for a round's matmuls) but not at 2..16 rows
+# (2.3 vs 1.05 ms: the down projection's long K loop over too few programs), see
+# docs/benchmarks/2026-11-30-small-batch-h200.md.
+GEMV_ROWS = 1
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
 
 
@@ -73,7 +83,7 @@ class StaticDecoder:
 
     def __init__(self, model: OuroForCausalLM, *, fused, kv_cache: torch.Tensor,
                  block_size: int, max_batch: int, max_blocks_per_seq: int, cuda_graphs: bool,
-                 compile: bool):
+                 compile: bool, small_batch_kernels: bool = True, triton: bool | None = None):
         cfg = model.config
         self.model, self.config, self.kv_cache, self.block_size = model, cfg, kv_cache, block_size
         self.device, self.dtype = kv_cache.device, kv_cache.dtype
@@ -84,7 +94,8 @@ class StaticDecoder:
                        for i, layer in enumerate(model.model.layers)]
         # Triton on CUDA; the torch references elsewhere (the kernels have their own
         # interpreter tests, and interpreting them here would only slow the CPU path down).
-        use_triton = self.device.type == "cuda"
+        # triton=True forces them elsewhere (tests, under TRITON_INTERPRET=1).
+        use_triton = self.device.type == "cuda" if triton is None else triton
         self._attention = kernels.paged_decode_attention if use_triton \
             else kernels.paged_decode_attention_ref
         self._write_kv = kernels.write_kv if use_triton else kernels.write_kv_ref
@@ -94,6 +105,10 @@ class StaticDecoder:
                                   if use_triton else {})
         # Under torch.compile the torch reference norm is fused by inductor with its neighbours.
         self._norm = kernels.add_rmsnorm if use_triton and not compile else kernels.add_rmsnorm_ref
+        self._small_rows = GEMV_ROWS if use_triton and small_batch_kernels else 0
+        # Where the fused RoPE + K/V write kernel replaces qkv_rope's RoPE and write_kv: every
+        # Triton round except compiled ones (inductor already fuses RoPE into its neighbours).
+        self._fused_rope = use_triton and not compile
         self._qkv, self._post = qkv_rope, post_attention
         if compile:
             self._qkv = torch.compile(qkv_rope, dynamic=True, fullgraph=True)
@@ -112,7 +127,13 @@ class StaticDecoder:
                                      device=self.device)
         self.hidden_out = torch.zeros_like(self.hidden_in)
         self.gate_out = torch.zeros(max_batch, dtype=torch.float32, device=self.device)
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # Whole-token mode (run_token): round r's plane for every row, and the gates per round.
+        rounds = cfg.num_rounds
+        self._plane_rows = torch.arange(rounds, dtype=torch.int32, device=self.device)[:, None] \
+            .expand(rounds, max_batch).contiguous()
+        self.token_in = torch.zeros_like(self.hidden_in)
+        self.token_gates = torch.zeros(max_batch, rounds, dtype=torch.float32, device=self.device)
+        self._graphs: dict = {}   # bucket -> one round; (bucket, depth) -> a whole token
         self._pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
 
     def _layer_weights(self, idx, layer, fused) -> dict:
@@ -166,42 +187,90 @@ class StaticDecoder:
         bucket = next(b for b in self.buckets if b >= n)
         if self.cuda_graphs:
             if bucket not in self._graphs:
-                self._graphs[bucket] = self._capture(bucket)
+                self._graphs[bucket] = self._capture(lambda: self._round(bucket))
             self._graphs[bucket].replay()
         else:
             self._round(bucket)
         return self.hidden_out[:n].clone(), self.gate_out[:n].clone()
 
-    def _capture(self, bucket: int) -> torch.cuda.CUDAGraph:
+    def run_token(self, hidden: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rounds 1..depth of the staged rows' tokens in one go (one graph replay on CUDA):
+        round r reads and writes plane r - 1 for every row, whatever stage() put in planes.
+        hidden [n, H]: the embeddings. -> (h_depth [n, H], gate logits fp32 [n, depth])."""
+        n = hidden.shape[0]
+        if not 1 <= depth <= self.config.num_rounds:
+            raise ValueError(f"depth must lie in 1..{self.config.num_rounds}, got {depth}")
+        self.token_in[:n].copy_(hidden)
+        bucket = next(b for b in self.buckets if b >= n)
+        if self.cuda_graphs:
+            if (bucket, depth) not in self._graphs:
+                self._graphs[bucket, depth] = self._capture(lambda: self._token(bucket, depth))
+            self._graphs[bucket, depth].replay()
+        else:
+            self._token(bucket, depth)
+        return self.hidden_out[:n].clone(), self.token_gates[:n, :depth].clone()
+
+    def _token(self, n: int, depth: int) -> None:
+        # Reads only token_in and the staged indices: running it again (the capture's warm-up
+        # does) recomputes the same values and rewrites the same K/V.
+        for r in range(depth):
+            self.hidden_in[:n].copy_(self.token_in[:n] if r == 0 else self.hidden_out[:n])
+            self._round(n, plane=r)
+            self.token_gates[:n, r].copy_(self.gate_out[:n])
+
+    def _capture(self, fn) -> torch.cuda.CUDAGraph:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):   # warm-up: compile / autotune outside the capture
             for _ in range(2):
-                self._round(bucket)
+                fn()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            self._round(bucket)
+            fn()
         return graph
 
     @torch.no_grad()
-    def _round(self, n: int) -> None:
+    def _round(self, n: int, plane: int | None = None) -> None:
+        """One round for the first n staged rows; plane: the same plane for every row (whole
+        tokens) instead of the staged ones."""
         cfg, model = self.config, self.model.model
         positions, planes, slots, ctx, tables = self._views(self.index)
+        if plane is not None:
+            planes = self._plane_rows[plane]
         positions, planes, slots, ctx, tables = (positions[:n], planes[:n], slots[:n], ctx[:n],
                                                  tables[:n])
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, self.dtype)
-        cos, sin = cos[:, None], sin[:, None]
         scale, eps = cfg.head_dim ** -0.5, cfg.rms_norm_eps
+        heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         x = self.hidden_in[:n]
         y = kernels.rmsnorm_ref(x, model.layers[0].input_layernorm.weight, eps)
+        small = n <= self._small_rows
         for idx, w in enumerate(self.layers):
-            q, k, v = self._qkv(y, w["w_qkv"], cos, sin, cfg.num_attention_heads,
-                                cfg.num_key_value_heads, cfg.head_dim)
-            self._write_kv(self.kv_cache, idx, planes, slots, k, v)
+            if small:
+                qkv = kernels.small_m_linear(y, w["w_qkv"])
+            if small or self._fused_rope:
+                q = kernels.rope_write_kv(qkv if small else F.linear(y, w["w_qkv"]), cos, sin,
+                                          self.kv_cache, idx, planes, slots, *heads)
+            else:
+                q, k, v = self._qkv(y, w["w_qkv"], cos[:, None], sin[:, None], *heads)
+                self._write_kv(self.kv_cache, idx, planes, slots, k, v)
             attn = self._attention(q, self.kv_cache[idx, 0], self.kv_cache[idx, 1], planes,
                                    tables, ctx, scale, **self._attention_kwargs)
-            x, y = self._post(x, attn, w["w_o"], w["w_attn_out"], w["w_mlp_in"], w["w_gate_up"],
-                              w["w_down"], w["w_mlp_out"], w["w_next"], eps, self._norm)
+            if small:
+                x, y = self._small_mlp(x, attn, w, eps)
+            else:
+                x, y = self._post(x, attn, w["w_o"], w["w_attn_out"], w["w_mlp_in"],
+                                  w["w_gate_up"], w["w_down"], w["w_mlp_out"], w["w_next"], eps,
+                                  self._norm)
         self.hidden_out[:n].copy_(y)
         self.gate_out[:n].copy_(model.early_exit_gate(y).float().squeeze(-1))
+
+    @staticmethod
+    def _small_mlp(x, attn, w, eps):
+        """post_attention for <= 16 rows: weight-streaming GEMVs, SiLU * up fused into down."""
+        linear = kernels.small_m_linear
+        x, m = kernels.add_rmsnorm(x, linear(attn.flatten(1), w["w_o"]), w["w_attn_out"],
+                                   w["w_mlp_in"], eps)
+        down = linear(linear(m, w["w_gate_up"]), w["w_down"], "silu_mul")
+        return kernels.add_rmsnorm(x, down, w["w_mlp_out"], w["w_next"], eps)

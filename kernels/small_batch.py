@@ -1,0 +1,197 @@
+"""Kernels for decode rounds of a few rows (M <= 16): weight-streaming GEMV and fused RoPE + K/V.
+
+At batch 1-16 a decode round is a stream of weight reads: every linear layer reads its whole
+weight matrix for a handful of rows. cuBLAS reaches ~62% of the H200's copy bandwidth on these
+shapes (docs/benchmarks/2026-11-29-engine-static-h200.md), and the activation (SiLU * up) and
+RoPE + K/V write run as separate small kernels. Here:
+
+  * small_m_linear(x, w, act) = act(x) @ w.T, one program per BLOCK_N output features, streaming
+    w in [BLOCK_N, BLOCK_K] tiles. act="silu_mul" reads x = [gate | up] and applies
+    silu(gate) * up on the fly (SwiGLU's down projection), so the activation never hits memory.
+    Accumulation in fp32; one rounding to x's dtype at the end.
+  * rope_write_kv(qkv, ...) splits a fused q|k|v row, applies rotate-half RoPE to q and k (fp32,
+    one rounding), writes k and v into the paged cache (plane, slot) and returns q. One program
+    per row; a negative slot marks a padding row (nothing written).
+
+Both have torch references with the same arguments (``*_ref``), which are the spec in the tests.
+Rounding differs from the references only in where bf16 rounding happens (fp32 inside, once at
+the end), which is within bf16 tolerance and exact in fp32.
+"""
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .kv_copy import write_kv_ref
+
+MAX_ROWS = 16
+ACTIVATIONS = (None, "silu_mul")
+
+
+def small_m_linear_ref(x, w, act=None):
+    """act(x) @ w.T; x [M, K] (act=None) or [M, 2K] = [gate | up] (act="silu_mul"), w [N, K]."""
+    if act == "silu_mul":
+        gate, up = x.chunk(2, dim=-1)
+        x = F.silu(gate) * up
+    return F.linear(x, w)
+
+
+@triton.jit
+def _small_m_linear_kernel(
+    x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+    SILU_MUL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)
+    col_ok, row_ok = cols < N, rows < M
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        w = tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :],
+                    mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        x_at = x_ptr + rows[:, None] * stride_xm + ks[None, :]
+        x_ok = row_ok[:, None] & k_ok[None, :]
+        if SILU_MUL:
+            gate = tl.load(x_at, mask=x_ok, other=0.0).to(tl.float32)
+            up = tl.load(x_at + K, mask=x_ok, other=0.0).to(tl.float32)
+            x = gate * tl.sigmoid(gate) * up
+        else:
+            x = tl.load(x_at, mask=x_ok, other=0.0).to(tl.float32)
+        if BLOCK_M == 1:
+            # One row: a broadcast multiply and a row sum keep every loaded weight in fp32 FMAs.
+            acc += tl.sum(w.to(tl.float32) * x, axis=1)[None, :]
+        elif IEEE:
+            acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
+        else:
+            acc += tl.dot(x.to(w.dtype), tl.trans(w))
+    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+# Tile shapes (BLOCK_N, BLOCK_K, num_warps, num_stages) for one row and for 2..16 rows, by
+# default and per (N, K) weight shape. One row needs many programs in flight to saturate HBM
+# (N / BLOCK_N of them); 2..16 rows use tensor cores (tl.dot needs BLOCK_N >= 16). The per-shape
+# entries are the Ouro-1.4B layer's, measured by `python -m rltlab.bench.gemv --sweep` on the
+# H200 (docs/benchmarks/2026-11-30-small-batch-h200.md).
+TILES = {
+    "one_row": (4, 1024, 4, 2), "few_rows": (16, 256, 4, 3),
+    ("one_row", 6144, 2048): (4, 1024, 4, 2), ("one_row", 2048, 2048): (4, 1024, 8, 5),
+    ("one_row", 11264, 2048): (4, 512, 2, 2), ("one_row", 2048, 5632): (4, 1024, 8, 2),
+    ("few_rows", 6144, 2048): (64, 256, 4, 4), ("few_rows", 2048, 2048): (16, 256, 4, 4),
+    ("few_rows", 11264, 2048): (32, 256, 4, 3), ("few_rows", 2048, 5632): (64, 128, 4, 5),
+}
+
+
+def tiles_for(rows: int, n: int, k: int) -> tuple[int, int, int, int]:
+    kind = "one_row" if rows == 1 else "few_rows"
+    return TILES.get((kind, n, k), TILES[kind])
+
+
+def small_m_linear(x, w, act=None, tiles=None):
+    """Triton version of small_m_linear_ref for 1 <= M <= 16 rows."""
+    if act not in ACTIVATIONS:
+        raise ValueError(f"act must be one of {ACTIVATIONS}, got {act!r}")
+    m, n, k = x.shape[0], w.shape[0], w.shape[1]
+    if not 1 <= m <= MAX_ROWS:
+        raise ValueError(f"small_m_linear takes 1..{MAX_ROWS} rows, got {m}")
+    if x.shape[1] != (2 * k if act == "silu_mul" else k):
+        raise ValueError(f"x has {x.shape[1]} columns; w {tuple(w.shape)} with act={act!r} "
+                         f"needs {2 * k if act == 'silu_mul' else k}")
+    if x.dtype != w.dtype or x.stride(-1) != 1 or w.stride(-1) != 1:
+        raise ValueError("x and w must share one dtype and be contiguous in their last dim")
+    block_m = 1 if m == 1 else 16
+    block_n, block_k, warps, stages = tiles or tiles_for(m, n, k)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    _small_m_linear_kernel[(triton.cdiv(n, block_n),)](
+        x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
+        SILU_MUL=act == "silu_mul", BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        IEEE=w.dtype == torch.float32, num_warps=warps, num_stages=stages,
+    )
+    return out
+
+
+def rope_write_kv_ref(qkv, cos, sin, kv_cache, layer, planes, slots, num_heads, num_kv_heads,
+                      head_dim):
+    """q, k, v from qkv [N, (Hq + 2 Hkv) D]; RoPE (rotate-half, cos/sin [N, D]) on q and k;
+    k, v written to kv_cache[layer, :, planes[n], slots[n]] (slot < 0: skipped). -> q [N, Hq, D]."""
+    q_end, k_end = num_heads * head_dim, (num_heads + num_kv_heads) * head_dim
+    q = qkv[:, :q_end].view(-1, num_heads, head_dim)
+    k = qkv[:, q_end:k_end].view(-1, num_kv_heads, head_dim)
+    v = qkv[:, k_end:].view(-1, num_kv_heads, head_dim)
+    cos, sin = cos[:, None], sin[:, None]
+
+    def rope(t):
+        half = head_dim // 2
+        return t * cos + torch.cat([-t[..., half:], t[..., :half]], dim=-1) * sin
+
+    write_kv_ref(kv_cache, layer, planes, slots, rope(k), v)
+    return rope(q)
+
+
+@triton.jit
+def _rope_rows(base, cos, sin, heads, d, HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
+               NUM: tl.constexpr):
+    """RoPE'd fp32 [BLOCK_H, BLOCK_D] tile of NUM heads starting at ``base``."""
+    mask = (heads < NUM)[:, None] & (d < HEAD_DIM)[None, :]
+    x = tl.load(base + heads[:, None] * HEAD_DIM + d[None, :], mask=mask, other=0.0)
+    partner = tl.where(d < HALF, d + HALF, d - HALF)
+    y = tl.load(base + heads[:, None] * HEAD_DIM + partner[None, :], mask=mask, other=0.0)
+    sign = tl.where(d < HALF, -1.0, 1.0)
+    return x.to(tl.float32) * cos[None, :] + sign[None, :] * y.to(tl.float32) * sin[None, :], mask
+
+
+@triton.jit
+def _rope_write_kv_kernel(
+    qkv_ptr, cos_ptr, sin_ptr, q_ptr, kv_ptr, planes_ptr, slots_ptr, block_size,
+    stride_qkv, stride_cos, stride_q,
+    stride_kv, stride_p, stride_b, stride_s, stride_h,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    n = tl.program_id(0)
+    d = tl.arange(0, BLOCK_D)
+    cos = tl.load(cos_ptr + n * stride_cos + d, mask=d < HEAD_DIM, other=0.0).to(tl.float32)
+    sin = tl.load(sin_ptr + n * stride_cos + d, mask=d < HEAD_DIM, other=0.0).to(tl.float32)
+    row = qkv_ptr + n * stride_qkv
+    HALF: tl.constexpr = HEAD_DIM // 2
+    heads = tl.arange(0, BLOCK_H)
+    q, q_mask = _rope_rows(row, cos, sin, heads, d, HALF, HEAD_DIM, NUM_HEADS)
+    tl.store(q_ptr + n * stride_q + heads[:, None] * HEAD_DIM + d[None, :],
+             q.to(q_ptr.dtype.element_ty), mask=q_mask)
+    slot = tl.load(slots_ptr + n).to(tl.int64)
+    if slot >= 0:
+        plane = tl.load(planes_ptr + n).to(tl.int64)
+        kv_heads = tl.arange(0, BLOCK_KV)
+        k, kv_mask = _rope_rows(row + NUM_HEADS * HEAD_DIM, cos, sin, kv_heads, d, HALF,
+                                HEAD_DIM, NUM_KV_HEADS)
+        v = tl.load(row + (NUM_HEADS + NUM_KV_HEADS) * HEAD_DIM + kv_heads[:, None] * HEAD_DIM
+                    + d[None, :], mask=kv_mask, other=0.0)
+        dst = (kv_ptr + plane * stride_p + (slot // block_size) * stride_b
+               + (slot % block_size) * stride_s + kv_heads[:, None] * stride_h + d[None, :])
+        tl.store(dst, k.to(kv_ptr.dtype.element_ty), mask=kv_mask)
+        tl.store(dst + stride_kv, v.to(kv_ptr.dtype.element_ty), mask=kv_mask)
+
+
+def rope_write_kv(qkv, cos, sin, kv_cache, layer, planes, slots, num_heads, num_kv_heads,
+                  head_dim):
+    """Triton version of rope_write_kv_ref (planes: int32 [N], slots: int [N])."""
+    n = qkv.shape[0]
+    if qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim or qkv.stride(-1) != 1:
+        raise ValueError(f"qkv {tuple(qkv.shape)} is not [N, (Hq + 2 Hkv) * D] contiguous")
+    if cos.shape != (n, head_dim) or sin.shape != cos.shape or cos.stride() != sin.stride():
+        raise ValueError(f"cos/sin must be [N, D] = [{n}, {head_dim}] with one layout")
+    if kv_cache.shape[-1] != head_dim or kv_cache.stride(-1) != 1:
+        raise ValueError("the cache's head_dim must match and be contiguous")
+    q = torch.empty(n, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    layer_cache = kv_cache[layer]   # [2, P, NB, BS, Hkv, D]
+    _rope_write_kv_kernel[(n,)](
+        qkv, cos, sin, q, layer_cache, planes, slots, kv_cache.shape[4],
+        qkv.stride(0), cos.stride(0), q.stride(0), *layer_cache.stride()[:5],
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_KV=triton.next_power_of_2(num_kv_heads),
+        BLOCK_D=triton.next_power_of_2(head_dim),
+    )
+    return q

@@ -1,0 +1,139 @@
+"""Small-batch GEMV (kernels/small_batch.small_m_linear) vs cuBLAS on one decode round's weights.
+
+    python -m rltlab.bench.gemv --preset ouro-1.4b [--rows 1 2 4 8 16] [--sweep] [--out FILE]
+
+For a model shape, the four matmuls of a layer (q/k/v fused, o, gate/up fused, down with
+SiLU * up) with L distinct weight copies each (L = num_hidden_layers, so the weights stream
+from HBM as in a real round instead of sitting in the 50 MB L2). Per row count: correctness
+(max abs error vs the fp32 product of the same bf16 inputs), then the time of one round's matmuls
+(a CUDA graph of all L x 4, median of repeats) for cuBLAS (F.linear; SiLU * up as its own
+kernels) and for the Triton kernel, in GB/s and as a % of the device copy bandwidth measured in
+the same run. --sweep times tile configurations per weight shape first and reports the best.
+Last line: JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from rltlab.atomic import write_text_atomic
+from rltlab.bench.engine_checks import copy_bandwidth
+from rltlab.kernels.small_batch import small_m_linear, small_m_linear_ref, tiles_for
+
+ONE_ROW = [(bn, bk, w, 3) for bn, bk, w in itertools.product((4, 8, 16, 32), (256, 512, 1024),
+                                                               (2, 4, 8))]
+FEW_ROWS = [(bn, bk, w, 3) for bn, bk, w in itertools.product((16, 32, 64), (64, 128, 256),
+                                                               (4, 8))]
+
+
+def layer_shapes(cfg) -> dict[str, tuple[int, int, str | None]]:
+    """name -> (N, K, act) of one layer's matmuls."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    return {"qkv": ((cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d, h, None),
+            "o": (h, cfg.num_attention_heads * d, None),
+            "gate_up": (2 * cfg.intermediate_size, h, None),
+            "down": (h, cfg.intermediate_size, "silu_mul")}
+
+
+def graph_ms(fn, repeats: int) -> float:
+    """Median ms of one replay of a CUDA graph of fn (captured after a warm-up call)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def cublas(x, w, act):
+    return F.linear(x, w) if act is None else small_m_linear_ref(x, w, act)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="ouro-1.4b", help="a preset of rltlab.bench (shape only)")
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--sweep", action="store_true", help="tune tiles per shape first")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("rltlab.bench.gemv times CUDA graphs: it needs a GPU")
+    from rltlab.bench.__main__ import PRESETS
+    from rltlab.model import OuroConfig
+    cfg = OuroConfig(**PRESETS[args.preset])
+    layers, dev, dtype = cfg.num_hidden_layers, "cuda", torch.bfloat16
+    gen = torch.Generator(device=dev).manual_seed(0)
+    shapes = layer_shapes(cfg)
+    weights = {name: [torch.randn(n, k, device=dev, dtype=dtype, generator=gen) * k ** -0.5
+                      for _ in range(layers)] for name, (n, k, _) in shapes.items()}
+    round_bytes = sum(w.numel() * w.element_size() for ws in weights.values() for w in ws)
+    result = {"preset": args.preset, "dtype": "bfloat16", "device": torch.cuda.get_device_name(),
+              "copy_bandwidth_gb_s": copy_bandwidth(dev), "round_weight_bytes": round_bytes,
+              "tiles": {}, "rows": {}}
+
+    def inputs(m):
+        return {name: torch.randn(m, 2 * k if act else k, device=dev, dtype=dtype, generator=gen)
+                for name, (n, k, act) in shapes.items()}
+
+    if args.sweep:
+        for kind, m, configs in (("one_row", 1, ONE_ROW), ("few_rows", 16, FEW_ROWS)):
+            xs = inputs(m)
+            for name, (n, k, act) in shapes.items():
+                timed = {}
+                for tiles in configs:
+                    try:
+                        timed[tiles] = graph_ms(lambda: [small_m_linear(xs[name], w, act, tiles)
+                                                         for w in weights[name]], args.repeats)
+                    except Exception as err:   # a tile shape the compiler refuses
+                        print(f"skip {kind} {name} {tiles}: {repr(err)[:80]}")
+                best = min(timed, key=timed.get)
+                stages = {s: graph_ms(lambda: [small_m_linear(xs[name], w, act, (*best[:3], s))
+                                               for w in weights[name]], args.repeats)
+                          for s in (2, 3, 4, 5)}
+                best = (*best[:3], min(stages, key=stages.get))
+                result["tiles"][f"{kind} {name} N={n} K={k}"] = {
+                    "best": best, "ms": round(min(stages.values()), 4),
+                    "default_ms": round(timed.get(tiles_for(m, n, k), float("nan")), 4)}
+                print(kind, name, result["tiles"][f"{kind} {name} N={n} K={k}"], flush=True)
+
+    for m in args.rows:
+        xs = inputs(m)
+        errors = {}
+        for name, (n, k, act) in shapes.items():
+            out = small_m_linear(xs[name], weights[name][0], act).float()
+            ref = small_m_linear_ref(xs[name].float(), weights[name][0].float(), act)
+            errors[name] = round(float((out - ref).abs().max() / ref.abs().max()), 5)
+        ms = {}
+        for label, fn in (("cublas", cublas), ("triton", small_m_linear)):
+            ms[label] = graph_ms(lambda: [fn(xs[name], w, act) for name, (_, _, act)
+                                          in shapes.items() for w in weights[name]], args.repeats)
+        result["rows"][m] = {
+            "max_rel_error": errors,
+            **{f"{label}_ms": round(t, 4) for label, t in ms.items()},
+            **{f"{label}_pct_of_copy_bw": round(100 * round_bytes / (t / 1e3) / 1e9
+                                                / result["copy_bandwidth_gb_s"], 1)
+               for label, t in ms.items()},
+            "speedup": round(ms["cublas"] / ms["triton"], 3)}
+        print(f"rows={m}: {json.dumps(result['rows'][m])}", flush=True)
+    if args.out:
+        write_text_atomic(args.out, json.dumps(result, indent=1))
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

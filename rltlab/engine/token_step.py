@@ -1,0 +1,63 @@
+"""Whole-token decode steps: every round of a fixed-depth token in one launch.
+
+In the round-per-step loop a batch-1 token costs R engine steps, and on a GPU the last one ends
+with the host reading the sampled token while the device idles (~1.3 ms per token on the H200,
+docs/benchmarks/2026-11-29-engine-static-h200.md). When nothing needs to look between rounds,
+`step()` hands over to `FusedTokenStep.step()`, which runs rounds 1..D of every running
+sequence's pending token through the static decoder as one unit (one CUDA graph per batch bucket
+and depth: `StaticDecoder.run_token`) and samples: one host round trip per token.
+
+It applies when the engine has the static decode path, no round observers and no proposer, is
+not paused, no waiting request could be admitted, and every running sequence sits at a decode
+boundary (pending token sampled, every earlier position final) under the host-decided `fixed`
+policy, all at the same depth D. Then the result is the round-per-step result by construction:
+the same rounds through the same decoder, the same LAST_EXITED copies, the same sampler; tests
+compare both token for token. Anything else steps one round at a time.
+"""
+from __future__ import annotations
+
+from rltlab.engine.exit_policies import FixedDepth
+from rltlab.engine.sequence import Sequence
+
+
+class FusedTokenStep:
+    def __init__(self, engine):
+        self.engine = engine
+
+    def depth(self, seq: Sequence) -> int | None:
+        """The host-fixed depth of the sequence's next token, or None (the policy decides)."""
+        p = seq.params
+        if not isinstance(self.engine.policy(p.exit_policy), FixedDepth):
+            return None
+        return min(p.exit_policy_args.get("depth", p.max_loops), p.max_loops,
+                   self.engine.num_rounds)
+
+    def ready(self) -> int | None:
+        """The common depth if this step can run whole tokens, else None."""
+        eng = self.engine
+        sch = eng.scheduler
+        if eng.paused or eng.observers or eng.proposer is not None or not sch.running:
+            return None
+        if sch.waiting and len(sch.running) < eng.config.max_num_seqs \
+                and eng.block_manager.can_allocate(sch.waiting[0].reserved_positions):
+            return None
+        depths = set()
+        for seq in sch.running:
+            if seq.span is not None or not seq.output_token_ids \
+                    or seq.num_computed != seq.num_tokens - 1:
+                return None
+            depths.add(self.depth(seq))
+        return depths.pop() if len(depths) == 1 and None not in depths else None
+
+    def step(self, depth: int):
+        eng = self.engine
+        seqs = list(eng.scheduler.running)
+        eng._failed = {}
+        hidden = eng.runner.run_token(seqs, depth)
+        for seq in seqs:
+            seq.num_computed = seq.num_tokens
+        eng._sample([(seq, hidden[i], depth) for i, seq in enumerate(seqs)])
+        for seq in seqs:
+            if seq.seq_id in eng._failed and not seq.is_finished:
+                eng._finish(seq, "error", eng._failed[seq.seq_id])
+        return eng._drain_outputs()

@@ -1,0 +1,134 @@
+"""Small-batch decode kernels (kernels/small_batch.py) under TRITON_INTERPRET=1 vs their torch
+references and float64 math. fp32: atol/rtol 1e-5. bf16 (one-row GEMV, RoPE): one bf16 step.
+
+The interpreter's tl.dot on bf16 inputs is not faithful, so the 2..16-row GEMV path is checked
+here in fp32 (IEEE dot) and in bf16 on the GPU by `python -m rltlab.bench.gemv`.
+"""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from rltlab.kernels import (  # noqa: E402
+    rope_write_kv, rope_write_kv_ref, small_m_linear, small_m_linear_ref, triton_available,
+)
+from rltlab.model import apply_rope, rope_cos_sin  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(not triton_available(DEVICE),
+                                reason="needs a GPU or TRITON_INTERPRET=1 before import")
+FP32 = dict(atol=1e-5, rtol=1e-5)
+BF16 = dict(atol=2e-2, rtol=1.6e-2)
+
+
+def _randn(*shape, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(dtype).to(DEVICE)
+
+
+# (rows, tiles): tl.dot (2..16 rows) needs BLOCK_N >= 16; None = the tuned default tiles.
+SHAPES = [(1, None), (1, (8, 64, 4, 2)), (1, (16, 32, 2, 3)), (2, None), (2, (16, 32, 2, 2)),
+          (5, (16, 64, 4, 3)), (16, None), (16, (32, 32, 4, 4))]
+
+
+@pytest.mark.parametrize("rows,tiles", SHAPES)
+@pytest.mark.parametrize("act", [None, "silu_mul"])
+def test_small_m_linear_matches_reference_fp32(rows, tiles, act):
+    n, k = 40, 200   # neither a multiple of any tile: exercises the masks
+    x = _randn(rows, 2 * k if act else k, seed=rows)
+    w = _randn(n, k, seed=100 + rows) / k ** 0.5
+    out = small_m_linear(x, w, act, tiles=tiles)
+    torch.testing.assert_close(out, small_m_linear_ref(x, w, act), **FP32)
+    xd = x.double()
+    if act:
+        xd = F.silu(xd[:, :k]) * xd[:, k:]
+    torch.testing.assert_close(out.double(), xd @ w.double().T, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("act", [None, "silu_mul"])
+def test_small_m_linear_one_row_bf16(act):
+    n, k = 48, 256
+    x = _randn(1, 2 * k if act else k, seed=3, dtype=torch.bfloat16)
+    w = (_randn(n, k, seed=4) / k ** 0.5).to(torch.bfloat16)
+    out = small_m_linear(x, w, act, tiles=(8, 128, 4, 3))
+    assert out.dtype == torch.bfloat16
+    expected = small_m_linear_ref(x.float(), w.float(), act)   # fp32 math on the bf16 inputs
+    torch.testing.assert_close(out.float(), expected, **BF16)
+
+
+def test_small_m_linear_rejects_bad_input():
+    w = _randn(8, 16, seed=0)
+    with pytest.raises(ValueError, match="1..16 rows"):
+        small_m_linear(_randn(17, 16, seed=1), w)
+    with pytest.raises(ValueError, match="needs 32"):
+        small_m_linear(_randn(2, 16, seed=1), w, "silu_mul")
+    with pytest.raises(ValueError, match="act must be"):
+        small_m_linear(_randn(2, 16, seed=1), w, "gelu")
+    with pytest.raises(ValueError, match="one dtype"):
+        small_m_linear(_randn(2, 16, seed=1, dtype=torch.bfloat16), w)
+
+
+def _rope_case(dtype, head_dim=12, num_heads=4, num_kv_heads=2, seed=0):
+    n, layers, planes, blocks, block_size = 5, 2, 3, 4, 4
+    qkv = _randn(n, (num_heads + 2 * num_kv_heads) * head_dim, seed=seed, dtype=dtype)
+    positions = torch.tensor([3, 9, 0, 14, 7], device=DEVICE)
+    cos, sin = rope_cos_sin(positions, head_dim, 10000.0, dtype)
+    plane_ids = torch.tensor([0, 2, 1, 0, 2], dtype=torch.int32, device=DEVICE)
+    slots = torch.tensor([1, 5, -1, 15, 8], device=DEVICE)   # row 2 is padding
+    cache = _randn(layers, 2, planes, blocks, block_size, num_kv_heads, head_dim, seed=seed + 1,
+                   dtype=dtype)
+    return qkv, cos, sin, cache, plane_ids, slots
+
+
+@pytest.mark.parametrize("head_dim", [12, 16])
+def test_rope_write_kv_matches_reference_fp32(head_dim):
+    qkv, cos, sin, cache, planes, slots = _rope_case(torch.float32, head_dim)
+    ref_cache = cache.clone()
+    q = rope_write_kv(qkv, cos, sin, cache, 1, planes, slots, 4, 2, head_dim)
+    q_ref = rope_write_kv_ref(qkv, cos, sin, ref_cache, 1, planes, slots, 4, 2, head_dim)
+    torch.testing.assert_close(q, q_ref, **FP32)
+    torch.testing.assert_close(cache, ref_cache, **FP32)
+    # The reference itself against the model's RoPE, and the cache rows it should have written.
+    k = qkv[:, 4 * head_dim: 6 * head_dim].view(-1, 2, head_dim)
+    torch.testing.assert_close(q_ref, apply_rope(qkv[:, : 4 * head_dim].view(-1, 4, head_dim),
+                                                 cos[:, None], sin[:, None]), **FP32)
+    k_roped = apply_rope(k, cos[:, None], sin[:, None])
+    for row in (0, 1, 3, 4):
+        slot, plane = int(slots[row]), int(planes[row])
+        torch.testing.assert_close(ref_cache[1, 0, plane, slot // 4, slot % 4], k_roped[row])
+        torch.testing.assert_close(ref_cache[1, 1, plane, slot // 4, slot % 4],
+                                   qkv[row, 6 * head_dim:].view(2, head_dim))
+
+
+def test_rope_write_kv_padding_row_and_other_layers_untouched():
+    qkv, cos, sin, cache, planes, slots = _rope_case(torch.float32, seed=7)
+    before = cache.clone()
+    rope_write_kv(qkv, cos, sin, cache, 0, planes, slots, 4, 2, 12)
+    assert torch.equal(cache[1], before[1])
+    written = torch.zeros_like(cache[0, 0, :, :, :, 0, 0], dtype=torch.bool)
+    for row in (0, 1, 3, 4):
+        slot = int(slots[row])
+        written[int(planes[row]), slot // 4, slot % 4] = True
+    assert torch.equal(cache[0, :, ~written], before[0, :, ~written])
+    assert not torch.equal(cache[0, :, written], before[0, :, written])
+
+
+def test_rope_write_kv_bf16():
+    qkv, cos, sin, cache, planes, slots = _rope_case(torch.bfloat16, head_dim=16, seed=3)
+    ref_cache = cache.clone()
+    q = rope_write_kv(qkv, cos, sin, cache, 1, planes, slots, 4, 2, 16)
+    q_ref = rope_write_kv_ref(qkv, cos, sin, ref_cache, 1, planes, slots, 4, 2, 16)
+    torch.testing.assert_close(q.float(), q_ref.float(), **BF16)
+    torch.testing.assert_close(cache.float(), ref_cache.float(), **BF16)
+
+
+def test_rope_write_kv_rejects_bad_shapes():
+    qkv, cos, sin, cache, planes, slots = _rope_case(torch.float32)
+    with pytest.raises(ValueError, match="not \\[N"):
+        rope_write_kv(qkv[:, :-1], cos, sin, cache, 1, planes, slots, 4, 2, 12)
+    with pytest.raises(ValueError, match="cos/sin"):
+        rope_write_kv(qkv, cos[:3], sin[:3], cache, 1, planes, slots, 4, 2, 12)
