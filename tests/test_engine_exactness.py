@@ -6,6 +6,7 @@ runs prompt positions R rounds and output token i (input at position P + i) exit
 rounds; the log-prob of token i is read at position P - 1 + i.
 """
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -233,3 +234,22 @@ def test_bf16_engine_close_to_fp32_recompute():
         chosen, _, _ = recompute(model, prompt, out)
         gaps.append((chosen - torch.tensor(out.logprobs)).abs().max().item())
     assert 0 < max(gaps) < 0.25, gaps
+
+
+def test_first_chunk_causal_attention_equals_the_cache_gather():
+    """Rows holding positions 0..n-1 (a first prefill chunk) attend over their own fresh k/v
+    with causal SDPA; the general path gathers the same keys from the cache with a mask."""
+    llm = LLM(tiny_model(3), decode_path="gather", block_size=4, prefill_chunk=64,
+              max_num_seqs=3, max_num_batched_tokens=64)
+    engine = llm.llm_engine
+    for i, prompt in enumerate(random_prompts(3, seed=12)):
+        engine.add_request(str(i), prompt, SamplingParams(max_tokens=2))
+    seqs = engine.scheduler.schedule()
+    batch = engine.runner.prepare(seqs)
+    assert batch.from_start and len(set(batch.row_sizes)) > 1   # padded rows
+    cache = engine.runner.kv_cache.clone()
+    fast, fast_gates = engine.runner.run_round(batch)
+    engine.runner.kv_cache.copy_(cache)
+    slow, slow_gates = engine.runner.run_round(dataclasses.replace(batch, from_start=False))
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fast_gates, slow_gates, atol=1e-5, rtol=1e-5)

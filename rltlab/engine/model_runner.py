@@ -76,6 +76,9 @@ class RoundBatch:
     key_slots: torch.Tensor    # int64 [B, max_ctx]
     mask: torch.Tensor         # bool [B, 1, groups * max_q, max_ctx] (GQA: per query group)
     rows: StepRows             # the same, on the host
+    # Every row is positions 0..n-1 of its sequence (a first prefill chunk): its keys are its
+    # own fresh k/v, so attention is plain causal attention without the cache gather.
+    from_start: bool = False
 
     @property
     def row_sizes(self) -> list[int]:
@@ -213,11 +216,14 @@ class ModelRunner:
         groups = self.config.num_attention_heads // self.config.num_key_value_heads
         token_rounds = torch.repeat_interleave(torch.tensor(rounds), torch.tensor(sizes))
         rows = StepRows(sizes, slots.tolist(), token_rounds.tolist(), pos_t.tolist(), dev)
+        # active offsets ascend, so last == n - 1 means exactly 0..n-1
+        from_start = all(s.span.start == 0 and int(p[-1]) == p.numel() - 1
+                         for s, p in zip(seqs, positions))
         return RoundBatch(
             hidden=torch.cat(hidden_parts), positions=pos_t.to(dev), rounds=token_rounds.to(dev),
             slots=slots.to(dev), row_planes=torch.tensor(rounds, device=dev) - 1,
             tok_row=row_t.to(dev), tok_col=col_t.to(dev), key_slots=key_slots.to(dev),
-            mask=mask[:, None].repeat(1, 1, groups, 1).to(dev), rows=rows)
+            mask=mask[:, None].repeat(1, 1, groups, 1).to(dev), rows=rows, from_start=from_start)
 
     # ------------------------------------------------------------------------------ one round
     @torch.no_grad()
@@ -246,6 +252,8 @@ class ModelRunner:
         self._flat[idx, 1, planes, batch.slots] = v
         kv_heads, groups = attn.num_kv_heads, attn.num_heads // attn.num_kv_heads
         rows, max_q = batch.key_slots.shape[0], batch.mask.shape[2] // groups
+        if batch.from_start:
+            return attn.o_proj(self._causal_attention(q, k, v, batch, rows, max_q, groups))
         keys = self._flat[idx, 0, batch.row_planes[:, None], batch.key_slots]  # [B, ctx, Hkv, D]
         values = self._flat[idx, 1, batch.row_planes[:, None], batch.key_slots]
         queries = q.new_zeros(rows, max_q, attn.num_heads, d)
@@ -259,6 +267,18 @@ class ModelRunner:
         out = out.view(rows, kv_heads, groups, max_q, d).permute(0, 3, 1, 2, 4)
         out = out[batch.tok_row, batch.tok_col].reshape(num_tokens, -1)
         return attn.o_proj(out)
+
+    @staticmethod
+    def _causal_attention(q, k, v, batch: RoundBatch, rows: int, max_q: int, groups: int):
+        """Attention of rows that hold positions 0..n-1: causal over their own k/v, padded at
+        the end (a valid query never sees the padding), so SDPA's flash kernel applies."""
+        def padded(t):
+            out = t.new_zeros(rows, max_q, *t.shape[1:])
+            out[batch.tok_row, batch.tok_col] = t
+            return out.transpose(1, 2)
+        out = F.scaled_dot_product_attention(padded(q), padded(k), padded(v), is_causal=True,
+                                             enable_gqa=groups > 1)
+        return out.transpose(1, 2)[batch.tok_row, batch.tok_col].reshape(q.shape[0], -1)
 
     # ------------------------------------------------------------------------- after a round
     @torch.no_grad()

@@ -152,11 +152,14 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     its own generator)."""
     device, vocab = logits.device, logits.shape[-1]
     logits = logits.float()
-    temperature = torch.tensor([p.temperature for p in params], device=device)
-    top_k = torch.tensor([p.top_k for p in params], device=device)
-    top_p = torch.tensor([p.top_p for p in params], device=device)
     filtering = any(0 < p.top_k < vocab or p.top_p < 1.0 for p in params)
-    processed = process_logits(logits, temperature, top_k, top_p, filtering)
+    if filtering or any(p.temperature != 0 for p in params):
+        temperature = torch.tensor([p.temperature for p in params], device=device)
+        top_k = torch.tensor([p.top_k for p in params], device=device)
+        top_p = torch.tensor([p.top_p for p in params], device=device)
+        processed = process_logits(logits, temperature, top_k, top_p, filtering)
+    else:   # all greedy, nothing filtered: processing would divide by 1 (no launches needed)
+        processed = logits
     tokens = processed.argmax(dim=-1).tolist()
     sampled = [row for row, p in enumerate(params) if p.temperature != 0]
     probs = torch.softmax(processed[sampled], dim=-1) if sampled else None
