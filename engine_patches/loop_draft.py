@@ -50,13 +50,15 @@ def check_compatible(meta: dict, model: OuroForCausalLM, draft_rounds: int | Non
 
 def load_draft_component(path, model: OuroForCausalLM, draft_rounds: int | None = None,
                          check_hash: bool = True):
-    """Build the component recorded in <path>/draft_component.json and load its weights."""
+    """Build the component recorded in <path>/draft_component.json and load its weights, on
+    the model's device and in its dtype (the hash check already pins the dtype)."""
     meta = read_metadata(path)
     check_compatible(meta, model, draft_rounds, check_hash)
     component = build_component(meta["kind"], model, meta["draft_rounds"],
                                 **meta.get("config", {}))
     component.load_weights(Path(path))
-    return component.eval()
+    param = next(model.parameters())
+    return component.to(device=param.device, dtype=param.dtype).eval()
 
 
 def speculative_kwargs(component) -> dict:

@@ -117,3 +117,116 @@ def test_save_component_records_digests_and_replaces_an_earlier_component(model,
     assert not component_files_ok(out)                     # torn weights: not a finished one
     (out / "draft_component.json").unlink()
     assert not component_files_ok(out)
+
+
+# ------------------------------------------------- self-distillation (rltlab.draft_heads.selfdistill)
+def test_seq_metrics_by_hand():
+    from rltlab.draft_heads.selfdistill import seq_metrics
+    target = torch.log_softmax(torch.tensor([[[3.0, 0, 0], [0, 3.0, 0], [0, 0, 3.0],
+                                              [3.0, 0, 0]]]), -1)
+    draft = torch.tensor([[[2.0, 0, 0], [0, 2.0, 0], [2.0, 0, 0], [2.0, 0, 0]]])
+    mask = torch.tensor([[True, True, True, False]])      # the 4th position is padding
+    m = seq_metrics(draft, target, mask)
+    assert m["agree"] == pytest.approx(2 / 3) and m["acc@1"] == pytest.approx(2 / 3)
+    assert m["acc@2"] == pytest.approx(1 / 2)             # windows (0,1) ok, (1,2) not
+    assert m["acc@3"] == pytest.approx(0.0) and m["acc@4"] == pytest.approx(0.0)
+    same = seq_metrics(target, target, mask)
+    assert same["kl"] == pytest.approx(0.0, abs=1e-6) and same["accept_t1"] == pytest.approx(1.0)
+    assert m["kl"] > 0.1 and m["accept_t1"] < 0.95
+
+
+def test_rollouts_and_features_match_unpadded_forward(model):
+    from rltlab.draft_heads.selfdistill import rollouts, sequence_features
+    prompts = [([0, 5, 7, 9], 0), ([0, 3], 1), ([0, 11, 2, 4, 8, 1], 1)]
+    seqs = rollouts(model, prompts, max_tokens=5, temperatures=(0.0,), eos_token_id=None,
+                    progress=False)
+    for ids, kind, i in seqs:
+        assert ids[:len(prompts[i][0])] == prompts[i][0] and kind == prompts[i][1]
+        ref = generate_plain(model, [prompts[i][0]], 5, depth=4).token_ids[0]
+        assert ids[len(prompts[i][0]):] == ref
+    feats = sequence_features(model, seqs, (1, 2), heldout_every=2, batch_size=2,
+                              progress=False)
+    for n, (ids, _, i) in enumerate(seqs):
+        with torch.no_grad():
+            out = model(torch.tensor([ids]))
+        L = len(ids)
+        assert feats.mask[n].sum() == L and not feats.mask[n, L:].any()
+        torch.testing.assert_close(feats.hidden[2][n, :L], out.hidden_states[1][0],
+                                   atol=1e-5, rtol=1e-5)   # fp32; right padding never leaks
+        torch.testing.assert_close(feats.final[n, :L], out.final_hidden[0], atol=1e-5,
+                                   rtol=1e-5)
+        assert feats.final[n, :L].abs().sum() > 0
+        assert int(feats.split[n]) == int(i % 2 == 0)
+
+
+def test_distill_sequences_improves_heldout_and_ships(model, tmp_path):
+    from rltlab.draft_heads.selfdistill import (distill_sequences, evaluate_features, rollouts,
+                                                sequence_features)
+    from rltlab.engine import LLM, SamplingParams
+    from rltlab.engine.spec_decode import load_proposer
+    g = torch.Generator().manual_seed(3)
+    prompts = [(torch.randint(1, 48, (int(n),), generator=g).tolist(), int(n) % 2)
+               for n in torch.randint(2, 8, (40,), generator=g)]
+    seqs = rollouts(model, prompts, max_tokens=8, temperatures=(0.0, 1.0), eos_token_id=None,
+                    progress=False)
+    feats = sequence_features(model, seqs, (1,), heldout_every=5, progress=False)
+    held = feats.select((feats.split == 1).nonzero()[:, 0])
+    torch.manual_seed(0)
+    head = build_component("residual_mlp", model, 1, inner=64)
+    base = evaluate_features(None, held, 1, model.lm_head)["all"]
+    assert evaluate_features(head, held, 1, model.lm_head)["all"] == pytest.approx(base)
+    before = {n: p.detach().clone() for n, p in model.state_dict().items()}
+    log = distill_sequences(head, feats, 1, model.lm_head, steps=120, batch_size=16, lr=3e-3,
+                            eval_every=20, progress=False)
+    after = evaluate_features(head, held, 1, model.lm_head)["all"]
+    assert all(torch.equal(before[n], p) for n, p in model.state_dict().items())
+    assert log[-1]["best_step"] > 0 and after["kl"] < 0.9 * base["kl"], (base, after)
+    assert after["kl"] == pytest.approx(min(r["heldout_all_kl"] for r in log))
+    assert {"heldout_arithmetic_acc@2", "heldout_text_agree"} <= set(log[-1])
+    out = save_component(head, model, tmp_path / "sd")
+    prop = load_proposer(out, model, 3)
+    llm = LLM(model, max_num_seqs=4, block_size=4)
+    ps = [p for p, _ in prompts[:4]]
+    sp = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, exit_policy="fixed")
+    ref = [o.token_ids for o in llm.generate(ps, sp)]
+    llm.set_proposer(prop)
+    outs = llm.generate(ps, sp)
+    assert [o.token_ids for o in outs] == ref and all(o.spec_stats["steps"] > 0 for o in outs)
+
+
+def test_shipped_components_load_onto_the_embedded_model():
+    from rltlab import workbench as W
+    from rltlab.draft_heads.selfdistill import shipped_components
+    from rltlab.engine_patches.loop_draft import read_metadata
+    paths = shipped_components()
+    assert paths, "no component under artifacts/ouro-tiny/draft_heads"
+    model, _, _ = W.load_model(None)
+    for path in paths:
+        meta = read_metadata(path)
+        comp = load_draft_component(path, model)           # hash, hidden, vocab, d checked
+        assert comp.draft_rounds == meta["draft_rounds"] in (1, 2)
+        assert sum(f.stat().st_size for f in path.rglob("*")) < 4_000_000
+        assert "TRAINING-split" in meta["training"]["description"]
+        assert meta["training"]["command"].startswith("python -m rltlab.draft_heads.selfdistill")
+        m = meta["metrics"]
+        assert m["heldout_trained"]["all"]["agree"] > m["heldout_shallow"]["all"]["agree"]
+        h = torch.randn(5, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            assert not torch.allclose(comp(h), model.lm_head(h), atol=1e-3)
+
+
+def test_loader_puts_the_component_on_the_models_dtype(model, tmp_path):
+    comp = build_component("lora_lm_head", model, draft_rounds=1)
+    with torch.no_grad():
+        for p in comp.adapter_parameters():
+            p.normal_(0, 0.1, generator=torch.Generator().manual_seed(1))
+    out = save_component(comp, model, tmp_path / "head")
+    wide = _model().double()
+    loaded = load_draft_component(out, wide, check_hash=False)
+    assert all(p.dtype == torch.float64 for p in loaded.adapter_parameters())
+    h = torch.randn(3, 32, dtype=torch.float64)
+    with torch.no_grad():
+        got = loaded(h)
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got.float(), comp(h.float()), atol=1e-4, rtol=1e-4)
+        assert not torch.allclose(got, wide.lm_head(h), atol=1e-3)

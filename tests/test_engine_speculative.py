@@ -190,3 +190,23 @@ def test_greedy_identical_on_static_decode_path(model, prompts):
     outs = llm.generate(prompts, params)
     _same(outs, refs)
     _check_stats(outs, 3)
+
+
+def test_shipped_draft_components_are_lossless_in_the_engine():
+    """The components shipped under artifacts/ouro-tiny/draft_heads (load_proposer, the path
+    `python -m rltlab.bench.spec` uses) leave greedy engine outputs unchanged and draft."""
+    from rltlab import workbench as W
+    from rltlab.draft_heads.evaluate import eval_prompts
+    from rltlab.draft_heads.selfdistill import shipped_components
+    emb, tok, model_dir = W.load_model(None)
+    ps = eval_prompts(tok, model_dir, 4)
+    sp = SamplingParams(temperature=0.0, max_tokens=12, exit_policy="fixed")
+    llm = LLM(emb, max_num_seqs=4, block_size=16)
+    ref = [o.token_ids for o in llm.generate(ps, sp)]
+    paths = shipped_components()
+    assert {load_proposer(p, emb).draft_rounds for p in paths} == {1, 2}
+    for path in paths:
+        llm.set_proposer(load_proposer(path, emb, 4))
+        outs = llm.generate(ps, sp)
+        assert [o.token_ids for o in outs] == ref, path
+        assert sum(o.spec_stats["accepted"] for o in outs) > 0

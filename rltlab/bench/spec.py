@@ -14,11 +14,15 @@
         speedup(tau) = tau * t_target / ((K + 1) * t_draft + t_verify)
     shown for tau = (1 - a^(K+1)) / (1 - a) at per-token acceptance a in --alphas.
 (b) On the embedded model (--tiny-model, default artifacts/ouro-tiny; --tiny-dtype float32 so
-    the T=0 identity check is not a bf16 tie-breaking test): tok/s at each --concurrency of
-    target-only decoding (full depth), untrained shallow drafting d=1 and d=2, and a trained
-    residual-MLP head (trained here, or --draft PATH), for the engine path (LLMEngine +
-    set_proposer) and the reference path (speculative_generate vs generate_plain); tau,
-    acceptance, head memory, identical outputs at T=0 (per prompt), and which path is faster.
+    the T=0 identity check is not a bf16 tie-breaking test): tok/s at each --concurrency and
+    --temperatures of target-only decoding (full depth), untrained shallow drafting d=1 and
+    d=2 (the model's lm_head on h_d), and the trained components (default: the ones shipped
+    under artifacts/ouro-tiny/draft_heads/, one config "trained d=<d>" each; --draft PATH...
+    for others; none: a residual-MLP head trained here), all K = --k, for the engine path
+    (LLMEngine + set_proposer; configs interleaved over --tiny-repeats, median) and the
+    reference path (speculative_generate vs generate_plain; best of --tiny-repeats); tau,
+    acceptance, head memory, identical outputs at T=0 (per prompt), speedup vs target-only
+    and vs the faster untrained drafter, and which path is faster.
 Last line: JSON.
 """
 from __future__ import annotations
@@ -167,12 +171,37 @@ def part_a(args) -> dict:
 
 
 # ------------------------------------------------------------------ (b) end to end, tiny model
-def trained_head(model, tokenizer, args):
+def trained_heads(model, tokenizer, args) -> tuple[dict, dict]:
+    """{config name: component}, {config name: info}. --draft PATH...: those components;
+    default: the components shipped with the embedded model (artifacts/ouro-tiny/draft_heads,
+    when --tiny-model is the embedded one), else one residual-MLP head trained here."""
+    from rltlab.draft_heads.selfdistill import shipped_components
+    from rltlab.engine_patches.loop_draft import load_draft_component, read_metadata
+    paths = args.draft if args.draft else ([] if args.tiny_model or args.train_inline
+                                           else shipped_components())
+    heads, info = {}, {}
+    for path in paths:
+        comp = load_draft_component(path, model)
+        name = f"trained d={comp.draft_rounds}"
+        name = name if name not in heads else f"{name} ({path})"
+        meta = read_metadata(path)
+        heads[name] = comp
+        info[name] = {"loaded": str(path), "kind": comp.kind,
+                      "command": meta.get("training", {}).get("command"),
+                      "adapter_bytes": _adapter_bytes(comp)}
+    if not heads:
+        comp, info["trained d=1"] = _train_inline(model, tokenizer, args)
+        heads["trained d=1"] = comp
+    return heads, info
+
+
+def _adapter_bytes(comp) -> int:
+    return sum(p.numel() * p.element_size() for p in comp.adapter_parameters())
+
+
+def _train_inline(model, tokenizer, args):
     from rltlab.draft_heads.heads import build_component
     from rltlab.draft_heads.train import distill, training_rows
-    if args.draft:
-        from rltlab.engine_patches.loop_draft import load_draft_component
-        return load_draft_component(args.draft, model), {"loaded": args.draft}
     rows = training_rows(tokenizer, args.train_rows, args.seq_len, seed=0,
                          text_bytes=args.text_bytes).to(args.device)
     param = next(model.parameters())
@@ -182,37 +211,53 @@ def trained_head(model, tokenizer, args):
     log = distill(model, comp, rows, steps=args.train_steps, batch_size=16, lr=1e-3,
                   log_every=max(1, args.train_steps))
     return comp.eval(), {"trained_steps": args.train_steps, "rows": args.train_rows,
-                         "seconds": time.perf_counter() - started, "last": log[-1]}
+                         "seconds": time.perf_counter() - started, "last": log[-1],
+                         "adapter_bytes": _adapter_bytes(comp)}
 
 
 def engine_runs(model, prompts, configs, conc, temperature, args) -> list[dict]:
+    """Every config (target only first) --tiny-repeats times, interleaved (config order
+    rotates each repeat, so slow phases of a shared machine hit every config); median time."""
     llm = LLM(model, max_num_seqs=conc, block_size=16, kv_cache_memory_gib=0.5,
               max_model_len=max(map(len, prompts)) + args.max_tokens + 1,
               **_engine_kwargs(args))
     params = [SamplingParams(temperature=temperature, max_tokens=args.max_tokens, seed=17 + i,
                              exit_policy="fixed") for i in range(len(prompts))]
-    rows, ref = [], None
-    for name, proposer in [("target only", None)] + list(configs.items()):
-        llm.set_proposer(proposer)
+    names = ["target only"] + list(configs)
+    proposers = {"target only": None, **configs}
+    secs, outs = {n: [] for n in names}, {}
+    for name in names:
+        llm.set_proposer(proposers[name])
         llm.generate(prompts[:2], params[:2])                      # warm-up (graph capture)
-        secs = []
-        for _ in range(args.tiny_repeats):
+    for rep in range(args.tiny_repeats):
+        for i in range(len(names)):
+            name = names[(i + rep) % len(names)]
+            llm.set_proposer(proposers[name])
             _sync(args.device)
             started = time.perf_counter()
-            outs = llm.generate(prompts, params)
+            outs[name] = llm.generate(prompts, params)
             _sync(args.device)
-            secs.append(time.perf_counter() - started)
-        toks = [o.token_ids for o in outs]
-        ref = toks if ref is None else ref
-        stats = [o.spec_stats for o in outs if o.spec_stats]
+            secs[name].append(time.perf_counter() - started)
+    llm.set_proposer(None)
+    rows, ref = [], [o.token_ids for o in outs["target only"]]
+    for name in names:
+        toks = [o.token_ids for o in outs[name]]
+        stats = [o.spec_stats for o in outs[name] if o.spec_stats]
         steps = sum(s["steps"] for s in stats)
         drafted = sum(s["drafted"] for s in stats)
+        med = statistics.median(secs[name])
         rows.append({"impl": "engine", "config": name, "tokens": sum(map(len, toks)),
-                     "seconds": min(secs), "tok_s": sum(map(len, toks)) / min(secs),
+                     "seconds": med, "seconds_all": secs[name],
+                     "tok_s": sum(map(len, toks)) / med,
                      "tau": sum(s["emitted"] for s in stats) / steps if steps else 1.0,
                      "acceptance": sum(s["accepted"] for s in stats) / drafted if drafted
                      else None, "identical_prompts": sum(a == b for a, b in zip(toks, ref))})
     return rows
+
+
+def _paired(base: dict, row: dict) -> float:
+    """Median over the interleaved repeats of base seconds / row seconds (same tokens)."""
+    return statistics.median(b / r for b, r in zip(base["seconds_all"], row["seconds_all"]))
 
 
 def part_b(args) -> dict:
@@ -221,40 +266,56 @@ def part_b(args) -> dict:
     model, tokenizer, model_dir = W.load_model(args.tiny_model, dtype=args.tiny_dtype,
                                                device=args.device)
     prompts = eval_prompts(tokenizer, model_dir, args.prompts)
-    head, head_info = trained_head(model, tokenizer, args)
-    head_info["adapter_bytes"] = sum(p.numel() * p.element_size()
-                                     for p in head.adapter_parameters())
+    heads, head_info = trained_heads(model, tokenizer, args)
+    param = next(model.parameters())
+    heads = {n: h.to(device=param.device, dtype=param.dtype).eval() for n, h in heads.items()}
     k, res = args.k, {"model": str(model_dir), "dtype": args.tiny_dtype, "k": args.k,
-                      "head": head_info, "runs": []}
-    proposers = {"shallow d=1": DraftProposer(k, 1), "shallow d=2": DraftProposer(k, 2),
-                 "trained d=1": DraftProposer(k, head.draft_rounds, head)}
-    ref_cfgs = {"shallow d=1": {"draft_rounds": 1}, "shallow d=2": {"draft_rounds": 2},
-                "trained d=1": {"draft_rounds": head.draft_rounds, "head": head}}
-    keys = ["impl", "config", "tokens", "tok_s", "speedup", "tau", "acceptance", "identical"]
+                      "heads": head_info, "runs": []}
+    proposers = {"shallow d=1": DraftProposer(k, 1), "shallow d=2": DraftProposer(k, 2)}
+    ref_cfgs = {"shallow d=1": {"draft_rounds": 1}, "shallow d=2": {"draft_rounds": 2}}
+    for name, head in heads.items():
+        proposers[name] = DraftProposer(k, head.draft_rounds, head)
+        ref_cfgs[name] = {"draft_rounds": head.draft_rounds, "head": head}
+    keys = ["impl", "config", "tokens", "tok_s", "speedup", "vs_best_shallow",
+            "paired_speedup", "paired_vs_best_shallow", "tau", "acceptance", "identical"]
+    sizes = {n: i["adapter_bytes"] for n, i in head_info.items()}
     print(f"\n(b) {model_dir} ({args.tiny_dtype}) on {args.device}, {len(prompts)} prompts, "
-          f"{args.max_tokens} new tokens (eos stops), K={k}; head {head_info['adapter_bytes']} B")
+          f"{args.max_tokens} new tokens (eos stops), K={k}, median of {args.tiny_repeats} "
+          f"interleaved repeats (engine); head bytes {sizes}")
     for temperature in args.temperatures:
         for conc in args.concurrency:
-            rows = engine_runs(model, prompts, proposers, conc, temperature, args)
-            ref_rows = measure(model, prompts, ref_cfgs, temperature=temperature,
-                               concurrency=conc, k=k, max_tokens=args.max_tokens,
-                               repeats=args.tiny_repeats)
-            for r in ref_rows:
-                r["impl"] = "reference"
-                r["config"] = "target only" if r["config"].startswith("target") else r["config"]
-            for group in (rows, ref_rows):
+            groups = []
+            if "engine" in args.impls:
+                groups.append(engine_runs(model, prompts, proposers, conc, temperature, args))
+            if "reference" in args.impls:
+                ref_rows = measure(model, prompts, ref_cfgs, temperature=temperature,
+                                   concurrency=conc, k=k, max_tokens=args.max_tokens,
+                                   repeats=args.tiny_repeats)
+                for r in ref_rows:
+                    r["impl"] = "reference"
+                    r["config"] = ("target only" if r["config"].startswith("target")
+                                   else r["config"])
+                groups.append(ref_rows)
+            for group in groups:
+                shallow = max((r for r in group if r["config"].startswith("shallow")),
+                              key=lambda r: r["tok_s"])
                 for r in group:
                     r["speedup"] = r["tok_s"] / group[0]["tok_s"]
+                    r["vs_best_shallow"] = r["tok_s"] / shallow["tok_s"]
+                    if "seconds_all" in r:      # paired: the same interleaved repeat
+                        r["paired_speedup"] = _paired(group[0], r)
+                        r["paired_vs_best_shallow"] = _paired(shallow, r)
                     same = r.get("identical_prompts", len(prompts))
                     r["identical"] = (f"{same}/{len(prompts)}"
                                       if temperature == 0 else "n/a")
-            best = {r["config"]: max((x for x in rows + ref_rows if x["config"] == r["config"]),
+            rows = [r for g in groups for r in g]
+            best = {r["config"]: max((x for x in rows if x["config"] == r["config"]),
                                      key=lambda x: x["tok_s"])["impl"] for r in rows}
             res["runs"].append({"temperature": temperature, "concurrency": conc,
-                                "rows": rows + ref_rows, "faster_impl": best})
+                                "rows": rows, "faster_impl": best})
             print(f"\nT={temperature} c={conc} (faster: {best})")
             print(" | ".join(f"{key:>10}" for key in keys))
-            for r in rows + ref_rows:
+            for r in rows:
                 print(" | ".join(f"{r[key]:>10.3g}" if isinstance(r.get(key), float)
                                  else f"{str(r.get(key)):>10}" for key in keys))
     return res
@@ -272,13 +333,20 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--tiny-model", default=None, help="(b) model dir (default: embedded)")
     ap.add_argument("--tiny-dtype", default="float32")
-    ap.add_argument("--tiny-repeats", type=int, default=1)
+    ap.add_argument("--tiny-repeats", type=int, default=5,
+                    help="(b) repeats (engine: interleaved, median; reference: best of)")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    ap.add_argument("--draft", default=None, help="(b) trained component dir (else train one)")
+    ap.add_argument("--draft", nargs="+", default=None,
+                    help="(b) trained component dirs (default: the shipped ones, "
+                    "artifacts/ouro-tiny/draft_heads/*; none there: train one here)")
+    ap.add_argument("--train-inline", action="store_true",
+                    help="(b) ignore the shipped components, train a residual MLP here")
+    ap.add_argument("--impls", nargs="+", default=["engine", "reference"],
+                    choices=["engine", "reference"], help="(b) implementations to time")
     ap.add_argument("--train-steps", type=int, default=150)
     ap.add_argument("--train-rows", type=int, default=128)
     ap.add_argument("--seq-len", type=int, default=128)

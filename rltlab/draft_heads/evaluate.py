@@ -118,6 +118,30 @@ def tau_sweep(model, prompts, n_arith: int, ks, ds=(1, 2), max_tokens: int = 32)
     return rows
 
 
+def drafter_tau(model, prompts, n_arith: int, configs: dict, *, k: int, temperatures,
+                max_tokens: int = 32, batch: int = 8) -> list[dict]:
+    """tau / acceptance per drafter (speculative_generate kwargs), prompt type and temperature,
+    prompts in batches of `batch` (tau does not depend on batching at T=0)."""
+    rows = []
+    for temperature in temperatures:
+        for name, kwargs in configs.items():
+            every = []
+            for kind, group in (("arithmetic", prompts[:n_arith]), ("text", prompts[n_arith:]),
+                                ("all", None)):
+                tots = every if group is None else [
+                    speculative_generate(model, group[i: i + batch], max_tokens, k=k,
+                                         temperature=temperature, seed=17 + i,
+                                         eos_token_id=EOS, **kwargs).totals()
+                    for i in range(0, len(group), batch)]
+                every = every + tots if group is not None else every
+                steps, drafted = sum(t.steps for t in tots), sum(t.drafted for t in tots)
+                rows.append({"T": temperature, "drafter": name, "prompts": kind,
+                             "n": len(group or prompts), "tau": sum(t.emitted for t in tots)
+                             / max(1, steps),
+                             "acceptance": sum(t.accepted for t in tots) / max(1, drafted)})
+    return rows
+
+
 def extra_memory(model, components, k, max_tokens, prompt_len, batch) -> dict:
     cfg, item = model.config, next(model.parameters()).element_size()
     per_col = 2 * cfg.num_rounds * cfg.num_hidden_layers * cfg.num_key_value_heads \
@@ -158,6 +182,9 @@ def main(argv=None) -> dict:
     p.add_argument("--k-sweep", type=int, nargs="*", default=[],
                    help="also: greedy tau of the shallow drafters per prompt type for these K")
     p.add_argument("--only-sweep", action="store_true", help="no training / speed runs")
+    p.add_argument("--tau-drafters", nargs="*", default=None, metavar="PATH",
+                   help="only: tau of shallow d=1, d=2 and these components (default: the "
+                   "shipped ones) on --prompts held-out prompts, K=--k, each --temperatures")
     args = p.parse_args(argv)
     from rltlab import workbench as W
     torch.manual_seed(0)
@@ -165,6 +192,19 @@ def main(argv=None) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     prompts = eval_prompts(tokenizer, model_dir, args.prompts)
+    if args.tau_drafters is not None:
+        from rltlab.draft_heads.selfdistill import shipped_components
+        from rltlab.engine_patches.loop_draft import load_draft_component
+        configs = {"shallow d=1": {"draft_rounds": 1}, "shallow d=2": {"draft_rounds": 2}}
+        for path in args.tau_drafters or shipped_components(model_dir):
+            comp = load_draft_component(path, model)
+            configs[f"trained d={comp.draft_rounds} ({Path(path).name})"] = \
+                component_kwargs(comp)
+        rows = drafter_tau(model, prompts, args.prompts - args.prompts // 2, configs, k=args.k,
+                           temperatures=args.temperatures, max_tokens=args.max_tokens)
+        print(table(rows, ["T", "drafter", "prompts", "n", "tau", "acceptance"]))
+        (out / "drafter_tau.json").write_text(json.dumps(rows, indent=2))
+        return {"drafter_tau": rows}
     if args.k_sweep:
         sweep = tau_sweep(model, prompts, args.prompts - args.prompts // 2, args.k_sweep,
                           max_tokens=args.max_tokens)

@@ -1,0 +1,363 @@
+"""Self-distillation of reuse-exact draft heads on the target's own continuations.
+
+Drafts are verified on the target's greedy (T=0) or sampled (T=1) path, so the tokens a head
+must predict are the target's round-R distributions along ITS continuations, not along
+human-written rows. This module builds that data and trains on it:
+
+  1. prompts: training-split arithmetic questions ([EOT] + question, rltlab.workbench
+     .rollout_prompts) and training-split stdlib text openings ([EOT] + N tokens,
+     rltlab.exit_predictor.data.text_prompts); never the held-out eval set;
+  2. continuations: full-depth `generate_plain`, batched, greedy and/or T=1 sampled;
+  3. teacher features, one batched full-depth teacher-forced forward per batch of sequences:
+     h_d for every requested d and h_R (the target distribution is log_softmax(lm_head(h_R)),
+     recomputed per batch, so no [N, V] tensor is stored);
+  4. `distill_sequences`: KL(p_R || q) with AdamW (warm-up / linear decay), held-out split of
+     the prompts for early stopping (the adapter ends at the best held-out KL, step 0 included:
+     a zero-initialised head IS the shallow drafter), per-kind and per-draft-position
+     (acc@j) agreement logged, tqdm progress.
+
+The CLI (`python -m rltlab.draft_heads.selfdistill`) reproduces the shipped components under
+artifacts/ouro-tiny/draft_heads/ (seeded; see docs/experiments/loop_speculation.md).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from rltlab.draft_heads.train import _frozen, _schedule
+
+KIND_NAMES = ("arithmetic", "text")
+
+
+@dataclass
+class SequenceFeatures:
+    """Teacher features of S sequences padded to T tokens: hidden[d] = h_d [S, T, H],
+    final = h_R [S, T, H], mask [S, T] (real tokens), kind [S] (index into KIND_NAMES),
+    split [S] (0 train, 1 held out; by prompt)."""
+    hidden: dict[int, torch.Tensor]
+    final: torch.Tensor
+    mask: torch.Tensor
+    kind: torch.Tensor
+    split: torch.Tensor
+
+    def select(self, idx: torch.Tensor) -> "SequenceFeatures":
+        return SequenceFeatures({d: h[idx] for d, h in self.hidden.items()}, self.final[idx],
+                                self.mask[idx], self.kind[idx], self.split[idx])
+
+    def to_dict(self) -> dict:
+        return {"hidden": self.hidden, "final": self.final, "mask": self.mask,
+                "kind": self.kind, "split": self.split}
+
+
+def training_prompts(tokenizer, n_arith: int, n_text: int, text_prompt_tokens: int = 24,
+                     seed: int = 0) -> list[tuple[list[int], int]]:
+    """(prompt ids, kind) from the TRAINING splits: n_arith arithmetic questions and n_text
+    stdlib-text openings of text_prompt_tokens tokens."""
+    from rltlab.exit_predictor.data import text_prompts
+    from rltlab.workbench import rollout_prompts
+    arith = rollout_prompts(tokenizer, n_arith, seed)[0] if n_arith else []
+    text = text_prompts(tokenizer, n_text, text_prompt_tokens, "train", seed) if n_text else []
+    return [(p, 0) for p in arith] + [(p, 1) for p in text]
+
+
+@torch.no_grad()
+def rollouts(model, prompts: list[tuple[list[int], int]], *, max_tokens: int = 32,
+             temperatures=(0.0, 1.0), eos_token_id: int = 0, batch_size: int = 64,
+             seed: int = 0, progress: bool = True) -> list[tuple[list[int], int, int]]:
+    """Full-depth continuations of every prompt at every temperature -> (prompt +
+    continuation ids, kind, prompt index). Batches are grouped by prompt length."""
+    from tqdm.auto import tqdm
+
+    from rltlab.generate import generate_plain
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i][0]))
+    jobs = [(t, order[lo: lo + batch_size]) for t in temperatures
+            for lo in range(0, len(order), batch_size)]
+    out = []
+    for n, (temp, idx) in enumerate(tqdm(jobs, desc="rollouts", disable=not progress)):
+        gen = generate_plain(model, [prompts[i][0] for i in idx], max_tokens,
+                             temperature=temp, eos_token_id=eos_token_id, seed=seed + n)
+        out += [(prompts[i][0] + cont, prompts[i][1], i) for i, cont in zip(idx, gen.token_ids)]
+    return out
+
+
+@torch.no_grad()
+def sequence_features(model, seqs: list[tuple[list[int], int, int]], draft_rounds=(1, 2), *,
+                      heldout_every: int = 10, batch_size: int = 32, pad_id: int = 0,
+                      progress: bool = True) -> SequenceFeatures:
+    """Teacher-forced full-depth forward over the sequences (right-padded; causal attention, so
+    padding never reaches a real token) -> h_d, h_R. Held out: prompts whose index is
+    divisible by heldout_every (all their continuations)."""
+    from tqdm.auto import tqdm
+    width = max(len(s[0]) for s in seqs)
+    device = next(model.parameters()).device
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.bool)
+    for i, (s, _, _) in enumerate(seqs):
+        ids[i, :len(s)], mask[i, :len(s)] = torch.tensor(s), True
+    hidden, final = {}, None
+    for lo in tqdm(range(0, len(seqs), batch_size), desc="teacher features",
+                   disable=not progress):
+        out = model(ids[lo: lo + batch_size].to(device))
+        if final is None:
+            shape = (len(seqs), width, out.final_hidden.shape[-1])
+            final = torch.zeros(shape)
+            hidden = {d: torch.zeros(shape) for d in draft_rounds}
+        final[lo: lo + batch_size] = out.final_hidden.float().cpu()
+        for d in draft_rounds:
+            hidden[d][lo: lo + batch_size] = out.hidden_states[d - 1].float().cpu()
+    kind = torch.tensor([s[1] for s in seqs])
+    split = torch.tensor([int(s[2] % heldout_every == 0) for s in seqs])
+    return SequenceFeatures(hidden, final, mask, kind, split)
+
+
+def seq_metrics(draft: torch.Tensor, target_logp: torch.Tensor, mask: torch.Tensor,
+                max_j: int = 4) -> dict:
+    """Agreement of draft logits [S, T, V] with target log-probs over the masked positions:
+    agree (top-1), accept_t1 (E sum min(p, q)), kl, acc@j (share of positions whose next j
+    drafts all agree, windows inside real tokens only: the per-draft-position proxy)."""
+    m = mask.float()
+    n = m.sum().clamp(min=1)
+    agree = (draft.argmax(-1) == target_logp.argmax(-1)) & mask
+    q = torch.softmax(draft, -1)
+    kl = F.kl_div(torch.log_softmax(draft, -1), target_logp, log_target=True,
+                  reduction="none").sum(-1)
+    out = {"kl": float((kl * m).sum() / n), "agree": float(agree.float().sum() / n),
+           "accept_t1": float((torch.minimum(q, target_logp.exp()).sum(-1) * m).sum() / n)}
+    for j in range(1, max_j + 1):
+        if mask.shape[1] >= j:
+            win = mask.unfold(1, j, 1).all(-1)
+            ok = agree.unfold(1, j, 1).all(-1) & win
+            out[f"acc@{j}"] = float(ok.sum() / win.sum().clamp(min=1))
+    return out
+
+
+@torch.no_grad()
+def evaluate_features(head, feats: SequenceFeatures, d: int, lm_head, batch_size: int = 64
+                      ) -> dict:
+    """seq_metrics of head(h_d) (None: lm_head, the shallow drafter) overall and per kind."""
+    groups = {"all": torch.arange(len(feats.mask))}
+    groups.update({name: (feats.kind == k).nonzero()[:, 0] for k, name in
+                   enumerate(KIND_NAMES)})
+    out = {}
+    for name, idx in groups.items():
+        if not len(idx):
+            continue
+        totals, weight = {}, 0.0
+        for lo in range(0, len(idx), batch_size):
+            b = idx[lo: lo + batch_size]
+            h, mask = feats.hidden[d][b], feats.mask[b]
+            draft = (lm_head if head is None else head)(h).float()
+            target = torch.log_softmax(lm_head(feats.final[b]).float(), -1)
+            w = float(mask.sum())
+            for key, val in seq_metrics(draft, target, mask).items():
+                totals[key] = totals.get(key, 0.0) + val * w
+            weight += w
+        out[name] = {k: v / max(weight, 1.0) for k, v in totals.items()}
+    return out
+
+
+def distill_sequences(head, feats: SequenceFeatures, d: int, lm_head, *, steps: int = 1500,
+                      batch_size: int = 32, lr: float = 1e-3, weight_decay: float = 0.0,
+                      seed: int = 0, eval_every: int = 100, patience: int | None = None,
+                      progress: bool = True, log_fn=None) -> list[dict]:
+    """Train head (reads h_d) on feats' train split, KL(p_R || q) over real tokens; evaluate on
+    the held-out split every eval_every steps; keep the adapter of the best held-out KL
+    (step 0 = the untrained head, so the result is never worse on held-out than the shallow
+    drafter); stop after `patience` evaluations without improvement. -> log rows (the last
+    has best_step)."""
+    from tqdm.auto import tqdm
+    train = feats.select((feats.split == 0).nonzero()[:, 0])
+    held = feats.select((feats.split == 1).nonzero()[:, 0])
+    params = head.adapter_parameters()
+    opt, sched = _schedule(params, lr, steps)
+    for group in opt.param_groups:
+        group["weight_decay"] = weight_decay
+    gen = torch.Generator().manual_seed(seed)
+    best = {"kl": math.inf, "step": 0, "params": None, "bad": 0}
+    log, started = [], time.perf_counter()
+
+    def check(step, row):
+        m = evaluate_features(head, held, d, lm_head) if len(held.mask) else {}
+        for group, vals in m.items():
+            row.update({f"heldout_{group}_{k}": v for k, v in vals.items()})
+        kl = row.get("heldout_all_kl", math.inf)
+        if kl < best["kl"]:
+            best.update(kl=kl, step=step, params=[p.detach().clone() for p in params], bad=0)
+        else:
+            best["bad"] += 1
+        row["seconds"] = time.perf_counter() - started
+        log.append(row)
+        if log_fn is not None:
+            log_fn(row)
+
+    head.train()
+    check(0, {"step": 0, "kl": math.nan})
+    bar = tqdm(range(1, steps + 1), desc=f"distil d={d}", disable=not progress)
+    with _frozen(lm_head):
+        for p in params:
+            p.requires_grad_(True)
+        for step in bar:
+            pick = torch.randint(0, len(train.mask), (batch_size,), generator=gen)
+            mask = train.mask[pick]
+            with torch.no_grad():
+                target = torch.log_softmax(lm_head(train.final[pick][mask]).float(), -1)
+            draft = head(train.hidden[d][pick][mask]).float()
+            loss = F.kl_div(torch.log_softmax(draft, -1), target, log_target=True,
+                            reduction="batchmean")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+            if step % eval_every == 0 or step == steps:
+                check(step, {"step": step, "kl": loss.item()})
+                bar.set_postfix(kl=f"{loss.item():.4f}",
+                                held_agree=f"{log[-1].get('heldout_all_agree', 0):.4f}",
+                                best=best["step"])
+                if patience is not None and best["bad"] >= patience:
+                    break
+    head.eval()
+    if best["params"] is not None:
+        with torch.no_grad():
+            for p, saved in zip(params, best["params"]):
+                p.copy_(saved)
+    log[-1]["best_step"] = best["step"]
+    return log
+
+
+SHIPPED_ROOT = "artifacts/ouro-tiny/draft_heads"
+
+
+def shipped_components(model_dir=None) -> list:
+    """Directories of the components shipped with the embedded model (sorted)."""
+    from pathlib import Path
+
+    from rltlab.draft_heads.heads import META_FILE
+    from rltlab.paths import embedded_model_dir
+    root = Path(model_dir or embedded_model_dir()) / "draft_heads"
+    return sorted(p.parent for p in root.glob(f"*/{META_FILE}")) if root.is_dir() else []
+
+
+def build_features(model, tokenizer, args, progress: bool = True) -> tuple:
+    """(SequenceFeatures, data description) from parsed CLI args; --features-cache reuses a
+    file written by an earlier run with the same data arguments."""
+    from pathlib import Path
+    data = {"arith_prompts": args.arith, "text_prompts": args.text,
+            "text_prompt_tokens": args.text_prompt_tokens, "max_new_tokens": args.max_tokens,
+            "temperatures": list(args.temperatures), "data_seed": args.data_seed,
+            "heldout_every": args.heldout_every}
+    cache = Path(args.features_cache) if args.features_cache else None
+    if cache is not None and cache.is_file():
+        saved = torch.load(cache)
+        if saved["data"] == data and set(args.draft_rounds) <= set(saved["feats"]["hidden"]):
+            return SequenceFeatures(**saved["feats"]), data
+    prompts = training_prompts(tokenizer, args.arith, args.text, args.text_prompt_tokens,
+                               args.data_seed)
+    seqs = rollouts(model, prompts, max_tokens=args.max_tokens, temperatures=args.temperatures,
+                    seed=args.data_seed, progress=progress)
+    feats = sequence_features(model, seqs, tuple(sorted({1, 2, *args.draft_rounds})),
+                              heldout_every=args.heldout_every, progress=progress)
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"data": data, "feats": feats.to_dict()}, cache)
+    return feats, data
+
+
+def _without_cache(argv: list) -> list:
+    """argv without --features-cache (it only skips recomputing the same features)."""
+    out, skip = [], False
+    for a in argv:
+        if skip or a.startswith("--features-cache"):
+            skip = a == "--features-cache"
+            continue
+        out.append(a)
+    return out
+
+
+def main(argv=None) -> dict:
+    import argparse
+    import json
+    import shlex
+    import sys
+    from pathlib import Path
+
+    from rltlab import workbench as W
+    from rltlab.draft_heads.heads import build_component, save_component
+    ap = argparse.ArgumentParser(prog="python -m rltlab.draft_heads.selfdistill",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out-root", default=SHIPPED_ROOT,
+                    help="components land in OUT_ROOT/<kind>_d<d>")
+    ap.add_argument("--model", default=None, help="model dir (default: the embedded model)")
+    ap.add_argument("--draft-rounds", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--kind", default="residual_mlp", choices=["residual_mlp", "lora_lm_head"])
+    ap.add_argument("--inner", type=int, default=512, help="residual_mlp inner width")
+    ap.add_argument("--r", type=int, default=16, help="lora_lm_head rank")
+    ap.add_argument("--arith", type=int, default=1024, help="training-split arithmetic prompts")
+    ap.add_argument("--text", type=int, default=1536, help="training-split text prompts")
+    ap.add_argument("--text-prompt-tokens", type=int, default=24)
+    ap.add_argument("--max-tokens", type=int, default=32, help="new tokens per rollout")
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    ap.add_argument("--heldout-every", type=int, default=10,
+                    help="prompts with index %% N == 0 are the early-stopping split")
+    ap.add_argument("--data-seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=1200)
+    ap.add_argument("--batch-size", type=int, default=32, help="sequences per step")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--weight-decay", type=float, default=0.0)
+    ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--patience", type=int, default=None,
+                    help="stop after N evaluations without a better held-out KL")
+    ap.add_argument("--seed", type=int, default=0, help="init and batch-pick seed")
+    ap.add_argument("--features-cache", default=None, help="reuse/write teacher features here")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    torch.manual_seed(args.seed)
+    model, tokenizer, model_dir = W.load_model(args.model, threads=args.threads)
+    feats, data = build_features(model, tokenizer, args)
+    split = {"train_sequences": int((feats.split == 0).sum()),
+             "heldout_sequences": int((feats.split == 1).sum()),
+             "train_tokens": int(feats.mask[feats.split == 0].sum()),
+             "heldout_tokens": int(feats.mask[feats.split == 1].sum())}
+    description = ("self-distillation on the target's own full-depth continuations "
+                   "(generate_plain) of TRAINING-split prompts: arithmetic questions "
+                   "(rltlab.workbench.rollout_prompts) and stdlib-text openings "
+                   "(rltlab.exit_predictor.data.text_prompts, split='train'); teacher = "
+                   "log_softmax(lm_head(h_R)) at every real token (prompt and continuation); "
+                   "held-out eval prompts of artifacts/ouro-tiny/eval never used")
+    results = {}
+    for d in args.draft_rounds:
+        torch.manual_seed(args.seed)
+        cfg = {"inner": args.inner} if args.kind == "residual_mlp" else {"r": args.r}
+        head = build_component(args.kind, model, d, **cfg)
+        log = distill_sequences(head, feats, d, model.lm_head, steps=args.steps,
+                                batch_size=args.batch_size, lr=args.lr,
+                                weight_decay=args.weight_decay, seed=args.seed,
+                                eval_every=args.eval_every, patience=args.patience)
+        held = feats.select((feats.split == 1).nonzero()[:, 0])
+        metrics = {"heldout_shallow": evaluate_features(None, held, d, model.lm_head),
+                   "heldout_trained": evaluate_features(head, held, d, model.lm_head),
+                   "best_step": log[-1]["best_step"]}
+        out = Path(args.out_root) / f"{args.kind}_d{d}"
+        training = {"description": description, "data": {**data, **split},
+                    "kind": args.kind, "component": cfg, "steps": args.steps,
+                    "batch_size": args.batch_size, "lr": args.lr,
+                    "weight_decay": args.weight_decay, "seed": args.seed,
+                    "command": "python -m rltlab.draft_heads.selfdistill "
+                               + shlex.join(_without_cache(sys.argv[1:] if argv is None
+                                                           else argv))}
+        save_component(head, model, out, {"training": training, "metrics": metrics,
+                                          "train_log": log})
+        results[d] = {"dir": str(out), **metrics}
+        print(f"d={d} -> {out}: held-out agree {metrics['heldout_shallow']['all']['agree']:.4f}"
+              f" -> {metrics['heldout_trained']['all']['agree']:.4f} (best step "
+              f"{metrics['best_step']})", flush=True)
+    print(json.dumps(results, default=str))
+    return results
+
+
+if __name__ == "__main__":
+    main()
