@@ -75,7 +75,7 @@ def _small_m_linear_kernel(
 # default and per (N, K) weight shape. One row needs many programs in flight to saturate HBM
 # (N / BLOCK_N of them); 2..16 rows use tensor cores (tl.dot needs BLOCK_N >= 16). The per-shape
 # entries are the Ouro-1.4B layer's, measured by `python -m rltlab.bench.gemv --sweep` on the
-# H200 (docs/benchmarks/2026-11-30-small-batch-h200.md).
+# H200 (docs/benchmarks/2026-11-30-engine-h200.md).
 TILES = {
     "one_row": (4, 1024, 4, 2), "few_rows": (16, 256, 4, 3),
     ("one_row", 6144, 2048): (4, 1024, 4, 2), ("one_row", 2048, 2048): (4, 1024, 8, 5),

@@ -121,8 +121,16 @@ def test_triton_small_batch_rounds_equal_the_reference_rounds():
     assert_same_rollouts(reference, llm.generate(prompts, params))
 
 
-@pytest.mark.parametrize("depth", [4, 2])
-def test_whole_token_steps_equal_round_steps_and_recompute(depth):
+# MIXED: chunked prefill and 3 slots for 7 requests, so admissions interleave with decoding and
+# sequences drift out of phase (whole-token steps need every running sequence at a token
+# boundary: only some steps qualify). IN_PHASE: every prompt prefilled in one step, so every
+# decode token after the first takes a whole-token step.
+IN_PHASE = dict(block_size=4, prefill_chunk=64, max_num_seqs=8, max_num_batched_tokens=256)
+
+
+@pytest.mark.parametrize("depth", [4, 3, 2])
+@pytest.mark.parametrize("config", ["mixed", "in_phase"])
+def test_whole_token_steps_equal_round_steps_and_recompute(depth, config):
     """Fixed-depth decoding through FusedTokenStep (every round of a token in one launch,
     LAST_EXITED copies when depth < R) equals the round-per-step engine and the recompute."""
     model = tiny_engine_model(7)
@@ -130,15 +138,17 @@ def test_whole_token_steps_equal_round_steps_and_recompute(depth):
     params = [SamplingParams(temperature=(0.0, 0.8)[i % 2], seed=i, max_tokens=4 + i % 5,
                              logprobs=1, exit_policy="fixed", exit_policy_args={"depth": depth})
               for i in range(len(prompts))]
-    rounds = LLM(model, decode_path="static", fused_tokens=False, **MIXED).generate(prompts,
-                                                                                      params)
-    llm = LLM(model, decode_path="static", **MIXED)
+    engine_args = MIXED if config == "mixed" else IN_PHASE
+    rounds = LLM(model, decode_path="static", fused_tokens=False, **engine_args).generate(
+        prompts, params)
+    llm = LLM(model, decode_path="static", **engine_args)
     runner, calls = llm.llm_engine.runner, []
     run_token = runner.run_token
     runner.run_token = lambda seqs, d: calls.append((len(seqs), d)) or run_token(seqs, d)
     whole = llm.generate(prompts, params)
     assert calls and all(d == depth for _, d in calls)
-    assert sum(n for n, _ in calls) > len(prompts)   # most tokens took the fused path
+    if config == "in_phase":   # every decode token (all but the first of each request)
+        assert sum(n for n, _ in calls) == sum(len(o.outputs[0].token_ids) - 1 for o in whole)
     assert_same_rollouts(rounds, whole)
     assert all(d == depth for o in whole for d in o.exit_depths[1:])
     check_against_recompute(model, prompts, whole, greedy_rows=range(0, 7, 2))
@@ -152,8 +162,8 @@ def test_whole_token_steps_wait_for_mixed_depths_and_observers():
     engine.runner.run_token = lambda seqs, d: calls.append({s.params.exit_policy_args["depth"]
                                                              for s in seqs}) or run_token(seqs, d)
     prompts = random_prompts(2, seed=3)
-    mixed = [SamplingParams(max_tokens=6, exit_policy="fixed", exit_policy_args={"depth": d})
-             for d in (1, 3)]
+    mixed = [SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, exit_policy="fixed",
+                            exit_policy_args={"depth": d}) for d in (1, 3)]
     llm.generate(prompts, mixed)
     # Only once the depth-1 sequence is done may the depth-3 one take whole-token steps.
     assert calls and all(depths == {3} for depths in calls)

@@ -31,6 +31,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--pattern", default="3", help="exit rounds to replay, e.g. 3 or 2,3,3,4")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--kv-gib", type=float, default=8.0)
+    ap.add_argument("--round-steps", action="store_true",
+                    help="one engine step per round (fused_tokens=False) for both runs")
     args = ap.parse_args(argv)
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     if args.device == "cpu":
@@ -51,13 +53,14 @@ def main(argv=None) -> dict:
     policies = {"fixed_R": SamplingParams(exit_policy="fixed", **common), "replay": replay}
     llm = LLM(model, max_num_seqs=args.concurrency,
               max_model_len=args.prompt_len + args.max_tokens,
-              max_num_batched_tokens=max(2048, args.prompt_len), kv_cache_memory_gib=args.kv_gib)
+              max_num_batched_tokens=max(2048, args.prompt_len), kv_cache_memory_gib=args.kv_gib,
+              fused_tokens=not args.round_steps)
     prompts = prompts_for(max(2 * args.concurrency, 4), args.prompt_len,
                           model.config.vocab_size, seed=args.concurrency)
     results = {"device": args.device, "dtype": args.dtype, "model": args.model or
                f"random:{args.preset}", "concurrency": args.concurrency,
                "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "pattern": pattern,
-               "replay_policy": replay.exit_policy}
+               "replay_policy": replay.exit_policy, "round_steps": args.round_steps}
     if torch.device(args.device).type == "cuda":
         results["gpu"] = torch.cuda.get_device_name()
     for name, params in policies.items():

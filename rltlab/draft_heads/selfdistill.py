@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rltlab.draft_heads.train import _frozen, _schedule
+from rltlab.draft_heads.train import _frozen, _schedule, restore_best
 
 KIND_NAMES = ("arithmetic", "text")
 
@@ -221,11 +221,7 @@ def distill_sequences(head, feats: SequenceFeatures, d: int, lm_head, *, steps: 
                 if patience is not None and best["bad"] >= patience:
                     break
     head.eval()
-    if best["params"] is not None:
-        with torch.no_grad():
-            for p, saved in zip(params, best["params"]):
-                p.copy_(saved)
-    log[-1]["best_step"] = best["step"]
+    restore_best(params, best, log)
     return log
 
 

@@ -303,9 +303,15 @@ def distill_features(component, hidden: torch.Tensor, target_logp: torch.Tensor,
             if step % log_every == 0 or step == steps:
                 check(step, {"step": step, "kl": _global_loss(loss, state),
                              "seconds": time.perf_counter() - started})
+    restore_best(params, best, log)
+    return log
+
+
+def restore_best(params, best: dict, log: list[dict]) -> None:
+    """Put the parameters of the best held-out step back (None: step 0, the start, was best)
+    and log that step on the last row."""
     if best["params"] is not None:
         with torch.no_grad():
             for p, saved in zip(params, best["params"]):
                 p.copy_(saved)
-        log[-1]["best_step"] = best["step"]
-    return log
+    log[-1]["best_step"] = best["step"]

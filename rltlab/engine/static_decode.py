@@ -4,8 +4,10 @@ A decode row is the single token of one sequence at its own round. One call runs
 shared layers for up to max_batch such rows (rows may sit at different rounds: each reads and
 writes its own plane). Everything the round needs lives in fixed device buffers, so on CUDA the
 whole round (24 layers, final norm, exit gate) is captured once per batch-size bucket and
-replayed: one launch per round instead of ~20 per layer. The host packs the rows' indices into a
-pinned staging buffer and issues one copy; nothing in a round reads the device back.
+replayed: one launch per round instead of ~20 per layer (run_token chains all rounds of a
+fixed-depth token into one graph, see rltlab/engine/token_step.py). The host packs the rows'
+indices into a pinned staging buffer and issues one copy; nothing in a round reads the device
+back.
 
 Math: the reference layer (rltlab.model), with the sandwich norms fused pairwise
 (kernels.add_rmsnorm: h + norm(x) * w_post, then the next norm) and q/k/v resp. gate/up as one
@@ -30,10 +32,10 @@ from torch import nn
 from rltlab import kernels
 from rltlab.model import OuroForCausalLM, apply_rope, rope_cos_sin
 
-# Rounds of at most this many rows use the Triton GEMV instead of cuBLAS. On the H200 it matches
-# or beats cuBLAS at one row (0.96 vs 1.00 ms for a round's matmuls) but not at 2..16 rows
-# (2.3 vs 1.05 ms: the down projection's long K loop over too few programs), see
-# docs/benchmarks/2026-11-30-small-batch-h200.md.
+# Rounds of at most this many rows use the Triton GEMV instead of cuBLAS. On the H200 it beats
+# cuBLAS at one row (0.91 vs 0.98 ms for a round's matmuls) but not at 2..16 rows (3.1 vs
+# 1.0 ms: the down projection's long K loop over too few programs), see
+# docs/benchmarks/2026-11-30-engine-h200.md.
 GEMV_ROWS = 1
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
 
