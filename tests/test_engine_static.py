@@ -192,3 +192,24 @@ def test_whole_token_run_is_idempotent_as_graph_capture_needs():
     assert torch.equal(gates, gates_again) and gates.shape == (2, 3)
     assert torch.equal(cache, decoder.kv_cache)
     assert cache[:, :, :3].abs().sum() > 0 and not cache[:, :, 3].any()   # planes 1..3 only
+
+
+def test_sequences_out_of_phase_are_held_until_whole_tokens_line_up():
+    """Prefills finish 4 rounds apart; at depth 3 the decoding sequences would never all sit at
+    a token boundary together. Holding the ones at a boundary (fewer than 3 steps) lines them
+    up, so most tokens still take whole-token steps, with the round-step engine's tokens."""
+    model = tiny_engine_model(10)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, 30, (12,), generator=gen).tolist() for _ in range(4)]
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, logprobs=0,
+                            exit_policy="fixed", exit_policy_args={"depth": 3})
+    staggered = dict(block_size=4, prefill_chunk=12, max_num_seqs=4, max_num_batched_tokens=24)
+    rounds = LLM(model, decode_path="static", fused_tokens=False, **staggered).generate(
+        prompts, params)
+    llm = LLM(model, decode_path="static", **staggered)
+    runner, calls = llm.llm_engine.runner, []
+    run_token = runner.run_token
+    runner.run_token = lambda seqs, d: calls.append(len(seqs)) or run_token(seqs, d)
+    whole = llm.generate(prompts, params)
+    assert_same_rollouts(rounds, whole)
+    assert sum(calls) >= 0.75 * 4 * 9 and max(calls) == 4

@@ -141,7 +141,8 @@ class LLMEngine:
         depth = self._whole_tokens.ready() if self._whole_tokens else None
         if depth:   # all decoding at one host-fixed depth: every round in one launch
             return self._whole_tokens.step(depth)
-        seqs = [] if self.paused else self.scheduler.schedule()
+        hold = self._whole_tokens.hold() if self._whole_tokens else frozenset()
+        seqs = [] if self.paused else self.scheduler.schedule(hold)
         if seqs:
             self._failed = {}
             self.exit_decider.ask_before_round1(seqs)   # round-0 (lookahead) policies only

@@ -34,8 +34,10 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> list[Sequence]:
-        """The sequences that run one round this step (their .span says which tokens)."""
+    def schedule(self, hold: frozenset[int] = frozenset()) -> list[Sequence]:
+        """The sequences that run one round this step (their .span says which tokens).
+        hold: ids of running sequences that start no new span this step (whole-token steps
+        let sequences at a token boundary wait for the rest of the batch, token_step.py)."""
         budget = self.config.max_num_batched_tokens
         rows: list[Sequence] = []
         in_flight = [s for s in self.running if s.span is not None and s.span.round > 0]
@@ -44,6 +46,8 @@ class Scheduler:
                 rows.append(seq)
                 budget -= seq.span.num_active
         for seq in self.running:
+            if seq.seq_id in hold:
+                continue
             if budget > 0 and (seq.span is None or seq.span.round == 0):
                 if self._start_span(seq, budget):
                     rows.append(seq)

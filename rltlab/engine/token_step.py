@@ -13,6 +13,13 @@ boundary (pending token sampled, every earlier position final) under the host-de
 policy, all at the same depth D. Then the result is the round-per-step result by construction:
 the same rounds through the same decoder, the same LAST_EXITED copies, the same sampler; tests
 compare both token for token. Anything else steps one round at a time.
+
+Phase: sequences that start their tokens in different steps (prefills finish in different
+steps; a prefill always runs R rounds, so at depth D with R % D != 0 they never line up again)
+would never all sit at a boundary together. So when the only thing standing in the way is
+decode tokens still in flight, `hold()` names the sequences already at a boundary: they start no
+new token until the others finish theirs (fewer than D steps), and from then on the batch steps
+whole tokens. Holding changes when a sequence computes, never what it computes.
 """
 from __future__ import annotations
 
@@ -34,6 +41,26 @@ class FusedTokenStep:
 
     def ready(self) -> int | None:
         """The common depth if this step can run whole tokens, else None."""
+        seqs = self._candidates()
+        if seqs is None or any(not self._at_boundary(seq) for seq in seqs):
+            return None
+        return self._common_depth(seqs)
+
+    def hold(self) -> frozenset[int]:
+        """Sequences at a boundary to keep waiting this round step: every running sequence is
+        either at a boundary or inside a decode token of the same host-fixed depth."""
+        seqs = self._candidates()
+        if seqs is None or self._common_depth(seqs) is None:
+            return frozenset()
+        waiting = [seq for seq in seqs if self._at_boundary(seq)]
+        in_flight = [seq for seq in seqs if not self._at_boundary(seq)]
+        if not waiting or not all(seq.span is not None and seq.span.exit_rounds is None
+                                  for seq in in_flight):
+            return frozenset()
+        return frozenset(seq.seq_id for seq in waiting)
+
+    def _candidates(self) -> list[Sequence] | None:
+        """The running sequences, or None if the engine state rules whole tokens out."""
         eng = self.engine
         sch = eng.scheduler
         if eng.paused or eng.observers or eng.proposer is not None or not sch.running:
@@ -41,12 +68,16 @@ class FusedTokenStep:
         if sch.waiting and len(sch.running) < eng.config.max_num_seqs \
                 and eng.block_manager.can_allocate(sch.waiting[0].reserved_positions):
             return None
-        depths = set()
-        for seq in sch.running:
-            if seq.span is not None or not seq.output_token_ids \
-                    or seq.num_computed != seq.num_tokens - 1:
-                return None
-            depths.add(self.depth(seq))
+        return sch.running
+
+    @staticmethod
+    def _at_boundary(seq: Sequence) -> bool:
+        """Pending token sampled and every earlier position final."""
+        return seq.span is None and bool(seq.output_token_ids) \
+            and seq.num_computed == seq.num_tokens - 1
+
+    def _common_depth(self, seqs: list[Sequence]) -> int | None:
+        depths = {self.depth(seq) for seq in seqs}
         return depths.pop() if len(depths) == 1 and None not in depths else None
 
     def step(self, depth: int):
