@@ -249,11 +249,10 @@ class StaticDecoder:
         y = kernels.rmsnorm_ref(x, model.layers[0].input_layernorm.weight, eps)
         small = n <= self._small_rows
         for idx, w in enumerate(self.layers):
-            if small:
-                qkv = kernels.small_m_linear(y, w["w_qkv"])
             if small or self._fused_rope:
-                q = kernels.rope_write_kv(qkv if small else F.linear(y, w["w_qkv"]), cos, sin,
-                                          self.kv_cache, idx, planes, slots, *heads)
+                linear = kernels.small_m_linear if small else F.linear
+                q = kernels.rope_write_kv(linear(y, w["w_qkv"]), cos, sin, self.kv_cache, idx,
+                                          planes, slots, *heads)
             else:
                 q, k, v = self._qkv(y, w["w_qkv"], cos[:, None], sin[:, None], *heads)
                 self._write_kv(self.kv_cache, idx, planes, slots, k, v)
