@@ -49,28 +49,16 @@ def test_engine_matches_teacher_forced_recompute(model, tmp_path):
         scores = policy.score(out.hidden_states[0][0], out.gate_logits[0, :, :1])
     thr = float(scores.median())
     name = install(model, ckpt, name="n_plus_2_test")
-    llm = LLM(model, max_num_seqs=3)       # 5 requests, 3 slots: refill mid-run
-    params = [SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=11 + i,
-                             logprobs=0, exit_policy=name,
-                             exit_policy_args={"threshold": thr}) for i in range(5)]
-    outs = llm.generate(PROMPTS, params)
     seen = set()
-    for prompt, res in zip(PROMPTS, outs):
-        o = res.outputs[0]
+    for prompt, o in _rollouts(model, name, {"threshold": thr}, seed0=11):
         assert o.exit_depths[0] == R and set(o.exit_depths[1:]) <= {3, 4}
         seen |= set(o.exit_depths[1:])
-        seq = prompt + o.token_ids[:-1]
-        exits = [R] * len(prompt) + o.exit_depths[1:]
-        with torch.no_grad():
-            rec = model(torch.tensor([seq]), exit_rounds=torch.tensor([exits]))
-            logp = torch.log_softmax(rec.final_logits[0].float(), -1)[len(prompt) - 1:]
-            recomputed = logp.gather(-1, torch.tensor(o.token_ids)[:, None])[:, 0]
-            assert torch.allclose(recomputed, torch.tensor(o.logprobs), atol=1e-5)
-            # the decision itself: the score of h_1 at each decode position picks its exit
+        seq, exits, rec = _recompute(model, prompt, o)
+        _assert_logprobs_match(rec, prompt, o)
+        with torch.no_grad():   # the decision: the score of h_1 at each decode position
             pos = slice(len(prompt), len(seq))
             s = policy.score(rec.hidden_states[0][0, pos], rec.gate_logits[0, pos, :1])
-            expect = torch.where(s >= thr, 3, 4).tolist()
-            assert expect == o.exit_depths[1:]
+        assert torch.where(s >= thr, 3, 4).tolist() == o.exit_depths[1:]
     assert seen == {3, 4}
 
 
@@ -104,6 +92,23 @@ def _checkpoint0(path, model, blocks=("embed", "prev_stats"), **override):
                 "features": {"set": "round0", "blocks": list(blocks), "dim": in_dim},
                 **override}
     return save_predictor(pred, path, manifest)
+
+
+def _rollouts(model, name, policy_args, *, seed0, max_num_seqs=3, max_tokens=12):
+    """5 sampled requests under the installed policy `name` (fewer slots than requests, so
+    slots are refilled mid-run) -> [(prompt, first output)]."""
+    llm = LLM(model, max_num_seqs=max_num_seqs)
+    params = [SamplingParams(temperature=1.0, max_tokens=max_tokens, ignore_eos=True,
+                             seed=seed0 + i, logprobs=0, exit_policy=name,
+                             exit_policy_args=policy_args) for i in range(len(PROMPTS))]
+    return [(prompt, res.outputs[0]) for prompt, res in zip(PROMPTS, llm.generate(PROMPTS, params))]
+
+
+def _assert_logprobs_match(rec, prompt, o):
+    """The engine's log-probs equal the teacher-forced recompute's (fp32, atol 1e-5)."""
+    logp = torch.log_softmax(rec.final_logits[0].float(), -1)[len(prompt) - 1:]
+    recomputed = logp.gather(-1, torch.tensor(o.token_ids)[:, None])[:, 0]
+    assert torch.allclose(recomputed, torch.tensor(o.logprobs), atol=1e-5)
 
 
 def _recompute(model, prompt, o):
@@ -145,21 +150,13 @@ def test_round0_engine_matches_teacher_forced_recompute(model, tmp_path, blocks)
     assert policy.asks_before_round1 and policy.decision_lag == 2
     thr = _threshold0(policy, model)
     name = install(model, ckpt, name="n0_test")
-    llm = LLM(model, max_num_seqs=3)       # 5 requests, 3 slots: refill mid-run
-    params = [SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=21 + i,
-                             logprobs=0, exit_policy=name,
-                             exit_policy_args={"threshold": thr}) for i in range(5)]
-    outs = llm.generate(PROMPTS, params)
     seen = set()
-    for prompt, res in zip(PROMPTS, outs):
-        o = res.outputs[0]
+    for prompt, o in _rollouts(model, name, {"threshold": thr}, seed0=21):
         assert o.exit_depths[0] == R and set(o.exit_depths[1:]) <= {2, R}
         assert o.executed_depths == o.exit_depths
         seen |= set(o.exit_depths[1:])
         seq, exits, rec = _recompute(model, prompt, o)
-        logp = torch.log_softmax(rec.final_logits[0].float(), -1)[len(prompt) - 1:]
-        recomputed = logp.gather(-1, torch.tensor(o.token_ids)[:, None])[:, 0]
-        assert torch.allclose(recomputed, torch.tensor(o.logprobs), atol=1e-5)   # fp32
+        _assert_logprobs_match(rec, prompt, o)
         # the decision used only round-0 information: it is reproduced from the recompute
         s = _round0_scores(policy, model, prompt, seq, exits, rec)
         assert torch.where(s >= thr, 2, R).tolist() == o.exit_depths[1:]
@@ -174,19 +171,12 @@ def test_round0_then_n1_exit_semantics(model, tmp_path):
         out = model(torch.tensor([list(range(1, 41))]))
         thr1 = float(p1.score(out.hidden_states[0][0], out.gate_logits[0, :, :1]).median())
     name = install(model, ckpt0, name="n0_n1_test", then=ckpt1)
-    llm = LLM(model, max_num_seqs=4)
-    params = [SamplingParams(temperature=1.0, max_tokens=14, ignore_eos=True, seed=5 + i,
-                             logprobs=0, exit_policy=name,
-                             exit_policy_args={"threshold": thr0, "then_threshold": thr1})
-              for i in range(5)]
     seen = set()
-    for prompt, res in zip(PROMPTS, llm.generate(PROMPTS, params)):
-        o = res.outputs[0]
+    for prompt, o in _rollouts(model, name, {"threshold": thr0, "then_threshold": thr1},
+                               seed0=5, max_num_seqs=4, max_tokens=14):
         seen |= set(o.exit_depths[1:])
         seq, exits, rec = _recompute(model, prompt, o)
-        logp = torch.log_softmax(rec.final_logits[0].float(), -1)[len(prompt) - 1:]
-        recomputed = logp.gather(-1, torch.tensor(o.token_ids)[:, None])[:, 0]
-        assert torch.allclose(recomputed, torch.tensor(o.logprobs), atol=1e-5)
+        _assert_logprobs_match(rec, prompt, o)
         s0 = _round0_scores(p0, model, prompt, seq, exits, rec)
         pos = slice(len(prompt), len(seq))
         s1 = p1.score(rec.hidden_states[0][0, pos], rec.gate_logits[0, pos, :1])

@@ -152,10 +152,14 @@ class LLMEngine:
                 self._notify_observers(seqs, rows, hidden, gate_logits, exits)
             emitting = self._advance_spans(seqs, rows, hidden, exits)
             self._sample(emitting)
-            for seq in seqs:
-                if seq.seq_id in self._failed and not seq.is_finished:
-                    self._finish(seq, "error", self._failed[seq.seq_id])
+            self._finish_failed(seqs)
         return self._drain_outputs()
+
+    def _finish_failed(self, seqs) -> None:
+        """End the step's sequences that failed in it (self._failed) with an error output."""
+        for seq in seqs:
+            if seq.seq_id in self._failed and not seq.is_finished:
+                self._finish(seq, "error", self._failed[seq.seq_id])
 
     def _notify_observers(self, seqs, batch: StepRows, hidden, gate_logits, exits) -> None:
         want_logits = any(o.with_logits for o in self.observers)

@@ -146,25 +146,25 @@ class ModelRunner:
         [T, H] their inputs -> (h_r, gate logits, slots). Rows of one sequence at consecutive
         positions are causal among themselves: every layer writes all rows' K/V before any row
         attends (speculative verification uses this for its K + 1 positions)."""
-        if len(rows) > self.static.max_batch:   # grow (new buffers, graphs recaptured)
+        slots = self._stage(rows)
+        return (*self.static.run(hidden), slots)
+
+    def _stage(self, rows: list[tuple[Sequence, int, int]]) -> list[int]:
+        """Stage (sequence, position, plane) rows on the static decoder (grown if they do not
+        fit: new buffers, graphs recaptured) -> their cache slots."""
+        if len(rows) > self.static.max_batch:
             self.static = StaticDecoder(self.model, max_batch=len(rows), **self._static_args)
         bs = self.block_size
-        positions = [pos for _, pos, _ in rows]
-        slots = [seq.block_table[p // bs] * bs + p % bs for (seq, _, _), p in zip(rows, positions)]
-        self.static.stage(positions, [plane for _, _, plane in rows], slots,
+        slots = [seq.block_table[pos // bs] * bs + pos % bs for seq, pos, _ in rows]
+        self.static.stage([pos for _, pos, _ in rows], [plane for _, _, plane in rows], slots,
                           [seq.block_table for seq, _, _ in rows])
-        return (*self.static.run(hidden), slots)
+        return slots
 
     def run_token(self, seqs: list[Sequence], depth: int) -> torch.Tensor:
         """Rounds 1..depth of every sequence's pending token (its last, at position
         num_tokens - 1) in one static-path launch, LAST_EXITED copies into the deeper planes
         included -> h_depth [n, H]."""
-        if len(seqs) > self.static.max_batch:
-            self.static = StaticDecoder(self.model, max_batch=len(seqs), **self._static_args)
-        bs = self.block_size
-        positions = [seq.num_tokens - 1 for seq in seqs]
-        slots = [seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, positions)]
-        self.static.stage(positions, [0] * len(seqs), slots, [seq.block_table for seq in seqs])
+        slots = self._stage([(seq, seq.num_tokens - 1, 0) for seq in seqs])
         ids = to_device([seq.output_token_ids[-1] for seq in seqs], torch.int64, self.device)
         hidden, _ = self.static.run_token(self.model.model.embed_tokens(ids), depth)
         if depth < self.config.num_rounds:

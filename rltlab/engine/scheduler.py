@@ -34,6 +34,11 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def can_admit(self) -> bool:
+        """A waiting sequence would be admitted now (a free slot and blocks for it)."""
+        return bool(self.waiting) and len(self.running) < self.config.max_num_seqs \
+            and self.block_manager.can_allocate(self.waiting[0].reserved_positions)
+
     def schedule(self, hold: frozenset[int] = frozenset()) -> list[Sequence]:
         """The sequences that run one round this step (their .span says which tokens).
         hold: ids of running sequences that start no new span this step (whole-token steps

@@ -115,6 +115,12 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SeqStatus.FINISHED
 
+    @property
+    def at_token_boundary(self) -> bool:
+        """Decoding, its pending token sampled, every earlier position final, nothing in flight."""
+        return self.span is None and bool(self.output_token_ids) \
+            and self.num_computed == self.num_tokens - 1
+
     def token_ids(self, start: int, end: int) -> list[int]:
         prompt = self.num_prompt_tokens
         if end <= prompt:

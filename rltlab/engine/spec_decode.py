@@ -92,12 +92,8 @@ class SpecDecoder:
         sch = eng.scheduler
         if eng.paused or not sch.running:
             return False
-        for seq in sch.running:
-            if seq.span is not None or not seq.output_token_ids \
-                    or seq.num_computed != seq.num_tokens - 1 or not self.eligible(seq):
-                return False
-        return not (sch.waiting and len(sch.running) < eng.config.max_num_seqs
-                    and eng.block_manager.can_allocate(sch.waiting[0].reserved_positions))
+        return all(seq.at_token_boundary and self.eligible(seq) for seq in sch.running) \
+            and not sch.can_admit()
 
     # --------------------------------------------------------------------------------- step
     def _rounds(self, views: list[_View], count: int) -> torch.Tensor:

@@ -42,7 +42,7 @@ class FusedTokenStep:
     def ready(self) -> int | None:
         """The common depth if this step can run whole tokens, else None."""
         seqs = self._candidates()
-        if seqs is None or any(not self._at_boundary(seq) for seq in seqs):
+        if seqs is None or any(not seq.at_token_boundary for seq in seqs):
             return None
         return self._common_depth(seqs)
 
@@ -52,8 +52,8 @@ class FusedTokenStep:
         seqs = self._candidates()
         if seqs is None or self._common_depth(seqs) is None:
             return frozenset()
-        waiting = [seq for seq in seqs if self._at_boundary(seq)]
-        in_flight = [seq for seq in seqs if not self._at_boundary(seq)]
+        waiting = [seq for seq in seqs if seq.at_token_boundary]
+        in_flight = [seq for seq in seqs if not seq.at_token_boundary]
         if not waiting or not all(seq.span is not None and seq.span.exit_rounds is None
                                   for seq in in_flight):
             return frozenset()
@@ -63,18 +63,10 @@ class FusedTokenStep:
         """The running sequences, or None if the engine state rules whole tokens out."""
         eng = self.engine
         sch = eng.scheduler
-        if eng.paused or eng.observers or eng.proposer is not None or not sch.running:
-            return None
-        if sch.waiting and len(sch.running) < eng.config.max_num_seqs \
-                and eng.block_manager.can_allocate(sch.waiting[0].reserved_positions):
+        if eng.paused or eng.observers or eng.proposer is not None or not sch.running \
+                or sch.can_admit():
             return None
         return sch.running
-
-    @staticmethod
-    def _at_boundary(seq: Sequence) -> bool:
-        """Pending token sampled and every earlier position final."""
-        return seq.span is None and bool(seq.output_token_ids) \
-            and seq.num_computed == seq.num_tokens - 1
 
     def _common_depth(self, seqs: list[Sequence]) -> int | None:
         depths = {self.depth(seq) for seq in seqs}
@@ -88,7 +80,5 @@ class FusedTokenStep:
         for seq in seqs:
             seq.num_computed = seq.num_tokens
         eng._sample([(seq, hidden[i], depth) for i, seq in enumerate(seqs)])
-        for seq in seqs:
-            if seq.seq_id in eng._failed and not seq.is_finished:
-                eng._finish(seq, "error", eng._failed[seq.seq_id])
+        eng._finish_failed(seqs)
         return eng._drain_outputs()
