@@ -41,6 +41,9 @@ class EngineConfig:
     SiLU * up and RoPE + K/V write fused (rltlab.kernels.small_batch); False = cuBLAS.
     fused_tokens: with the static path, run all rounds of host-fixed-depth decode tokens in one
     launch when nothing needs to look between rounds (rltlab.engine.token_step).
+    fused_spec: with the static path and a DraftProposer, run each greedy speculative
+    iteration (K chained drafts + verification) as one device program, one CUDA graph on a GPU
+    (rltlab.engine.spec_graph); False = the host-driven loop (one read-back per draft).
     """
 
     max_num_seqs: int = 64
@@ -61,6 +64,7 @@ class EngineConfig:
     compile: bool = False
     small_batch_kernels: bool = True
     fused_tokens: bool = True
+    fused_spec: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "prefill_chunk", "block_size",
@@ -88,7 +92,8 @@ class EngineConfig:
         if self.decode_path not in DECODE_PATHS:
             raise ValueError(f"EngineConfig.decode_path must be one of {DECODE_PATHS}, "
                              f"got {self.decode_path!r}")
-        for name in ("cuda_graphs", "compile", "small_batch_kernels", "fused_tokens"):
+        for name in ("cuda_graphs", "compile", "small_batch_kernels", "fused_tokens",
+                     "fused_spec"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
         self.dtype = parse_dtype(self.dtype)

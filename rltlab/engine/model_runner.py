@@ -152,13 +152,19 @@ class ModelRunner:
     def _stage(self, rows: list[tuple[Sequence, int, int]]) -> list[int]:
         """Stage (sequence, position, plane) rows on the static decoder (grown if they do not
         fit: new buffers, graphs recaptured) -> their cache slots."""
-        if len(rows) > self.static.max_batch:
-            self.static = StaticDecoder(self.model, max_batch=len(rows), **self._static_args)
+        self.static_rows(len(rows))
         bs = self.block_size
         slots = [seq.block_table[pos // bs] * bs + pos % bs for seq, pos, _ in rows]
         self.static.stage([pos for _, pos, _ in rows], [plane for _, _, plane in rows], slots,
                           [seq.block_table for seq, _, _ in rows])
         return slots
+
+    def static_rows(self, rows: int) -> StaticDecoder:
+        """The static decoder, replaced by one of `rows` rows if it holds fewer (new buffers;
+        graphs are recaptured)."""
+        if rows > self.static.max_batch:
+            self.static = StaticDecoder(self.model, max_batch=rows, **self._static_args)
+        return self.static
 
     def run_token(self, seqs: list[Sequence], depth: int) -> torch.Tensor:
         """Rounds 1..depth of every sequence's pending token (its last, at position

@@ -30,7 +30,10 @@ exit_depths = executed_depths = R and its log-prob from the target's h_R at its 
 
 Only the runner's public API is used (execute, or prepare + run_round; logits): a speculative
 span is a `Span` on a thin view of the sequence whose token_ids include the drafts. One step
-reads the device back once per draft pass (the draft tokens) and once after verification.
+reads the device back once per draft pass (the draft tokens) and once after verification,
+except on the static path with all running requests greedy (EngineConfig.fused_spec): there
+drafts chain on the device and the iteration is one program, one read-back
+(rltlab.engine.spec_graph).
 Round observers are not called for speculative steps.
 """
 from __future__ import annotations
@@ -75,6 +78,16 @@ class SpecDecoder:
             raise ValueError(f"DraftProposer.draft_rounds must lie in [1, {R - 1}], "
                              f"got {proposer.draft_rounds}")
         self.engine, self.proposer, self.runner = engine, proposer, engine.runner
+        self._graph = None   # greedy iterations as one device program (static path only)
+        if engine.config.fused_spec and getattr(engine.runner, "static", None) is not None:
+            from rltlab.engine.spec_graph import GreedySpecGraph
+            # Kept per proposer for the engine's life: setting a proposer again (switching
+            # drafters) reuses its captured graphs. The graph holds the proposer, so the id
+            # stays unique.
+            graphs = engine.spec_graphs
+            if id(proposer) not in graphs:
+                graphs[id(proposer)] = GreedySpecGraph(engine.runner, proposer)
+            self._graph = graphs[id(proposer)]
 
     # ----------------------------------------------------------------------------- dispatch
     def eligible(self, seq: Sequence) -> bool:
@@ -134,6 +147,8 @@ class SpecDecoder:
                            eng.config.max_num_batched_tokens // len(seqs) - 1))
         ks = [max(0, min(k_max, s.max_output_tokens - s.num_output_tokens - 1)) for s in seqs]
         starts = [s.num_tokens - 1 for s in seqs]
+        if self._graph is not None and all(s.params.temperature == 0 for s in seqs):
+            return self._greedy_step(seqs, starts, ks, k_max)
         tokens = [[s.output_token_ids[-1]] for s in seqs]
         h_d = [[] for _ in seqs]
         q = [[] for _ in seqs]      # draft distributions (T > 0 rows only)
@@ -162,6 +177,19 @@ class SpecDecoder:
             self._finish_seq(seq, starts[j], tokens[j][1:], q[j], rows, next(best),
                              all(next(finite)))
         return eng._drain_outputs()
+
+    def _greedy_step(self, seqs: list[Sequence], starts: list[int], ks: list[int], k: int):
+        """All-greedy batch: drafts and verification in one device program (spec_graph);
+        target logits only if a request needs them (log-probs, top-k / top-p tie rules)."""
+        drafts, best, finite = self._graph.run(seqs, starts, ks, k)
+        logits = [None] * len(seqs)
+        if any(s.params.logprobs is not None or s.params.top_k > 0 or s.params.top_p < 1
+               for s in seqs):
+            target = self.runner.logits(self._graph.verify_hidden(ks))
+            logits = target.split([k_j + 1 for k_j in ks])
+        for j, seq in enumerate(seqs):
+            self._finish_seq(seq, starts[j], drafts[j], None, logits[j], best[j], finite[j])
+        return self.engine._drain_outputs()
 
     def _draw(self, seqs: list[Sequence], logits: torch.Tensor):
         """Draft tokens (argmax at T = 0, else sampled from q with the sequence's generator)

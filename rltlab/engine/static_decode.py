@@ -233,13 +233,17 @@ class StaticDecoder:
         return graph
 
     @torch.no_grad()
-    def _round(self, n: int, plane: int | None = None) -> None:
+    def _round(self, n: int, plane: int | None = None, rows: tuple | None = None) -> None:
         """One round for the first n staged rows; plane: the same plane for every row (whole
-        tokens) instead of the staged ones."""
+        tokens) instead of the staged ones; rows: (positions, slots, context lengths, block
+        tables) device tensors of n rows instead of the staged ones (with a plane; the
+        speculative graphs of rltlab.engine.spec_graph build their own)."""
         cfg, model = self.config, self.model.model
         positions, planes, slots, ctx, tables = self._views(self.index)
         if plane is not None:
             planes = self._plane_rows[plane]
+        if rows is not None:
+            positions, slots, ctx, tables = rows
         positions, planes, slots, ctx, tables = (positions[:n], planes[:n], slots[:n], ctx[:n],
                                                  tables[:n])
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, self.dtype)
