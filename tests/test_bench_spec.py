@@ -10,15 +10,22 @@ torch.set_num_threads(1)
 def test_spec_benchmark_reports_costs_tau_and_identity():
     res = main(["--preset", "tiny", "--device", "cpu", "--max-k", "2", "--repeats", "1",
                 "--warmup", "0", "--train-steps", "2", "--train-rows", "16", "--prompts", "2",
-                "--max-tokens", "6", "--concurrency", "1", "--temperatures", "0"])
+                "--max-tokens", "6", "--concurrency", "1", "--temperatures", "0", "--k", "2",
+                "--decode-path", "static", "--spec-loop", "both"])
     engine = res["a"]["impl"]["engine"]
     for d in ("1", "2"):
         costs = engine[d] if d in engine else engine[int(d)]
         assert costs["t_draft"] > 0 and costs["t_target"] > 0
         assert set(map(str, costs["t_verify"])) == {"1", "2"}
+        assert costs["t_token"] > 0 and set(map(str, costs["t_iter"])) == {"1", "2"}
+        assert all(cell["speedup_one_program"] > 0 for cell in costs["implied"][2].values())
     rows = res["b"]["runs"][0]["rows"]
     configs = {(r["impl"], r["config"]) for r in rows}
     assert ("engine", "trained d=1") in configs and ("reference", "shallow d=2") in configs
+    assert ("engine", "trained d=1 host loop") in configs
+    implied = {r["config"]: r for r in res["c"]}   # (a)'s costs at (b)'s measured tau
+    assert {"shallow d=1", "trained d=2 host loop"} <= set(implied)
+    assert all(r["speedup_one_program"] > 0 and r["d"] in (1, 2) for r in implied.values())
     for row in rows:   # greedy speculation never changes the output
         assert row["identical"] == "2/2", row
         assert row["tau"] >= 1.0

@@ -9,9 +9,14 @@
     for 1 token), for d in --draft-rounds, in the engine (the same runner calls
     rltlab.engine.spec_decode makes, static/CUDA-graph decode path where the engine uses it) and
     in the reference decoder (rltlab.engine.speculative.run_rounds on a LoopedKVCache).
+    On the static path also: a target-only token as the engine decodes it (all R rounds in
+    one launch, runner.run_token: t_token) and one whole greedy iteration as one device
+    program (rltlab.engine.spec_graph: K chained drafts + verification + read-back: t_iter).
     Implied speedup of one speculative iteration (K+1 draft passes: the pending token and K
-    drafts, the last one only for its h_d; then one verification):
-        speedup(tau) = tau * t_target / ((K + 1) * t_draft + t_verify)
+    drafts, the last one only for its h_d; then one verification), t_target = the faster of
+    round-by-round and t_token:
+        host loop:    speedup(tau) = tau * t_target / ((K + 1) * t_draft + t_verify)
+        one program:  speedup(tau) = tau * t_target / t_iter
     shown for tau = (1 - a^(K+1)) / (1 - a) at per-token acceptance a in --alphas.
 (b) On the embedded model (--tiny-model, default artifacts/ouro-tiny; --tiny-dtype float32 so
     the T=0 identity check is not a bf16 tie-breaking test): tok/s at each --concurrency and
@@ -23,6 +28,8 @@
     reference path (speculative_generate vs generate_plain; best of --tiny-repeats); tau,
     acceptance, head memory, identical outputs at T=0 (per prompt), speedup vs target-only
     and vs the faster untrained drafter, and which path is faster.
+(c) With (a) and (b): the speedup (a)'s costs imply at the tau each engine drafter reached in
+    (b) at c = 1 (K = --k), host loop and one program.
 Last line: JSON.
 """
 from __future__ import annotations
@@ -38,6 +45,7 @@ from rltlab.bench.__main__ import add_model_arguments, build_model, prompts_for
 from rltlab.engine import LLM, DraftProposer, SamplingParams
 from rltlab.engine.sequence import Span
 from rltlab.engine.spec_decode import SpecDecoder, _View
+from rltlab.engine.spec_graph import GreedySpecGraph
 from rltlab.engine.speculative import run_rounds
 from rltlab.model import LoopedKVCache
 
@@ -90,12 +98,26 @@ def engine_costs(model, args, ks, ds) -> dict:
         h = spec._rounds([_View(seq, span, [token] * (k + 1))], R - d)
         return eng.runner.logits(h).argmax(-1).tolist()
 
+    def whole_token():   # target-only decoding's own step: all R rounds in one launch
+        return lm_head(eng.runner.run_token([seq], R)).argmax(-1).tolist()
+
+    def iteration(graph, k):   # the whole greedy iteration as one device program
+        return graph.run([seq], [start], [k], k)
+
     t_target = timed(lambda: one_token(R), device, args.warmup, args.repeats)
-    out = {d: {"t_draft": timed(lambda: one_token(d), device, args.warmup, args.repeats),
-               "t_target": t_target,
-               "t_verify": {k: timed(lambda: verify(k, d), device, args.warmup, args.repeats)
-                            for k in ks}} for d in ds}
-    out["decode_path"] = "static" if getattr(eng.runner, "static", None) else "gather"
+    static = getattr(eng.runner, "static", None) is not None
+    t_token = timed(whole_token, device, args.warmup, args.repeats) if static else None
+    out = {}
+    for d in ds:
+        out[d] = {"t_draft": timed(lambda: one_token(d), device, args.warmup, args.repeats),
+                  "t_target": t_target, "t_token": t_token,
+                  "t_verify": {k: timed(lambda: verify(k, d), device, args.warmup, args.repeats)
+                               for k in ks}}
+        if static:
+            graph = GreedySpecGraph(eng.runner, DraftProposer(max(ks), d))
+            out[d]["t_iter"] = {k: timed(lambda: iteration(graph, k), device, args.warmup,
+                                         args.repeats) for k in ks}
+    out["decode_path"] = "static" if static else "gather"
     eng.abort_request("a")
     eng._drain_outputs()
     return out
@@ -131,17 +153,23 @@ def _reference_costs(model, args, ks, d) -> dict:
                              for k in ks}}
 
 
-def implied(costs, k, alpha) -> tuple[float, float]:
+def implied(costs, k, alpha) -> tuple[float, float, float | None]:
+    """-> (tau, speedup of the host-driven loop, speedup of the one-program iteration), both
+    against the faster target-only step (round by round or whole-token)."""
     tau = (1 - alpha ** (k + 1)) / (1 - alpha)
-    return tau, tau * costs["t_target"] / ((k + 1) * costs["t_draft"] + costs["t_verify"][k])
+    target = min(t for t in (costs["t_target"], costs.get("t_token")) if t)
+    host = tau * target / ((k + 1) * costs["t_draft"] + costs["t_verify"][k])
+    fused = tau * target / costs["t_iter"][k] if costs.get("t_iter") else None
+    return tau, host, fused
 
 
 def part_a(args) -> dict:
     model = build_model(args)
     ks = list(range(1, args.max_k + 1))
     res = {"model": args.model or f"random:{args.preset}", "dtype": args.dtype,
-           "context": args.context, "formula": "speedup = tau * t_target / ((K+1) * t_draft + "
-           "t_verify); tau = (1 - a^(K+1)) / (1 - a)", "impl": {}}
+           "context": args.context, "formula": "host loop: speedup = tau * t_target / ((K+1) "
+           "* t_draft + t_verify); one program: tau * t_target / t_iter; t_target = min(round "
+           "by round, whole token); tau = (1 - a^(K+1)) / (1 - a)", "impl": {}}
     for impl, fn in (("engine", engine_costs), ("reference", reference_costs)):
         res["impl"][impl] = fn(model, args, ks, args.draft_rounds)
     res["engine_decode_path"] = res["impl"]["engine"].pop("decode_path")
@@ -151,19 +179,21 @@ def part_a(args) -> dict:
           f"verification: {verify_path}")
     print(f"\n(a) {res['model']} {args.dtype} on {args.device}, c=1, context {args.context}; "
           f"ms per call (median of {args.repeats}); {res['formula']}")
-    head = " ".join(f"{'a=' + str(a):>11}" for a in args.alphas)
-    print(f"{'impl':>9} {'d':>2} {'K':>2} {'draft':>8} {'verify':>8} {'target':>8} {head}"
-          "  (cells: tau/speedup)")
+    head = " ".join(f"{'a=' + str(a):>17}" for a in args.alphas)
+    print(f"{'impl':>9} {'d':>2} {'K':>2} {'draft':>8} {'verify':>8} {'iter':>8} {'target':>8} "
+          f"{'token':>8} {head}  (cells: tau/host-loop speedup/one-program speedup)")
     for impl, by_d in res["impl"].items():
         for d, c in by_d.items():
             c["implied"] = {}
             for k in ks:
                 cells = [implied(c, k, a) for a in args.alphas]
-                c["implied"][k] = {str(a): {"tau": t, "speedup": s}
-                                   for a, (t, s) in zip(args.alphas, cells)}
-                print(f"{impl:>9} {d:>2} {k:>2} {1e3 * c['t_draft']:>8.3f} "
-                      f"{1e3 * c['t_verify'][k]:>8.3f} {1e3 * c['t_target']:>8.3f} "
-                      + " ".join(f"{t:>5.2f}/{s:<5.2f}" for t, s in cells))
+                c["implied"][k] = {str(a): {"tau": t, "speedup": s, "speedup_one_program": f}
+                                   for a, (t, s, f) in zip(args.alphas, cells)}
+                ms = [c["t_draft"], c["t_verify"][k], c.get("t_iter", {}).get(k),
+                      c["t_target"], c.get("t_token")]
+                print(f"{impl:>9} {d:>2} {k:>2} "
+                      + " ".join(f"{1e3 * t:>8.3f}" if t else f"{'-':>8}" for t in ms) + " "
+                      + " ".join(f"{t:>5.2f}/{s:<5.2f}/{f or 0:<5.2f}" for t, s, f in cells))
     del model
     if torch.device(args.device).type == "cuda":
         torch.cuda.empty_cache()
@@ -223,16 +253,27 @@ def engine_runs(model, prompts, configs, conc, temperature, args) -> list[dict]:
               **_engine_kwargs(args))
     params = [SamplingParams(temperature=temperature, max_tokens=args.max_tokens, seed=17 + i,
                              exit_policy="fixed") for i in range(len(prompts))]
-    names = ["target only"] + list(configs)
-    proposers = {"target only": None, **configs}
+    proposers = {"target only": (None, True)}
+    for name, proposer in configs.items():
+        if args.spec_loop in ("one-program", "both"):
+            proposers[name] = (proposer, True)
+        if args.spec_loop in ("host", "both"):
+            proposers[name + (" host loop" if args.spec_loop == "both" else "")] = (proposer,
+                                                                                  False)
+    names = list(proposers)
+
+    def use(name):
+        proposer, llm.llm_engine.config.fused_spec = proposers[name]
+        llm.set_proposer(proposer)
+
     secs, outs = {n: [] for n in names}, {}
     for name in names:
-        llm.set_proposer(proposers[name])
+        use(name)
         llm.generate(prompts[:2], params[:2])                      # warm-up (graph capture)
     for rep in range(args.tiny_repeats):
         for i in range(len(names)):
             name = names[(i + rep) % len(names)]
-            llm.set_proposer(proposers[name])
+            use(name)
             _sync(args.device)
             started = time.perf_counter()
             outs[name] = llm.generate(prompts, params)
@@ -246,7 +287,9 @@ def engine_runs(model, prompts, configs, conc, temperature, args) -> list[dict]:
         steps = sum(s["steps"] for s in stats)
         drafted = sum(s["drafted"] for s in stats)
         med = statistics.median(secs[name])
+        proposer = proposers[name][0]
         rows.append({"impl": "engine", "config": name, "tokens": sum(map(len, toks)),
+                     "draft_rounds": proposer.draft_rounds if proposer else None,
                      "seconds": med, "seconds_all": secs[name],
                      "tok_s": sum(map(len, toks)) / med,
                      "tau": sum(s["emitted"] for s in stats) / steps if steps else 1.0,
@@ -321,6 +364,32 @@ def part_b(args) -> dict:
     return res
 
 
+def implied_at_measured_tau(a: dict, b: dict) -> list[dict]:
+    """(a)'s big-shape costs at the tau each engine drafter reached in (b) at c = 1:
+    speedup = tau * t_target / t_iter (one program) and / ((K+1) t_draft + t_verify)."""
+    costs, k, out = a["impl"]["engine"], b["k"], []
+    for run in b["runs"]:
+        if run["concurrency"] != 1:
+            continue
+        for row in run["rows"]:
+            c = costs.get(row.get("draft_rounds"))
+            if row["impl"] != "engine" or c is None or k not in c["t_verify"]:
+                continue
+            target = min(t for t in (c["t_target"], c.get("t_token")) if t)
+            host = (k + 1) * c["t_draft"] + c["t_verify"][k]
+            out.append({"temperature": run["temperature"], "config": row["config"],
+                        "d": row["draft_rounds"], "k": k, "tau": row["tau"],
+                        "speedup_host_loop": row["tau"] * target / host,
+                        "speedup_one_program": (row["tau"] * target / c["t_iter"][k]
+                                                if c.get("t_iter") else None)})
+    print(f"\n(c) {a['model']} costs from (a) at the tau measured in (b), c=1, K={k}")
+    for r in out:
+        print(f"T={r['temperature']:<4} {r['config']:<28} d={r['d']} tau {r['tau']:.2f}: "
+              f"host loop {r['speedup_host_loop']:.2f}x, one program "
+              f"{r['speedup_one_program'] or 0:.2f}x")
+    return out
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m rltlab.bench.spec", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -347,6 +416,10 @@ def main(argv=None) -> dict:
                     help="(b) ignore the shipped components, train a residual MLP here")
     ap.add_argument("--impls", nargs="+", default=["engine", "reference"],
                     choices=["engine", "reference"], help="(b) implementations to time")
+    ap.add_argument("--spec-loop", default="one-program", choices=["one-program", "host",
+                                                                  "both"],
+                    help="(b) engine: greedy iterations as one device program (the default, "
+                    "EngineConfig.fused_spec), the host-driven loop, or both as configs")
     ap.add_argument("--train-steps", type=int, default=150)
     ap.add_argument("--train-rows", type=int, default=128)
     ap.add_argument("--seq-len", type=int, default=128)
@@ -370,6 +443,8 @@ def main(argv=None) -> dict:
             results["a"] = part_a(args)
     if not args.skip_b:
         results["b"] = part_b(args)
+        if "a" in results:
+            results["c"] = implied_at_measured_tau(results["a"], results["b"])
     results["wall_s"] = time.perf_counter() - started
     print(json.dumps(results, default=str))
     return results
