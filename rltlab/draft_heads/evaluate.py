@@ -198,8 +198,10 @@ def main(argv=None) -> dict:
         configs = {"shallow d=1": {"draft_rounds": 1}, "shallow d=2": {"draft_rounds": 2}}
         for path in args.tau_drafters or shipped_components(model_dir):
             comp = load_draft_component(path, model)
-            configs[f"trained d={comp.draft_rounds} ({Path(path).name})"] = \
-                component_kwargs(comp)
+            name = f"trained d={comp.draft_rounds} ({Path(path).name})"
+            if name in configs:   # same directory name elsewhere: name it by its full path
+                name = f"trained d={comp.draft_rounds} ({path})"
+            configs[name] = component_kwargs(comp)
         rows = drafter_tau(model, prompts, args.prompts - args.prompts // 2, configs, k=args.k,
                            temperatures=args.temperatures, max_tokens=args.max_tokens)
         print(table(rows, ["T", "drafter", "prompts", "n", "tau", "acceptance"]))

@@ -147,11 +147,12 @@ def evaluate_features(head, feats: SequenceFeatures, d: int, lm_head, batch_size
         if not len(idx):
             continue
         totals, weight = {}, 0.0
+        dev = lm_head.weight.device
         for lo in range(0, len(idx), batch_size):
             b = idx[lo: lo + batch_size]
-            h, mask = feats.hidden[d][b], feats.mask[b]
+            h, mask = feats.hidden[d][b].to(dev), feats.mask[b].to(dev)
             draft = (lm_head if head is None else head)(h).float()
-            target = torch.log_softmax(lm_head(feats.final[b]).float(), -1)
+            target = torch.log_softmax(lm_head(feats.final[b].to(dev)).float(), -1)
             w = float(mask.sum())
             for key, val in seq_metrics(draft, target, mask).items():
                 totals[key] = totals.get(key, 0.0) + val * w
@@ -173,6 +174,7 @@ def distill_sequences(head, feats: SequenceFeatures, d: int, lm_head, *, steps: 
     train = feats.select((feats.split == 0).nonzero()[:, 0])
     held = feats.select((feats.split == 1).nonzero()[:, 0])
     params = head.adapter_parameters()
+    dev = lm_head.weight.device
     opt, sched = _schedule(params, lr, steps)
     for group in opt.param_groups:
         group["weight_decay"] = weight_decay
@@ -203,9 +205,9 @@ def distill_sequences(head, feats: SequenceFeatures, d: int, lm_head, *, steps: 
         for step in bar:
             pick = torch.randint(0, len(train.mask), (batch_size,), generator=gen)
             mask = train.mask[pick]
-            with torch.no_grad():
-                target = torch.log_softmax(lm_head(train.final[pick][mask]).float(), -1)
-            draft = head(train.hidden[d][pick][mask]).float()
+            with torch.no_grad():   # features live on the CPU; the step runs on lm_head's device
+                target = torch.log_softmax(lm_head(train.final[pick][mask].to(dev)).float(), -1)
+            draft = head(train.hidden[d][pick][mask].to(dev)).float()
             loss = F.kl_div(torch.log_softmax(draft, -1), target, log_target=True,
                             reduction="batchmean")
             opt.zero_grad(set_to_none=True)
@@ -245,7 +247,7 @@ def build_features(model, tokenizer, args, progress: bool = True) -> tuple:
     data = {"arith_prompts": args.arith, "text_prompts": args.text,
             "text_prompt_tokens": args.text_prompt_tokens, "max_new_tokens": args.max_tokens,
             "temperatures": list(args.temperatures), "data_seed": args.data_seed,
-            "heldout_every": args.heldout_every}
+            "heldout_every": args.heldout_every, "rollout_batch": args.rollout_batch}
     cache = Path(args.features_cache) if args.features_cache else None
     if cache is not None and cache.is_file():
         saved = torch.load(cache)
@@ -254,7 +256,7 @@ def build_features(model, tokenizer, args, progress: bool = True) -> tuple:
     prompts = training_prompts(tokenizer, args.arith, args.text, args.text_prompt_tokens,
                                args.data_seed)
     seqs = rollouts(model, prompts, max_tokens=args.max_tokens, temperatures=args.temperatures,
-                    seed=args.data_seed, progress=progress)
+                    seed=args.data_seed, batch_size=args.rollout_batch, progress=progress)
     feats = sequence_features(model, seqs, tuple(sorted({1, 2, *args.draft_rounds})),
                               heldout_every=args.heldout_every, progress=progress)
     if cache is not None:
@@ -310,9 +312,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--seed", type=int, default=0, help="init and batch-pick seed")
     ap.add_argument("--features-cache", default=None, help="reuse/write teacher features here")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="rollouts, features and training (fp32)")
+    ap.add_argument("--rollout-batch", type=int, default=64, help="prompts per rollout batch")
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
-    model, tokenizer, model_dir = W.load_model(args.model, threads=args.threads)
+    model, tokenizer, model_dir = W.load_model(args.model, threads=args.threads,
+                                               device=args.device)
     feats, data = build_features(model, tokenizer, args)
     split = {"train_sequences": int((feats.split == 0).sum()),
              "heldout_sequences": int((feats.split == 1).sum()),
@@ -328,7 +333,7 @@ def main(argv=None) -> dict:
     for d in args.draft_rounds:
         torch.manual_seed(args.seed)
         cfg = {"inner": args.inner} if args.kind == "residual_mlp" else {"r": args.r}
-        head = build_component(args.kind, model, d, **cfg)
+        head = build_component(args.kind, model, d, **cfg).to(args.device)
         log = distill_sequences(head, feats, d, model.lm_head, steps=args.steps,
                                 batch_size=args.batch_size, lr=args.lr,
                                 weight_decay=args.weight_decay, seed=args.seed,
