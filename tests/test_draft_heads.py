@@ -205,7 +205,7 @@ def test_shipped_components_load_onto_the_embedded_model():
         meta = read_metadata(path)
         comp = load_draft_component(path, model)           # hash, hidden, vocab, d checked
         assert comp.draft_rounds == meta["draft_rounds"] in (1, 2)
-        assert sum(f.stat().st_size for f in path.rglob("*")) < 4_000_000
+        assert sum(f.stat().st_size for f in path.rglob("*")) < 6_000_000   # d=1: inner 2048
         assert "TRAINING-split" in meta["training"]["description"]
         assert meta["training"]["command"].startswith("python -m rltlab.draft_heads.selfdistill")
         m = meta["metrics"]
