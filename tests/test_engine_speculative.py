@@ -155,15 +155,19 @@ def test_rejects_bad_proposers(model):
     assert llm.llm_engine.proposer is None
 
 
-@pytest.mark.parametrize("d,k,with_head", [(1, 2, False), (2, 2, True)])
-def test_sampling_matches_target_distribution(d, k, with_head):
+@pytest.mark.parametrize("d,k,with_head,path", [(1, 2, False, "gather"), (2, 2, True, "gather"),
+                                                (1, 2, False, "static"), (2, 2, True, "static")])
+def test_sampling_matches_target_distribution(d, k, with_head, path):
+    """path "static": the iteration runs as one device program (rltlab.engine.spec_graph),
+    drafts, acceptance tests and residual draws on the device."""
     vocab, n = 5, 3000
     cfg = OuroConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                      num_attention_heads=2, num_key_value_heads=1, total_ut_steps=R,
                      max_position_embeddings=64)
     model = OuroForCausalLM(cfg).init_weights(3, std=0.6).eval()
     prompt = [1, 3, 2]
-    llm = LLM(model, block_size=4, max_num_seqs=512, max_num_batched_tokens=4096)
+    llm = LLM(model, block_size=4, max_num_seqs=512, max_num_batched_tokens=4096,
+              decode_path=path)
     llm.set_proposer(DraftProposer(k, d, _random_head(16, vocab, 1) if with_head else None))
     outs = llm.generate([prompt], SamplingParams(n=n, temperature=1.0, seed=7, max_tokens=4,
                                                  ignore_eos=True))[0].outputs

@@ -78,9 +78,12 @@ def test_lagged_policy_breaking_its_promise_fails_only_its_request():
     model = tiny_engine_model(4)
     llm = LLM(model, decode_path="static", max_num_seqs=4)
     prompts = random_prompts(2, seed=5)
+    # Seeded, eos ignored: the outcome must not hinge on the global RNG (an unseeded draw of
+    # eos once ended request 0 with "stop" before its broken promise was seen).
     outs = llm.generate(prompts, [SamplingParams(max_tokens=4, exit_policy="too_eager",
-                                                 min_loops=1),
-                                  SamplingParams(max_tokens=4, exit_policy="fixed")])
+                                                 min_loops=1, seed=1, ignore_eos=True),
+                                  SamplingParams(max_tokens=4, exit_policy="fixed", seed=2,
+                                                 ignore_eos=True)])
     assert outs[0].finish_reason == "error" and "decision_lag" in outs[0].error
     assert outs[1].finish_reason == "length" and len(outs[1].token_ids) == 4
 

@@ -85,25 +85,35 @@ def test_device_program_equals_host_loop_and_target(model, d, k, conc, head):
         assert sum(o.spec_stats["accepted"] for o in fused) > 0
 
 
-def test_sampled_requests_take_the_host_loop_and_logprob_options_hold(model):
-    """A T > 0 request in the batch sends the iteration through the host loop (its draws use
-    the request's generator); greedy requests with top-k / top-p and top log-probs read the
-    target's logits from the program's verification rows."""
-    prompts = _prompts(4, seed=8)
+def test_sampled_and_filtered_requests_in_the_program(model):
+    """Mixed greedy / sampled batches run as one program: greedy requests (with top-k / top-p
+    and top log-probs) equal the host loop; a seeded sampled request is reproducible; T = 1
+    with top-k = 1 (a one-hot processed distribution: drafts, acceptance tests and residual
+    draws all degenerate) reproduces greedy decoding. Distribution: test_engine_speculative."""
+    prompts = _prompts(5, seed=8)
     params = [SamplingParams(temperature=0.0, max_tokens=7, top_k=5, logprobs=3),
               SamplingParams(temperature=0.0, max_tokens=9, top_p=0.9, logprobs=2),
-              SamplingParams(temperature=0.9, max_tokens=8, seed=4, logprobs=1),
-              SamplingParams(temperature=0.0, max_tokens=6)]
+              SamplingParams(temperature=0.9, max_tokens=8, seed=4, logprobs=1, top_p=0.8),
+              SamplingParams(temperature=0.0, max_tokens=6),
+              SamplingParams(temperature=1.0, max_tokens=8, seed=5, top_k=1, logprobs=0)]
     proposer = DraftProposer(3, 1)
-    host = _run(model, prompts, params, proposer, fused=False, max_num_seqs=4)
+    host = _run(model, prompts, params, proposer, fused=False, max_num_seqs=5)
     calls = []
-    fused = _run(model, prompts, params, proposer, count=calls, max_num_seqs=4)
-    assert calls   # after the sampled request finished, the greedy ones ran as one program
-    for out, ref in zip(fused, host):
-        assert out.token_ids == ref.token_ids
-        assert out.top_logprobs == ref.top_logprobs or all(
-            abs(a[t] - b[t]) < 1e-5 for a, b in zip(out.top_logprobs, ref.top_logprobs)
-            for t in a)
+    fused = _run(model, prompts, params, proposer, count=calls, max_num_seqs=5)
+    again = _run(model, prompts, params, proposer, max_num_seqs=5)
+    assert calls
+    for i in (0, 1, 3):
+        assert fused[i].token_ids == host[i].token_ids
+        assert fused[i].top_logprobs == host[i].top_logprobs or all(
+            abs(a[t] - b[t]) < 1e-5 for a, b in zip(fused[i].top_logprobs,
+                                                      host[i].top_logprobs) for t in a)
+    assert [o.token_ids for o in again] == [o.token_ids for o in fused]
+    greedy = _run(model, prompts[4:], [SamplingParams(temperature=0.0, max_tokens=8,
+                                                       logprobs=0)])
+    _same(fused[4:], greedy, stats=False)   # raw log-probs of the same tokens
+    greedy_spec = _run(model, prompts[4:], [SamplingParams(temperature=0.0, max_tokens=8,
+                                                           logprobs=0)], proposer)
+    _same(fused[4:], greedy_spec)   # and the same acceptance decisions (spec_stats)
 
 
 @pytest.mark.skipif(not kernels.triton_available("cpu"), reason="needs TRITON_INTERPRET=1")

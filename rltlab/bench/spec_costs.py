@@ -12,7 +12,7 @@ from rltlab.bench.__main__ import build_model, prompts_for
 from rltlab.engine import LLM, DraftProposer, SamplingParams
 from rltlab.engine.sequence import Span
 from rltlab.engine.spec_decode import SpecDecoder, _View
-from rltlab.engine.spec_graph import GreedySpecGraph
+from rltlab.engine.spec_graph import SpecGraph
 from rltlab.engine.speculative import run_rounds
 from rltlab.model import LoopedKVCache
 
@@ -80,7 +80,7 @@ def engine_costs(model, args, ks, ds) -> dict:
                   "t_verify": {k: timed(lambda: verify(k, d), device, args.warmup, args.repeats)
                                for k in ks}}
         if static:
-            graph = GreedySpecGraph(eng.runner, DraftProposer(max(ks), d))
+            graph = SpecGraph(eng.runner, DraftProposer(max(ks), d))
             out[d]["t_iter"] = {k: timed(lambda: iteration(graph, k), device, args.warmup,
                                          args.repeats) for k in ks}
     out["decode_path"] = "static" if static else "gather"

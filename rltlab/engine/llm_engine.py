@@ -57,7 +57,7 @@ class LLMEngine:
         self.paused = False
         self.observers: list[ObserverHandle] = []
         self.proposer: DraftProposer | None = None
-        self.spec_graphs: dict = {}   # id(proposer) -> its GreedySpecGraph (spec_decode)
+        self.spec_graphs: dict = {}   # id(proposer) -> its SpecGraph (spec_decode)
         self._whole_tokens = FusedTokenStep(self) if static and config.fused_tokens else None
         self._outputs: list[RequestOutput] = []
         self._failed: dict[int, str] = {}   # seq_id -> why, within one step

@@ -31,8 +31,8 @@ exit_depths = executed_depths = R and its log-prob from the target's h_R at its 
 Only the runner's public API is used (execute, or prepare + run_round; logits): a speculative
 span is a `Span` on a thin view of the sequence whose token_ids include the drafts. One step
 reads the device back once per draft pass (the draft tokens) and once after verification,
-except on the static path with all running requests greedy (EngineConfig.fused_spec): there
-drafts chain on the device and the iteration is one program, one read-back
+except on the static path (EngineConfig.fused_spec): there drafts chain on the device and the
+whole iteration, acceptance and rejection sampling included, is one program with one read-back
 (rltlab.engine.spec_graph).
 Round observers are not called for speculative steps.
 """
@@ -80,13 +80,13 @@ class SpecDecoder:
         self.engine, self.proposer, self.runner = engine, proposer, engine.runner
         self._graph = None   # greedy iterations as one device program (static path only)
         if engine.config.fused_spec and getattr(engine.runner, "static", None) is not None:
-            from rltlab.engine.spec_graph import GreedySpecGraph
+            from rltlab.engine.spec_graph import SpecGraph
             # Kept per proposer for the engine's life: setting a proposer again (switching
             # drafters) reuses its captured graphs. The graph holds the proposer, so the id
             # stays unique.
             graphs = engine.spec_graphs
             if id(proposer) not in graphs:
-                graphs[id(proposer)] = GreedySpecGraph(engine.runner, proposer)
+                graphs[id(proposer)] = SpecGraph(engine.runner, proposer)
             self._graph = graphs[id(proposer)]
 
     # ----------------------------------------------------------------------------- dispatch
@@ -147,8 +147,8 @@ class SpecDecoder:
                            eng.config.max_num_batched_tokens // len(seqs) - 1))
         ks = [max(0, min(k_max, s.max_output_tokens - s.num_output_tokens - 1)) for s in seqs]
         starts = [s.num_tokens - 1 for s in seqs]
-        if self._graph is not None and all(s.params.temperature == 0 for s in seqs):
-            return self._greedy_step(seqs, starts, ks, k_max)
+        if self._graph is not None:
+            return self._program_step(seqs, starts, ks, k_max)
         tokens = [[s.output_token_ids[-1]] for s in seqs]
         h_d = [[] for _ in seqs]
         q = [[] for _ in seqs]      # draft distributions (T > 0 rows only)
@@ -178,17 +178,19 @@ class SpecDecoder:
                              all(next(finite)))
         return eng._drain_outputs()
 
-    def _greedy_step(self, seqs: list[Sequence], starts: list[int], ks: list[int], k: int):
-        """All-greedy batch: drafts and verification in one device program (spec_graph);
-        target logits only if a request needs them (log-probs, top-k / top-p tie rules)."""
-        drafts, best, finite = self._graph.run(seqs, starts, ks, k)
+    def _program_step(self, seqs: list[Sequence], starts: list[int], ks: list[int], k: int):
+        """The iteration as one device program (spec_graph); target logits only if a request
+        wants log-probs."""
+        results = self._graph.run(seqs, starts, ks, k)
         logits = [None] * len(seqs)
-        if any(s.params.logprobs is not None or s.params.top_k > 0 or s.params.top_p < 1
-               for s in seqs):
+        if any(s.params.logprobs is not None for s in seqs):
             target = self.runner.logits(self._graph.verify_hidden(ks))
             logits = target.split([k_j + 1 for k_j in ks])
-        for j, seq in enumerate(seqs):
-            self._finish_seq(seq, starts[j], drafts[j], None, logits[j], best[j], finite[j])
+        for j, (seq, (drafts, n, nxt, finite)) in enumerate(zip(seqs, results)):
+            if not finite:
+                self.engine._finish(seq, "error", "non-finite logits")
+                continue
+            self._emit(seq, starts[j], drafts, n, nxt, logits[j])
         return self.engine._drain_outputs()
 
     def _draw(self, seqs: list[Sequence], logits: torch.Tensor):
@@ -209,8 +211,8 @@ class SpecDecoder:
 
     def _finish_seq(self, seq: Sequence, start: int, drafts: list[int], q, logits,
                     best: list[int], finite: bool) -> None:
-        """Accept / correct / bonus for one sequence, append the tokens, stop checks.
-        logits [k+1, V] fp32 of the target at positions start..start+k; best = their argmax."""
+        """Host loop: accept / correct / bonus for one sequence, then _emit. logits [k+1, V]
+        fp32 of the target at positions start..start+k; best = their argmax."""
         eng, p, k = self.engine, seq.params, len(drafts)
         if not finite:
             eng._finish(seq, "error", "non-finite logits")
@@ -225,6 +227,13 @@ class SpecDecoder:
         else:
             processed = _processed(logits, p)
             n, nxt = _reject_sample(drafts, q, torch.softmax(processed, -1), seq.generator)
+        self._emit(seq, start, drafts, n, nxt, logits, processed)
+
+    def _emit(self, seq: Sequence, start: int, drafts: list[int], n: int, nxt: int, logits,
+              processed=None) -> None:
+        """Append drafts[:n] and nxt with their log-probs (logits: the target's [k+1, V] rows,
+        needed only for log-probs), update the stats, stop checks."""
+        eng, p, k = self.engine, seq.params, len(drafts)
         emitted = drafts[:n] + [nxt]
         stats = getattr(seq, "spec_stats", None) or SpecStats()
         seq.spec_stats = stats

@@ -1,22 +1,31 @@
-"""Greedy speculative iterations as one device program (one CUDA graph replay on a GPU).
+"""Speculative iterations as one device program (one CUDA graph replay on a GPU).
 
-For a batch of greedy (T = 0) sequences on the static decode path, one `run()` does the whole
-of rltlab.engine.spec_decode's iteration on the device:
+For a batch on the static decode path, one `run()` does the whole of rltlab.engine.spec_decode's
+iteration on the device:
 
   for i in 0..K:  token_i -> embed -> rounds 1..d (planes 0..d-1, position P + i) -> h_d[i];
-                  if i < K: token_{i+1} = argmax draft_logits(h_d[i])
+                  if i < K: token_{i+1} = argmax (T = 0) or a draw from q_i = softmax of the
+                  processed draft_logits(h_d[i]) (T > 0)
   verify:         the K + 1 positions of every sequence as causal token rows, rounds d+1..R
-                  starting from h_d (planes d..R-1) -> argmax of lm_head(h_R), finite flags
+                  starting from h_d (planes d..R-1) -> target logits, processed like the request
+  accept:         T = 0: longest prefix with draft == the target's argmax, then that argmax;
+                  T > 0: accept x w.p. min(1, p(x)/q(x)), else draw from normalize(max(0, p - q))
+                  and stop; after k_j accepts, draw the bonus from p
 
-and the host reads drafts, the target's argmax and the finite flags back in ONE copy. The
-host-driven loop pays a launch and a read-back per draft pass (the draft's argmax picks the next
-pass's input); here drafts chain through device tensors, so a whole iteration is one replay.
+and the host reads drafts, accepted counts, next tokens and finite flags back in ONE copy. The
+host-driven loop pays a launch and a read-back per draft pass (the draft picks the next pass's
+input); here drafts chain through device tensors, so a whole iteration is one replay.
+
+Random numbers: every sampled request draws 2K + 1 uniforms from its own generator per iteration
+(K draft draws, K acceptance tests, one final draw; inverse-CDF sampling as in
+rltlab.engine.sampling), so seeded requests stay reproducible; greedy requests draw none.
 
 Rows: sequence j's pass i sits at position P_j + min(i, k_j) with its own cache slot for
 i <= k_j and slot -1 beyond (no K/V write, output ignored): k_j <= K caps drafting by the
 tokens the sequence may still emit, as in the host loop, so no write leaves the sequence's
-admission reservation. Padding rows (bucket > batch) have k = 0 and slot -1 throughout. The
-rounds, matmuls and argmaxes are the host loop's, so outputs are token-identical (tests).
+admission reservation. Padding rows (bucket > batch) have k = 0 and slot -1 throughout. For
+greedy requests the rounds, matmuls and argmaxes are the host loop's, so outputs are
+token-identical; sampled requests follow the same distribution (tests).
 """
 from __future__ import annotations
 
@@ -24,36 +33,40 @@ import numpy as np
 import torch
 
 from rltlab.engine.hooks import DraftProposer
+from rltlab.engine.sampling import process_logits
 from rltlab.engine.static_decode import BUCKETS
 
 
-class GreedySpecGraph:
-    """Device programs for greedy speculative iterations, one per (bucket, K)."""
+class SpecGraph:
+    """Device programs for speculative iterations, one per (bucket, K, sampled, filtering)."""
 
     def __init__(self, runner, proposer: DraftProposer):
         self.runner, self.proposer = runner, proposer
         self._static = None
-        self._programs: dict = {}   # (bucket, K) -> _Program
+        self._programs: dict = {}
 
     def run(self, seqs, starts: list[int], ks: list[int], k: int):
         """One iteration for `seqs` (pending token at position starts[j], k_j = ks[j] <= k
-        drafts) -> (drafts [k_j] per sequence, target argmax [k_j + 1] per sequence, finite
-        flag per sequence); target rows' h_R stay readable through verify_hidden()."""
+        drafts) -> per sequence (drafts [k_j], accepted count n, next token, finite flag); the
+        target rows' h_R stay readable through verify_hidden()."""
         bucket = next((b for b in BUCKETS if b >= len(seqs)), len(seqs))
         static = self.runner.static_rows(bucket * (k + 1))
         if static is not self._static:            # a new (grown) decoder: new buffers, graphs
             self._static, self._programs = static, {}
-        if (bucket, k) not in self._programs:
-            self._programs[bucket, k] = _Program(static, self.proposer, bucket, k)
-        self._last = program = self._programs[bucket, k]
+        vocab = static.config.vocab_size
+        sampled = any(s.params.temperature > 0 for s in seqs)
+        filtering = any(0 < s.params.top_k < vocab or s.params.top_p < 1 for s in seqs)
+        key = (bucket, k, sampled, filtering)
+        if key not in self._programs:
+            self._programs[key] = _Program(static, self.proposer, bucket, k, sampled, filtering)
+        self._last = program = self._programs[key]
         program.stage(seqs, starts, ks, self.runner.block_size)
         flat = program.replay()
-        c, width = len(seqs), k + 1
-        drafts = [[flat[i * bucket + j] for i in range(ks[j])] for j in range(c)]
-        best = flat[k * bucket:]
-        finite = best[bucket * width:]
-        return (drafts, [best[j * width: j * width + ks[j] + 1] for j in range(c)],
-                [bool(finite[j * width]) for j in range(c)])
+        c = len(seqs)
+        n, nxt, finite = (flat[k * bucket + i * bucket: k * bucket + (i + 1) * bucket]
+                          for i in range(3))
+        return [([flat[i * bucket + j] for i in range(ks[j])], n[j], nxt[j], bool(finite[j]))
+                for j in range(c)]
 
     def verify_hidden(self, ks: list[int]) -> torch.Tensor:
         """h_R of the last run's target rows, sequence after sequence ([sum(k_j + 1), H])."""
@@ -63,43 +76,61 @@ class GreedySpecGraph:
 
 
 class _Program:
-    """Buffers and (on CUDA) the captured graph of one (bucket, K)."""
+    """Buffers and (on CUDA) the captured graph of one (bucket, K, sampled, filtering)."""
 
-    def __init__(self, static, proposer: DraftProposer, bucket: int, k: int):
+    def __init__(self, static, proposer: DraftProposer, bucket: int, k: int, sampled: bool,
+                 filtering: bool):
         self.static, self.proposer, self.bucket, self.k = static, proposer, bucket, k
+        self.sampled, self.filtering = sampled, filtering
         b, nb, dev = bucket, static.max_blocks, static.device
-        # int32 index: [tokens | base positions | caps | slots (K+1 passes x b) | tables b x nb]
-        self._sizes = [b, b, b, (k + 1) * b, b * nb]
-        size = sum(self._sizes)
-        self.index = torch.zeros(size, dtype=torch.int32, device=dev)
-        self._staging = torch.zeros(size, dtype=torch.int32, pin_memory=dev.type == "cuda")
-        # int64 out: [drafts K x b | target argmax b(K+1) | finite b(K+1)]
-        self.out = torch.zeros(k * b + 2 * b * (k + 1), dtype=torch.int64, device=dev)
+        pin = dev.type == "cuda"
+        # int32: [tokens | base positions | caps | top-k | slots (K+1 passes x b) | tables]
+        self._sizes = [b, b, b, b, (k + 1) * b, b * nb]
+        self.index = torch.zeros(sum(self._sizes), dtype=torch.int32, device=dev)
+        self._staging = torch.zeros(sum(self._sizes), dtype=torch.int32, pin_memory=pin)
+        # fp32: [temperature | top-p] and the sampled rows' uniforms [b, 2K + 1]
+        self.params = torch.zeros(2, b, dtype=torch.float32, device=dev)
+        self._param_staging = torch.zeros(2, b, dtype=torch.float32, pin_memory=pin)
+        self.uniforms = torch.zeros(b, 2 * k + 1, dtype=torch.float32, device=dev)
+        # int64 out: [drafts K x b | accepted b | next token b | finite b]
+        self.out = torch.zeros((k + 3) * b, dtype=torch.int64, device=dev)
         self.verify_hidden = torch.zeros(b * (k + 1), static.config.hidden_size,
                                          dtype=static.dtype, device=dev)
-        self._views(self._staging.numpy())[3][:] = -1   # no slot before the first stage()
+        self._views(self._staging.numpy())[4][:] = -1   # no slot before the first stage()
         self._graph = None   # captured at the first replay, after stage(): the capture's
         # warm-up runs write K/V at the staged slots, which must be the real ones
 
     def _views(self, buf):
-        b, k = self.bucket, self.k
         ends = np.cumsum(self._sizes)
-        tokens, base, caps, slots, tables = (buf[e - n: e] for e, n in zip(ends, self._sizes))
-        return tokens, base, caps, slots.reshape(k + 1, b), tables.reshape(b, self.static.max_blocks)
+        tokens, base, caps, top_k, slots, tables = (buf[e - n: e]
+                                                    for e, n in zip(ends, self._sizes))
+        return (tokens, base, caps, top_k, slots.reshape(self.k + 1, self.bucket),
+                tables.reshape(self.bucket, self.static.max_blocks))
 
     def stage(self, seqs, starts, ks, block_size: int) -> None:
-        buf = self._staging.numpy()
-        tokens, base, caps, slots, tables = self._views(buf)
+        tokens, base, caps, top_k, slots, tables = self._views(self._staging.numpy())
+        temperature, top_p = self._param_staging.numpy()
         c = len(seqs)
-        tokens[c:], base[c:], caps[c:], slots[:] = 0, 0, 0, -1
+        tokens[c:], base[c:], caps[c:], top_k[c:], slots[:] = 0, 0, 0, 0, -1
+        temperature[c:], top_p[c:] = 0.0, 1.0
+        draws = []
         for j, seq in enumerate(seqs):
-            tokens[j], base[j], caps[j] = seq.output_token_ids[-1], starts[j], ks[j]
+            p = seq.params
+            tokens[j], base[j], caps[j], top_k[j] = seq.output_token_ids[-1], starts[j], ks[j], \
+                p.top_k
+            temperature[j], top_p[j] = p.temperature, p.top_p
             table = seq.block_table
             tables[j, : len(table)] = table
             pos = np.arange(starts[j], starts[j] + ks[j] + 1)
             slots[: ks[j] + 1, j] = np.asarray(table)[pos // block_size] * block_size \
                 + pos % block_size
+            if p.temperature > 0:
+                gen = seq.generator
+                draws.append((j, torch.rand(2 * self.k + 1, generator=gen, device=gen.device)))
         self.index.copy_(self._staging, non_blocking=True)
+        self.params.copy_(self._param_staging, non_blocking=True)
+        for j, u in draws:
+            self.uniforms[j].copy_(u)
 
     def replay(self) -> list[int]:
         if not self.static.cuda_graphs:
@@ -112,15 +143,16 @@ class _Program:
 
     @torch.no_grad()
     def _program(self) -> None:
-        """Drafts chained on the device, then verification (see the module docstring). Reads
-        only the staged index, so running it twice (the capture's warm-up) rewrites the same
-        K/V with the same values."""
+        """Drafts chained on the device, verification, acceptance (see the module docstring).
+        Reads only the staged inputs, so running it twice (the capture's warm-up) rewrites the
+        same K/V with the same values."""
         st, b, k = self.static, self.bucket, self.k
         model, d, R = st.model, self.proposer.draft_rounds, st.config.num_rounds
-        tokens, base, caps, slots, tables = self._views(self.index)
+        tokens, base, caps, top_k, slots, tables = self._views(self.index)
+        temperature, top_p = self.params
         steps = torch.arange(k + 1, dtype=torch.int32, device=st.device)[:, None]
         positions = base[None] + torch.minimum(steps, caps[None])           # [K+1, b]
-        token, h_d, drafts = tokens.long(), [], []
+        token, h_d, drafts, qs = tokens.long(), [], [], []
         for i in range(k + 1):
             x = model.model.embed_tokens(token)
             rows = (positions[i], slots[i], positions[i] + 1, tables)
@@ -128,7 +160,12 @@ class _Program:
                 x = self._round(x, b, r, rows)
             h_d.append(x.clone())
             if i < k:
-                token = self.proposer.draft_logits(x, model.lm_head).argmax(-1)
+                raw = self.proposer.draft_logits(x, model.lm_head)
+                token = raw.argmax(-1)   # greedy drafts: the raw argmax, as the host loop
+                if self.sampled:
+                    q = torch.softmax(self._process(raw, temperature, top_k, top_p), -1)
+                    qs.append(q)
+                    token = torch.where(temperature > 0, _draw(q, self.uniforms[:, i]), token)
                 drafts.append(token)
         n = b * (k + 1)    # verification rows, sequence j's positions at j(K+1)..j(K+1)+K
         pos_v = positions.t().reshape(n)
@@ -138,11 +175,62 @@ class _Program:
             x = self._round(x, n, r, rows)
         self.verify_hidden.copy_(x)
         logits = model.lm_head(x).float()
+        finite = torch.isfinite(logits).all(-1).view(b, k + 1)
+        target = logits
+        if self.sampled or self.filtering:
+            def rep(t): return t.repeat_interleave(k + 1)
+            target = self._process(logits, rep(temperature), rep(top_k), rep(top_p))
+        target = target.view(b, k + 1, -1)
+        accepted, nxt = self._accept(target, drafts, qs, caps, temperature)
+        within = steps.t() <= caps[:, None]                                  # [b, K+1]
         parts = [torch.stack(drafts).flatten()] if drafts else []
-        self.out.copy_(torch.cat(parts + [logits.argmax(-1),
-                                          torch.isfinite(logits).all(-1).long()]))
+        self.out.copy_(torch.cat(parts + [accepted, nxt, (finite | ~within).all(-1).long()]))
+
+    def _accept(self, target, drafts, qs, caps, temperature):
+        """-> (accepted count [b], next token [b]) from the processed target logits
+        [b, K+1, V] (see the module docstring)."""
+        b, k, rows = self.bucket, self.k, torch.arange(self.bucket, device=target.device)
+        best = target.argmax(-1)                                             # [b, K+1]
+        q = torch.stack(qs, 1) if qs else None                               # [b, K, V]
+        if not k:
+            accepted = torch.zeros(b, dtype=torch.long, device=target.device)
+        else:
+            x = torch.stack(drafts, 1)                                       # [b, K]
+            live = torch.arange(k, device=x.device)[None] < caps[:, None]
+            ok = x == best[:, :k]
+            if self.sampled:
+                p = torch.softmax(target[:, :k], -1)
+                p_x, q_x = p.gather(-1, x[..., None])[..., 0], q.gather(-1, x[..., None])[..., 0]
+                test = self.uniforms[:, k: 2 * k] * q_x < p_x    # u < min(1, p/q); q_x > 0
+                ok = torch.where(temperature[:, None] > 0, test, ok)
+            accepted = (ok & live).long().cumprod(1).sum(1)
+        nxt = best[rows, accepted]
+        if self.sampled:
+            p_n = torch.softmax(target[rows, accepted], -1)
+            dist = p_n
+            if k:
+                resid = (p_n - q[rows, accepted.clamp(max=k - 1)]).clamp(min=0)
+                mass = resid.sum(-1, keepdim=True)
+                rejected = (accepted < caps)[:, None] & (mass > 0)
+                dist = torch.where(rejected, resid / mass.clamp(min=1e-30), p_n)
+            nxt = torch.where(temperature > 0, _draw(dist, self.uniforms[:, 2 * k]), nxt)
+        return accepted, nxt
+
+    def _process(self, logits, temperature, top_k, top_p):
+        return process_logits(logits, temperature, top_k, top_p, self.filtering)
 
     def _round(self, x, n: int, plane: int, rows) -> torch.Tensor:
         self.static.hidden_in[:n].copy_(x)
         self.static._round(n, plane=plane, rows=rows)
         return self.static.hidden_out[:n]
+
+
+def _draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draws, one per row of probs [b, V] with uniforms u [b] (as
+    rltlab.engine.sampling: u * total searched in the CDF; a draw rounded onto the end of the
+    support goes to the last token with mass)."""
+    cdf = probs.cumsum(-1)
+    idx = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+    idx = idx.clamp(max=probs.shape[-1] - 1)
+    last = probs.shape[-1] - 1 - (probs > 0).flip(-1).long().argmax(-1)
+    return torch.where(probs.gather(-1, idx[:, None])[:, 0] > 0, idx, last)
