@@ -92,6 +92,7 @@ class _Program:
         self.params = torch.zeros(2, b, dtype=torch.float32, device=dev)
         self._param_staging = torch.zeros(2, b, dtype=torch.float32, pin_memory=pin)
         self.uniforms = torch.zeros(b, 2 * k + 1, dtype=torch.float32, device=dev)
+        self._no_draw = torch.zeros(2 * k + 1, dtype=torch.float32, device=dev)
         # int64 out: [drafts K x b | accepted b | next token b | finite b]
         self.out = torch.zeros((k + 3) * b, dtype=torch.int64, device=dev)
         self.verify_hidden = torch.zeros(b * (k + 1), static.config.hidden_size,
@@ -124,13 +125,15 @@ class _Program:
             pos = np.arange(starts[j], starts[j] + ks[j] + 1)
             slots[: ks[j] + 1, j] = np.asarray(table)[pos // block_size] * block_size \
                 + pos % block_size
-            if p.temperature > 0:
+            if p.temperature > 0:   # greedy rows draw nothing (their uniforms are unused)
                 gen = seq.generator
-                draws.append((j, torch.rand(2 * self.k + 1, generator=gen, device=gen.device)))
+                draws.append(torch.rand(2 * self.k + 1, generator=gen, device=gen.device))
+            else:
+                draws.append(self._no_draw)
         self.index.copy_(self._staging, non_blocking=True)
         self.params.copy_(self._param_staging, non_blocking=True)
-        for j, u in draws:
-            self.uniforms[j].copy_(u)
+        if self.sampled:
+            self.uniforms[:c].copy_(torch.stack(draws))
 
     def replay(self) -> list[int]:
         if not self.static.cuda_graphs:
