@@ -78,7 +78,7 @@ class SpecDecoder:
             raise ValueError(f"DraftProposer.draft_rounds must lie in [1, {R - 1}], "
                              f"got {proposer.draft_rounds}")
         self.engine, self.proposer, self.runner = engine, proposer, engine.runner
-        self._graph = None   # greedy iterations as one device program (static path only)
+        self._graph = None   # each iteration as one device program (static path only)
         if engine.config.fused_spec and getattr(engine.runner, "static", None) is not None:
             from rltlab.engine.spec_graph import SpecGraph
             # Kept per proposer for the engine's life: setting a proposer again (switching
