@@ -41,9 +41,10 @@ class EngineConfig:
     SiLU * up and RoPE + K/V write fused (rltlab.kernels.small_batch); False = cuBLAS.
     fused_tokens: with the static path, run all rounds of host-fixed-depth decode tokens in one
     launch when nothing needs to look between rounds (rltlab.engine.token_step).
-    fused_spec: with the static path and a DraftProposer, run each greedy speculative
-    iteration (K chained drafts + verification) as one device program, one CUDA graph on a GPU
-    (rltlab.engine.spec_graph); False = the host-driven loop (one read-back per draft).
+    fused_spec: with the static path and a DraftProposer, run each speculative iteration
+    (K chained drafts, verification, acceptance / rejection sampling) as one device program,
+    one CUDA graph on a GPU (rltlab.engine.spec_graph); False = the host-driven loop (one
+    read-back per draft).
     """
 
     max_num_seqs: int = 64
