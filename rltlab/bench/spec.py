@@ -238,7 +238,7 @@ def main(argv=None) -> dict:
                     choices=["engine", "reference"], help="(b) implementations to time")
     ap.add_argument("--spec-loop", default="one-program", choices=["one-program", "host",
                                                                   "both"],
-                    help="(b) engine: greedy iterations as one device program (the default, "
+                    help="(b) engine: iterations as one device program (the default, "
                     "EngineConfig.fused_spec), the host-driven loop, or both as configs")
     ap.add_argument("--train-steps", type=int, default=150)
     ap.add_argument("--train-rows", type=int, default=128)
