@@ -119,11 +119,16 @@ def _reference_costs(model, args, ks, d) -> dict:
                              for k in ks}}
 
 
+def _target_time(costs) -> float:
+    """The faster target-only step: round by round, or whole-token (static path only)."""
+    return min(t for t in (costs["t_target"], costs.get("t_token")) if t)
+
+
 def implied(costs, k, alpha) -> tuple[float, float, float | None]:
     """-> (tau, speedup of the host-driven loop, speedup of the one-program iteration), both
     against the faster target-only step (round by round or whole-token)."""
     tau = (1 - alpha ** (k + 1)) / (1 - alpha)
-    target = min(t for t in (costs["t_target"], costs.get("t_token")) if t)
+    target = _target_time(costs)
     host = tau * target / ((k + 1) * costs["t_draft"] + costs["t_verify"][k])
     fused = tau * target / costs["t_iter"][k] if costs.get("t_iter") else None
     return tau, host, fused
@@ -177,7 +182,7 @@ def implied_at_measured_tau(a: dict, b: dict) -> list[dict]:
             c = costs.get(row.get("draft_rounds"))
             if row["impl"] != "engine" or c is None or k not in c["t_verify"]:
                 continue
-            target = min(t for t in (c["t_target"], c.get("t_token")) if t)
+            target = _target_time(c)
             host = (k + 1) * c["t_draft"] + c["t_verify"][k]
             out.append({"temperature": run["temperature"], "config": row["config"],
                         "d": row["draft_rounds"], "k": k, "tau": row["tau"],

@@ -114,6 +114,11 @@ class SamplingParams:
 
 
 # ----------------------------------------------------------------------------------- sampler
+def needs_filtering(params, vocab: int) -> bool:
+    """Whether any of these SamplingParams keeps fewer than all tokens (top-k < V, top-p < 1)."""
+    return any(0 < p.top_k < vocab or p.top_p < 1.0 for p in params)
+
+
 def process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                    top_p: torch.Tensor, filtering: bool | None = None) -> torch.Tensor:
     """fp32 logits [N, V] -> processed logits (temperature, then top-k and top-p as -inf).
@@ -152,7 +157,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     its own generator)."""
     device, vocab = logits.device, logits.shape[-1]
     logits = logits.float()
-    filtering = any(0 < p.top_k < vocab or p.top_p < 1.0 for p in params)
+    filtering = needs_filtering(params, vocab)
     if filtering or any(p.temperature != 0 for p in params):
         temperature = torch.tensor([p.temperature for p in params], device=device)
         top_k = torch.tensor([p.top_k for p in params], device=device)

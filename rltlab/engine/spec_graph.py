@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from rltlab.engine.hooks import DraftProposer
-from rltlab.engine.sampling import process_logits
+from rltlab.engine.sampling import needs_filtering, process_logits
 from rltlab.engine.static_decode import BUCKETS
 
 
@@ -53,9 +53,8 @@ class SpecGraph:
         static = self.runner.static_rows(bucket * (k + 1))
         if static is not self._static:            # a new (grown) decoder: new buffers, graphs
             self._static, self._programs = static, {}
-        vocab = static.config.vocab_size
         sampled = any(s.params.temperature > 0 for s in seqs)
-        filtering = any(0 < s.params.top_k < vocab or s.params.top_p < 1 for s in seqs)
+        filtering = needs_filtering([s.params for s in seqs], static.config.vocab_size)
         key = (bucket, k, sampled, filtering)
         if key not in self._programs:
             self._programs[key] = _Program(static, self.proposer, bucket, k, sampled, filtering)
@@ -125,11 +124,10 @@ class _Program:
             pos = np.arange(starts[j], starts[j] + ks[j] + 1)
             slots[: ks[j] + 1, j] = np.asarray(table)[pos // block_size] * block_size \
                 + pos % block_size
-            if p.temperature > 0:   # greedy rows draw nothing (their uniforms are unused)
+            if self.sampled:   # greedy rows draw nothing (their uniforms are unused)
                 gen = seq.generator
-                draws.append(torch.rand(2 * self.k + 1, generator=gen, device=gen.device))
-            else:
-                draws.append(self._no_draw)
+                draws.append(torch.rand(2 * self.k + 1, generator=gen, device=gen.device)
+                             if p.temperature > 0 else self._no_draw)
         self.index.copy_(self._staging, non_blocking=True)
         self.params.copy_(self._param_staging, non_blocking=True)
         if self.sampled:
