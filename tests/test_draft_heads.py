@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from rltlab import kernels
 from rltlab.config import OuroConfig
 from rltlab.draft_heads import build_component, component_kwargs, save_component
 from rltlab.draft_heads.train import distill, evaluate
@@ -136,7 +137,7 @@ def test_seq_metrics_by_hand():
 
 
 def test_rollouts_and_features_match_unpadded_forward(model):
-    from rltlab.draft_heads.selfdistill import rollouts, sequence_features
+    from rltlab.draft_heads.rollout_data import rollouts, sequence_features
     prompts = [([0, 5, 7, 9], 0), ([0, 3], 1), ([0, 11, 2, 4, 8, 1], 1)]
     seqs = rollouts(model, prompts, max_tokens=5, temperatures=(0.0,), eos_token_id=None,
                     progress=False)
@@ -160,8 +161,8 @@ def test_rollouts_and_features_match_unpadded_forward(model):
 
 
 def test_distill_sequences_improves_heldout_and_ships(model, tmp_path):
-    from rltlab.draft_heads.selfdistill import (distill_sequences, evaluate_features, rollouts,
-                                                sequence_features)
+    from rltlab.draft_heads.rollout_data import rollouts, sequence_features
+    from rltlab.draft_heads.selfdistill import distill_sequences, evaluate_features
     from rltlab.engine import LLM, SamplingParams
     from rltlab.engine.spec_decode import load_proposer
     g = torch.Generator().manual_seed(3)
@@ -230,3 +231,56 @@ def test_loader_puts_the_component_on_the_models_dtype(model, tmp_path):
         assert got.dtype == torch.float64
         torch.testing.assert_close(got.float(), comp(h.float()), atol=1e-4, rtol=1e-4)
         assert not torch.allclose(got, wide.lm_head(h), atol=1e-3)
+
+
+@pytest.mark.skipif(not kernels.triton_available("cpu"), reason="needs TRITON_INTERPRET=1")
+def test_residual_head_fused_forward_matches_reference(model):
+    """The engine's 5-kernel residual-MLP head (Triton RMSNorm, residual add folded into the
+    down GEMM) == the reference forward, fp32, on random states and trained-like weights."""
+    torch.manual_seed(3)
+    head = build_component("residual_mlp", model, draft_rounds=1, inner=96)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn_like(p) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
+        h = torch.randn(7, model.config.hidden_size) * 2.0
+        ref = model.lm_head(h + head.down(torch.nn.functional.silu(head.up(head.norm(h)))))
+        fused = head.fused_forward(h)
+    assert fused.shape == ref.shape and ref.abs().max() > 1.0
+    torch.testing.assert_close(fused, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_corpus_prompts_sample_the_files_reproducibly(tmp_path):
+    from rltlab import workbench as W
+    from rltlab.draft_heads.rollout_data import corpus_prompts, training_prompts
+    _, tok, _ = W.load_model(None)
+    texts = {f"pkg/m{i}.py": f"def f{i}(x):\n    return x * {i} + {i * i}\n" * 40 for i in range(6)}
+    for root in ("a", "b"):                       # the same files under two different roots
+        for rel, text in texts.items():
+            (tmp_path / root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / root / rel).write_text(text)
+    pa, da = corpus_prompts(tok, [str(tmp_path / "a" / "**" / "*.py")], 50, 12, seed=1)
+    pb, db = corpus_prompts(tok, [str(tmp_path / "b" / "**" / "*.py")], 50, 12, seed=1)
+    assert pa == pb and da["sha256"] == db["sha256"] and da["files_matched"] == 6
+    assert len(pa) == 50 and {len(p) for p in pa} == {13} and len({tuple(p) for p in pa}) > 20
+    assert corpus_prompts(tok, [str(tmp_path / "a" / "**" / "*.py")], 50, 12, seed=2)[0] != pa
+    every = {t for p in pa for t in p[1:]}
+    assert every <= {t for text in texts.values() for t in W.encode(tok, text)} | {0}
+    mixed = training_prompts(tok, 2, 3, 12, corpus=pa[:4])
+    assert [k for _, k in mixed] == [0, 0, 1, 1, 1, 2, 2, 2, 2] and mixed[-1][0] == pa[3]
+    with pytest.raises(ValueError, match="no file matches"):
+        corpus_prompts(tok, [str(tmp_path / "nothing" / "*.py")], 5)
+
+
+def test_text_agreement_rows_compare_drafters_on_both_texts():
+    from rltlab import workbench as W
+    from rltlab.draft_heads.evaluate import text_agreement
+    model, tok, model_dir = W.load_model(None)
+    untrained = build_component("residual_mlp", model, draft_rounds=2, inner=32)  # == shallow d=2
+    rows = text_agreement(model, tok, model_dir, {"zero-init d=2": untrained}, n=4, max_tokens=6)
+    by = {(r["text"], r["drafter"]): r for r in rows}
+    assert {t for t, _ in by} == {"held-out eval text", "training-split text"} and len(rows) == 6
+    for text in ("held-out eval text", "training-split text"):
+        same, d2, d1 = (by[text, k] for k in ("zero-init d=2", "shallow d=2", "shallow d=1"))
+        assert same["prompt_agree"] == d2["prompt_agree"]
+        assert same["continuation_agree"] == d2["continuation_agree"]
+        assert 0 < d1["prompt_agree"] < 1 and d1["prompt_agree"] != d2["prompt_agree"]

@@ -142,6 +142,39 @@ def drafter_tau(model, prompts, n_arith: int, configs: dict, *, k: int, temperat
     return rows
 
 
+@torch.no_grad()
+def text_agreement(model, tokenizer, model_dir, components: dict, n: int = 128,
+                   max_tokens: int = 32) -> list[dict]:
+    """Teacher-forced top-1 agreement with round R on held-out eval text vs training-split text
+    (n openings of 24 tokens each plus their greedy full-depth continuation), at prompt and at
+    continuation positions, for the shallow drafters and `components` (name -> component):
+    shows how much easier the model's own pretraining text is for shallow drafting."""
+    from rltlab import workbench as W
+    from rltlab.draft_heads.rollout_data import training_prompts
+    sets = {"held-out eval text": W.heldout_text_rows(tokenizer, model_dir, 24, n).tolist(),
+            "training-split text": [p for p, _ in training_prompts(tokenizer, 0, n, 24, seed=99)]}
+    rows = []
+    for name, prompts in sets.items():
+        gen = generate_plain(model, prompts, max_tokens, eos_token_id=EOS)
+        seqs = [p + c for p, c in zip(prompts, gen.token_ids)]
+        ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long)
+        at_prompt = torch.zeros(ids.shape, dtype=torch.bool)
+        at_cont = at_prompt.clone()
+        for i, (p, s) in enumerate(zip(prompts, seqs)):
+            ids[i, :len(s)] = torch.tensor(s)
+            at_prompt[i, :len(p) - 1], at_cont[i, len(p) - 1:len(s) - 1] = True, True
+        out = model(ids)
+        target = out.final_logits.argmax(-1)
+        drafters = {f"shallow d={d}": (d, model.lm_head) for d in (1, 2)}
+        drafters.update({k: (c.draft_rounds, c) for k, c in components.items()})
+        for drafter, (d, head) in drafters.items():
+            ok = head(out.hidden_states[d - 1]).argmax(-1) == target
+            rows.append({"text": name, "n": len(prompts), "drafter": drafter,
+                         "prompt_agree": float(ok[at_prompt].float().mean()),
+                         "continuation_agree": float(ok[at_cont].float().mean())})
+    return rows
+
+
 def extra_memory(model, components, k, max_tokens, prompt_len, batch) -> dict:
     cfg, item = model.config, next(model.parameters()).element_size()
     per_col = 2 * cfg.num_rounds * cfg.num_hidden_layers * cfg.num_key_value_heads \
@@ -164,6 +197,20 @@ def table(rows, keys) -> str:
     return "\n".join(lines)
 
 
+def _load_named(paths, model, model_dir) -> dict:
+    """name -> loaded component, for these paths (none given: the shipped components)."""
+    from rltlab.draft_heads.selfdistill import shipped_components
+    from rltlab.engine_patches.loop_draft import load_draft_component
+    named = {}
+    for path in paths or shipped_components(model_dir):
+        comp = load_draft_component(path, model)
+        name = f"trained d={comp.draft_rounds} ({Path(path).name})"
+        if name in named:   # same directory name elsewhere: name it by its full path
+            name = f"trained d={comp.draft_rounds} ({path})"
+        named[name] = comp
+    return named
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="model dir (default: the embedded model)")
@@ -182,6 +229,9 @@ def main(argv=None) -> dict:
     p.add_argument("--k-sweep", type=int, nargs="*", default=[],
                    help="also: greedy tau of the shallow drafters per prompt type for these K")
     p.add_argument("--only-sweep", action="store_true", help="no training / speed runs")
+    p.add_argument("--agreement-drafters", nargs="*", default=None, metavar="PATH",
+                   help="only: teacher-forced agreement of shallow d=1, d=2 and these components "
+                   "(default: the shipped ones) on held-out vs training-split text")
     p.add_argument("--tau-drafters", nargs="*", default=None, metavar="PATH",
                    help="only: tau of shallow d=1, d=2 and these components (default: the "
                    "shipped ones) on --prompts held-out prompts, K=--k, each --temperatures")
@@ -192,16 +242,16 @@ def main(argv=None) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     prompts = eval_prompts(tokenizer, model_dir, args.prompts)
+    if args.agreement_drafters is not None:
+        comps = _load_named(args.agreement_drafters, model, model_dir)
+        rows = text_agreement(model, tokenizer, model_dir, comps, n=args.prompts)
+        print(table(rows, ["text", "n", "drafter", "prompt_agree", "continuation_agree"]))
+        (out / "text_agreement.json").write_text(json.dumps(rows, indent=2))
+        return {"text_agreement": rows}
     if args.tau_drafters is not None:
-        from rltlab.draft_heads.selfdistill import shipped_components
-        from rltlab.engine_patches.loop_draft import load_draft_component
         configs = {"shallow d=1": {"draft_rounds": 1}, "shallow d=2": {"draft_rounds": 2}}
-        for path in args.tau_drafters or shipped_components(model_dir):
-            comp = load_draft_component(path, model)
-            name = f"trained d={comp.draft_rounds} ({Path(path).name})"
-            if name in configs:   # same directory name elsewhere: name it by its full path
-                name = f"trained d={comp.draft_rounds} ({path})"
-            configs[name] = component_kwargs(comp)
+        configs.update({name: component_kwargs(comp) for name, comp in
+                        _load_named(args.tau_drafters, model, model_dir).items()})
         rows = drafter_tau(model, prompts, args.prompts - args.prompts // 2, configs, k=args.k,
                            temperatures=args.temperatures, max_tokens=args.max_tokens)
         print(table(rows, ["T", "drafter", "prompts", "n", "tau", "acceptance"]))

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rltlab import kernels
 from rltlab.model import OuroForCausalLM, RMSNorm
 
 META_FILE = "draft_component.json"
@@ -52,7 +53,17 @@ class ResidualMLPHead(nn.Module):
         self.to(next(model.parameters()).dtype)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if h.is_cuda and h.dim() == 2 and not torch.is_grad_enabled():
+            return self.fused_forward(h)
         return self._lm_head[0](h + self.down(F.silu(self.up(self.norm(h)))))
+
+    def fused_forward(self, h: torch.Tensor) -> torch.Tensor:
+        """The same map in 5 kernels instead of ~11 (Triton RMSNorm; the residual add folded
+        into the down projection's GEMM): drafting runs it K times per speculative iteration,
+        where a tiny model's cost is mostly kernel count. Inference only (no backward)."""
+        normed = kernels.rmsnorm(h.contiguous(), self.norm.weight, self.norm.eps)
+        inner = F.silu(self.up(normed))
+        return self._lm_head[0](torch.addmm(h, inner, self.down.weight.t()))
 
     def adapter_parameters(self):
         return list(self.parameters())

@@ -5,8 +5,11 @@ must predict are the target's round-R distributions along ITS continuations, not
 human-written rows. This module builds that data and trains on it:
 
   1. prompts: training-split arithmetic questions ([EOT] + question, rltlab.workbench
-     .rollout_prompts) and training-split stdlib text openings ([EOT] + N tokens,
-     rltlab.exit_predictor.data.text_prompts); never the held-out eval set;
+     .rollout_prompts), training-split stdlib text openings ([EOT] + N tokens,
+     rltlab.exit_predictor.data.text_prompts) and, optionally, openings from a corpus of your
+     own files (`corpus_prompts`, e.g. the text the drafter will serve: on text the model was
+     pretrained on its rounds agree more than on unseen text, so a head trained only there
+     learns little about where drafts fail); never the held-out eval set;
   2. continuations: full-depth `generate_plain`, batched, greedy and/or T=1 sampled;
   3. teacher features, one batched full-depth teacher-forced forward per batch of sequences:
      h_d for every requested d and h_R (the target distribution is log_softmax(lm_head(h_R)),
@@ -23,95 +26,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from rltlab.draft_heads.rollout_data import (KIND_NAMES, SequenceFeatures, corpus_prompts,
+                                               rollouts, sequence_features, training_prompts)
 from rltlab.draft_heads.train import _frozen, _schedule, restore_best
-
-KIND_NAMES = ("arithmetic", "text")
-
-
-@dataclass
-class SequenceFeatures:
-    """Teacher features of S sequences padded to T tokens: hidden[d] = h_d [S, T, H],
-    final = h_R [S, T, H], mask [S, T] (real tokens), kind [S] (index into KIND_NAMES),
-    split [S] (0 train, 1 held out; by prompt)."""
-    hidden: dict[int, torch.Tensor]
-    final: torch.Tensor
-    mask: torch.Tensor
-    kind: torch.Tensor
-    split: torch.Tensor
-
-    def select(self, idx: torch.Tensor) -> "SequenceFeatures":
-        return SequenceFeatures({d: h[idx] for d, h in self.hidden.items()}, self.final[idx],
-                                self.mask[idx], self.kind[idx], self.split[idx])
-
-    def to_dict(self) -> dict:
-        return {"hidden": self.hidden, "final": self.final, "mask": self.mask,
-                "kind": self.kind, "split": self.split}
-
-
-def training_prompts(tokenizer, n_arith: int, n_text: int, text_prompt_tokens: int = 24,
-                     seed: int = 0) -> list[tuple[list[int], int]]:
-    """(prompt ids, kind) from the TRAINING splits: n_arith arithmetic questions and n_text
-    stdlib-text openings of text_prompt_tokens tokens."""
-    from rltlab.exit_predictor.data import text_prompts
-    from rltlab.workbench import rollout_prompts
-    arith = rollout_prompts(tokenizer, n_arith, seed)[0] if n_arith else []
-    text = text_prompts(tokenizer, n_text, text_prompt_tokens, "train", seed) if n_text else []
-    return [(p, 0) for p in arith] + [(p, 1) for p in text]
-
-
-@torch.no_grad()
-def rollouts(model, prompts: list[tuple[list[int], int]], *, max_tokens: int = 32,
-             temperatures=(0.0, 1.0), eos_token_id: int = 0, batch_size: int = 64,
-             seed: int = 0, progress: bool = True) -> list[tuple[list[int], int, int]]:
-    """Full-depth continuations of every prompt at every temperature -> (prompt +
-    continuation ids, kind, prompt index). Batches are grouped by prompt length."""
-    from tqdm.auto import tqdm
-
-    from rltlab.generate import generate_plain
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i][0]))
-    jobs = [(t, order[lo: lo + batch_size]) for t in temperatures
-            for lo in range(0, len(order), batch_size)]
-    out = []
-    for n, (temp, idx) in enumerate(tqdm(jobs, desc="rollouts", disable=not progress)):
-        gen = generate_plain(model, [prompts[i][0] for i in idx], max_tokens,
-                             temperature=temp, eos_token_id=eos_token_id, seed=seed + n)
-        out += [(prompts[i][0] + cont, prompts[i][1], i) for i, cont in zip(idx, gen.token_ids)]
-    return out
-
-
-@torch.no_grad()
-def sequence_features(model, seqs: list[tuple[list[int], int, int]], draft_rounds=(1, 2), *,
-                      heldout_every: int = 10, batch_size: int = 32, pad_id: int = 0,
-                      progress: bool = True) -> SequenceFeatures:
-    """Teacher-forced full-depth forward over the sequences (right-padded; causal attention, so
-    padding never reaches a real token) -> h_d, h_R. Held out: prompts whose index is
-    divisible by heldout_every (all their continuations)."""
-    from tqdm.auto import tqdm
-    width = max(len(s[0]) for s in seqs)
-    device = next(model.parameters()).device
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(seqs), width, dtype=torch.bool)
-    for i, (s, _, _) in enumerate(seqs):
-        ids[i, :len(s)], mask[i, :len(s)] = torch.tensor(s), True
-    hidden, final = {}, None
-    for lo in tqdm(range(0, len(seqs), batch_size), desc="teacher features",
-                   disable=not progress):
-        out = model(ids[lo: lo + batch_size].to(device))
-        if final is None:
-            shape = (len(seqs), width, out.final_hidden.shape[-1])
-            final = torch.zeros(shape)
-            hidden = {d: torch.zeros(shape) for d in draft_rounds}
-        final[lo: lo + batch_size] = out.final_hidden.float().cpu()
-        for d in draft_rounds:
-            hidden[d][lo: lo + batch_size] = out.hidden_states[d - 1].float().cpu()
-    kind = torch.tensor([s[1] for s in seqs])
-    split = torch.tensor([int(s[2] % heldout_every == 0) for s in seqs])
-    return SequenceFeatures(hidden, final, mask, kind, split)
 
 
 def seq_metrics(draft: torch.Tensor, target_logp: torch.Tensor, mask: torch.Tensor,
@@ -248,13 +169,17 @@ def build_features(model, tokenizer, args, progress: bool = True) -> tuple:
             "text_prompt_tokens": args.text_prompt_tokens, "max_new_tokens": args.max_tokens,
             "temperatures": list(args.temperatures), "data_seed": args.data_seed,
             "heldout_every": args.heldout_every, "rollout_batch": args.rollout_batch}
+    corpus = []
+    if args.corpus:
+        corpus, data["corpus"] = corpus_prompts(tokenizer, args.corpus, args.corpus_prompts,
+                                                args.text_prompt_tokens, args.data_seed)
     cache = Path(args.features_cache) if args.features_cache else None
     if cache is not None and cache.is_file():
         saved = torch.load(cache)
         if saved["data"] == data and set(args.draft_rounds) <= set(saved["feats"]["hidden"]):
             return SequenceFeatures(**saved["feats"]), data
     prompts = training_prompts(tokenizer, args.arith, args.text, args.text_prompt_tokens,
-                               args.data_seed)
+                               args.data_seed, corpus)
     seqs = rollouts(model, prompts, max_tokens=args.max_tokens, temperatures=args.temperatures,
                     seed=args.data_seed, batch_size=args.rollout_batch, progress=progress)
     feats = sequence_features(model, seqs, tuple(sorted({1, 2, *args.draft_rounds})),
@@ -296,6 +221,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--r", type=int, default=16, help="lora_lm_head rank")
     ap.add_argument("--arith", type=int, default=1024, help="training-split arithmetic prompts")
     ap.add_argument("--text", type=int, default=1536, help="training-split text prompts")
+    ap.add_argument("--corpus", nargs="+", default=None, metavar="GLOB",
+                    help="also: openings from these files (recursive globs), e.g. the text the "
+                    "drafter will serve; quote the globs")
+    ap.add_argument("--corpus-prompts", type=int, default=1536, help="openings from --corpus")
     ap.add_argument("--text-prompt-tokens", type=int, default=24)
     ap.add_argument("--max-tokens", type=int, default=32, help="new tokens per rollout")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
@@ -328,7 +257,9 @@ def main(argv=None) -> dict:
                    "(rltlab.workbench.rollout_prompts) and stdlib-text openings "
                    "(rltlab.exit_predictor.data.text_prompts, split='train'); teacher = "
                    "log_softmax(lm_head(h_R)) at every real token (prompt and continuation); "
-                   "held-out eval prompts of artifacts/ouro-tiny/eval never used")
+                   "held-out eval prompts of artifacts/ouro-tiny/eval never used"
+                   + ("; plus openings of the --corpus files (data.corpus)" if args.corpus
+                      else ""))
     results = {}
     for d in args.draft_rounds:
         torch.manual_seed(args.seed)
