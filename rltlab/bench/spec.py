@@ -91,9 +91,15 @@ def _train_inline(model, tokenizer, args):
                          "adapter_bytes": _adapter_bytes(comp)}
 
 
-def engine_runs(model, prompts, configs, conc, temperature, args) -> list[dict]:
+def _tau(stats: list[dict]) -> float:
+    steps = sum(s["steps"] for s in stats)
+    return sum(s["emitted"] for s in stats) / steps if steps else 1.0
+
+
+def engine_runs(model, prompts, kinds, configs, conc, temperature, args) -> list[dict]:
     """Every config (target only first) --tiny-repeats times, interleaved (config order
-    rotates each repeat, so slow phases of a shared machine hit every config); median time."""
+    rotates each repeat, so slow phases of a shared machine hit every config); median time.
+    tau overall and per workload (kinds[i] = prompt i's)."""
     llm = LLM(model, max_num_seqs=conc, block_size=16, kv_cache_memory_gib=0.5,
               max_model_len=max(map(len, prompts)) + args.max_tokens + 1,
               **_engine_kwargs(args))
@@ -130,7 +136,6 @@ def engine_runs(model, prompts, configs, conc, temperature, args) -> list[dict]:
     for name in names:
         toks = [o.token_ids for o in outs[name]]
         stats = [o.spec_stats for o in outs[name] if o.spec_stats]
-        steps = sum(s["steps"] for s in stats)
         drafted = sum(s["drafted"] for s in stats)
         med = statistics.median(secs[name])
         proposer = proposers[name][0]
@@ -138,7 +143,10 @@ def engine_runs(model, prompts, configs, conc, temperature, args) -> list[dict]:
                      "draft_rounds": proposer.draft_rounds if proposer else None,
                      "seconds": med, "seconds_all": secs[name],
                      "tok_s": sum(map(len, toks)) / med,
-                     "tau": sum(s["emitted"] for s in stats) / steps if steps else 1.0,
+                     "tau": _tau(stats),
+                     "tau_by_kind": {kind: _tau([o.spec_stats for o, k in zip(outs[name], kinds)
+                                                 if k == kind and o.spec_stats])
+                                     for kind in dict.fromkeys(kinds)},
                      "acceptance": sum(s["accepted"] for s in stats) / drafted if drafted
                      else None, "identical_prompts": sum(a == b for a, b in zip(toks, ref))})
     return rows
@@ -151,7 +159,7 @@ def _paired(base: dict, row: dict) -> float:
 
 def part_b(args) -> dict:
     from rltlab import workbench as W
-    from rltlab.draft_heads.evaluate import eval_prompts, measure
+    from rltlab.draft_heads.evaluate import eval_prompt_kinds, eval_prompts, measure
     model, tokenizer, model_dir = W.load_model(args.tiny_model, dtype=args.tiny_dtype,
                                                device=args.device)
     prompts = eval_prompts(tokenizer, model_dir, args.prompts)
@@ -175,7 +183,8 @@ def part_b(args) -> dict:
         for conc in args.concurrency:
             groups = []
             if "engine" in args.impls:
-                groups.append(engine_runs(model, prompts, proposers, conc, temperature, args))
+                groups.append(engine_runs(model, prompts, eval_prompt_kinds(args.prompts),
+                                          proposers, conc, temperature, args))
             if "reference" in args.impls:
                 ref_rows = measure(model, prompts, ref_cfgs, temperature=temperature,
                                    concurrency=conc, k=k, max_tokens=args.max_tokens,

@@ -184,14 +184,20 @@ def implied_at_measured_tau(a: dict, b: dict) -> list[dict]:
                 continue
             target = _target_time(c)
             host = (k + 1) * c["t_draft"] + c["t_verify"][k]
+            def implied(tau):
+                return {"tau": tau, "speedup_host_loop": tau * target / host,
+                        "speedup_one_program": (tau * target / c["t_iter"][k]
+                                                if c.get("t_iter") else None)}
             out.append({"temperature": run["temperature"], "config": row["config"],
-                        "d": row["draft_rounds"], "k": k, "tau": row["tau"],
-                        "speedup_host_loop": row["tau"] * target / host,
-                        "speedup_one_program": (row["tau"] * target / c["t_iter"][k]
-                                                if c.get("t_iter") else None)})
-    print(f"\n(c) {a['model']} costs from (a) at the tau measured in (b), c=1, K={k}")
+                        "d": row["draft_rounds"], "k": k, **implied(row["tau"]),
+                        "by_kind": {kind: implied(tau)
+                                    for kind, tau in row.get("tau_by_kind", {}).items()}})
+    print(f"\n(c) {a['model']} costs from (a) at the tau measured in (b), c=1, K={k}; per "
+          "workload: one program")
     for r in out:
+        kinds = ", ".join(f"{kind} tau {v['tau']:.2f}: {v['speedup_one_program'] or 0:.2f}x"
+                          for kind, v in r["by_kind"].items())
         print(f"T={r['temperature']:<4} {r['config']:<28} d={r['d']} tau {r['tau']:.2f}: "
               f"host loop {r['speedup_host_loop']:.2f}x, one program "
-              f"{r['speedup_one_program'] or 0:.2f}x")
+              f"{r['speedup_one_program'] or 0:.2f}x ({kinds})")
     return out

@@ -32,6 +32,11 @@ def eval_prompts(tokenizer, model_dir, n: int, text_tokens: int = 24) -> list[li
     return arith + text
 
 
+def eval_prompt_kinds(n: int) -> list[str]:
+    """The workload of each of eval_prompts(..., n)."""
+    return ["arithmetic"] * (n - n // 2) + ["text"] * (n // 2)
+
+
 def train_components(model, tokenizer, args, out: Path, log=print) -> tuple[dict, dict]:
     rows = training_rows(tokenizer, args.train_rows, args.seq_len, seed=0)
     held = training_rows(tokenizer, 32, args.seq_len, seed=1)
