@@ -155,25 +155,24 @@ def text_agreement(model, tokenizer, model_dir, components: dict, n: int = 128,
     continuation positions, for the shallow drafters and `components` (name -> component):
     shows how much easier the model's own pretraining text is for shallow drafting."""
     from rltlab import workbench as W
-    from rltlab.draft_heads.rollout_data import training_prompts
+    from rltlab.draft_heads.rollout_data import rollouts, sequence_features, training_prompts
     sets = {"held-out eval text": W.heldout_text_rows(tokenizer, model_dir, 24, n).tolist(),
             "training-split text": [p for p, _ in training_prompts(tokenizer, 0, n, 24, seed=99)]}
+    drafters = {f"shallow d={d}": (d, model.lm_head) for d in (1, 2)}
+    drafters.update({k: (c.draft_rounds, c) for k, c in components.items()})
     rows = []
     for name, prompts in sets.items():
-        gen = generate_plain(model, prompts, max_tokens, eos_token_id=EOS)
-        seqs = [p + c for p, c in zip(prompts, gen.token_ids)]
-        ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long)
-        at_prompt = torch.zeros(ids.shape, dtype=torch.bool)
-        at_cont = at_prompt.clone()
-        for i, (p, s) in enumerate(zip(prompts, seqs)):
-            ids[i, :len(s)] = torch.tensor(s)
-            at_prompt[i, :len(p) - 1], at_cont[i, len(p) - 1:len(s) - 1] = True, True
-        out = model(ids)
-        target = out.final_logits.argmax(-1)
-        drafters = {f"shallow d={d}": (d, model.lm_head) for d in (1, 2)}
-        drafters.update({k: (c.draft_rounds, c) for k, c in components.items()})
+        seqs = rollouts(model, [(p, 0) for p in prompts], max_tokens=max_tokens,
+                        temperatures=(0.0,), eos_token_id=EOS, progress=False)
+        feats = sequence_features(model, seqs, (1, 2), progress=False)
+        target = model.lm_head(feats.final).argmax(-1)
+        position = torch.arange(feats.mask.shape[1])
+        # position t predicts token t+1: prompt positions predict prompt tokens
+        prompt_len = torch.tensor([len(prompts[i]) for _, _, i in seqs])[:, None]
+        at_prompt = position < prompt_len - 1
+        at_cont = ~at_prompt & (position < feats.mask.sum(1, keepdim=True) - 1)
         for drafter, (d, head) in drafters.items():
-            ok = head(out.hidden_states[d - 1]).argmax(-1) == target
+            ok = head(feats.hidden[d]).argmax(-1) == target
             rows.append({"text": name, "n": len(prompts), "drafter": drafter,
                          "prompt_agree": float(ok[at_prompt].float().mean()),
                          "continuation_agree": float(ok[at_cont].float().mean())})
