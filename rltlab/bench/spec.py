@@ -29,7 +29,8 @@
     acceptance, head memory, identical outputs at T=0 (per prompt), speedup vs target-only
     and vs the faster untrained drafter, and which path is faster.
 (c) With (a) and (b): the speedup (a)'s costs imply at the tau each engine drafter reached in
-    (b) at c = 1 (K = --k), host loop and one program.
+    (b) at c = 1 (K = --k), host loop and one program, over all prompts and per workload
+    (the held-out arithmetic and text halves: tau_by_kind in (b), by_kind in (c)).
 Last line: JSON.
 """
 from __future__ import annotations

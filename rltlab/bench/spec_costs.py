@@ -171,6 +171,15 @@ def part_a(args) -> dict:
     return res
 
 
+def _implied(costs: dict, k: int, tau: float) -> dict:
+    """Speedup of both loops at this tau with these (a) costs (d fixed by `costs`)."""
+    target = _target_time(costs)
+    host = (k + 1) * costs["t_draft"] + costs["t_verify"][k]
+    return {"tau": tau, "speedup_host_loop": tau * target / host,
+            "speedup_one_program": (tau * target / costs["t_iter"][k] if costs.get("t_iter")
+                                    else None)}
+
+
 def implied_at_measured_tau(a: dict, b: dict) -> list[dict]:
     """(a)'s big-shape costs at the tau each engine drafter reached in (b) at c = 1:
     speedup = tau * t_target / t_iter (one program) and / ((K+1) t_draft + t_verify)."""
@@ -182,15 +191,9 @@ def implied_at_measured_tau(a: dict, b: dict) -> list[dict]:
             c = costs.get(row.get("draft_rounds"))
             if row["impl"] != "engine" or c is None or k not in c["t_verify"]:
                 continue
-            target = _target_time(c)
-            host = (k + 1) * c["t_draft"] + c["t_verify"][k]
-            def implied(tau):
-                return {"tau": tau, "speedup_host_loop": tau * target / host,
-                        "speedup_one_program": (tau * target / c["t_iter"][k]
-                                                if c.get("t_iter") else None)}
             out.append({"temperature": run["temperature"], "config": row["config"],
-                        "d": row["draft_rounds"], "k": k, **implied(row["tau"]),
-                        "by_kind": {kind: implied(tau)
+                        "d": row["draft_rounds"], "k": k, **_implied(c, k, row["tau"]),
+                        "by_kind": {kind: _implied(c, k, tau)
                                     for kind, tau in row.get("tau_by_kind", {}).items()}})
     print(f"\n(c) {a['model']} costs from (a) at the tau measured in (b), c=1, K={k}; per "
           "workload: one program")
