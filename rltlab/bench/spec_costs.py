@@ -16,6 +16,7 @@ from rltlab.engine.spec_graph import SpecGraph
 from rltlab.engine.speculative import run_rounds
 from rltlab.model import LoopedKVCache
 
+
 def _sync(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
@@ -124,14 +125,20 @@ def _target_time(costs) -> float:
     return min(t for t in (costs["t_target"], costs.get("t_token")) if t)
 
 
-def implied(costs, k, alpha) -> tuple[float, float, float | None]:
-    """-> (tau, speedup of the host-driven loop, speedup of the one-program iteration), both
+def speedups_at_tau(costs: dict, k: int, tau: float) -> dict:
+    """Speedup of the host-driven loop and of the one-program iteration at this tau, both
     against the faster target-only step (round by round or whole-token)."""
-    tau = (1 - alpha ** (k + 1)) / (1 - alpha)
     target = _target_time(costs)
-    host = tau * target / ((k + 1) * costs["t_draft"] + costs["t_verify"][k])
-    fused = tau * target / costs["t_iter"][k] if costs.get("t_iter") else None
-    return tau, host, fused
+    host = (k + 1) * costs["t_draft"] + costs["t_verify"][k]
+    return {"tau": tau, "speedup_host_loop": tau * target / host,
+            "speedup_one_program": (tau * target / costs["t_iter"][k] if costs.get("t_iter")
+                                    else None)}
+
+
+def implied(costs, k, alpha) -> tuple[float, float, float | None]:
+    """-> (tau, host-loop speedup, one-program speedup) at per-token acceptance alpha."""
+    s = speedups_at_tau(costs, k, (1 - alpha ** (k + 1)) / (1 - alpha))
+    return s["tau"], s["speedup_host_loop"], s["speedup_one_program"]
 
 
 def part_a(args) -> dict:
@@ -171,15 +178,6 @@ def part_a(args) -> dict:
     return res
 
 
-def _implied(costs: dict, k: int, tau: float) -> dict:
-    """Speedup of both loops at this tau with these (a) costs (d fixed by `costs`)."""
-    target = _target_time(costs)
-    host = (k + 1) * costs["t_draft"] + costs["t_verify"][k]
-    return {"tau": tau, "speedup_host_loop": tau * target / host,
-            "speedup_one_program": (tau * target / costs["t_iter"][k] if costs.get("t_iter")
-                                    else None)}
-
-
 def implied_at_measured_tau(a: dict, b: dict) -> list[dict]:
     """(a)'s big-shape costs at the tau each engine drafter reached in (b) at c = 1:
     speedup = tau * t_target / t_iter (one program) and / ((K+1) t_draft + t_verify)."""
@@ -192,8 +190,8 @@ def implied_at_measured_tau(a: dict, b: dict) -> list[dict]:
             if row["impl"] != "engine" or c is None or k not in c["t_verify"]:
                 continue
             out.append({"temperature": run["temperature"], "config": row["config"],
-                        "d": row["draft_rounds"], "k": k, **_implied(c, k, row["tau"]),
-                        "by_kind": {kind: _implied(c, k, tau)
+                        "d": row["draft_rounds"], "k": k, **speedups_at_tau(c, k, row["tau"]),
+                        "by_kind": {kind: speedups_at_tau(c, k, tau)
                                     for kind, tau in row.get("tau_by_kind", {}).items()}})
     print(f"\n(c) {a['model']} costs from (a) at the tau measured in (b), c=1, K={k}; per "
           "workload: one program")
