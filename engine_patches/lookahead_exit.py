@@ -53,11 +53,11 @@ class PredictorMismatchError(ValueError):
 def check_compatible(manifest: dict[str, Any], model=None, *, model_config=None,
                      model_hash: str | None = None) -> None:
     """Raise PredictorMismatchError unless the checkpoint fits the model: same base-model hash
-    (rltlab.checkpoint.model_hash; needs `model` or `model_hash`), hidden size and R."""
+    (rltlab.model.checkpoint.model_hash; needs `model` or `model_hash`), hidden size and R."""
     cfg = model_config if model_config is not None else getattr(model, "config", None)
     problems = []
     if model is not None and model_hash is None:
-        from rltlab.checkpoint import model_hash as _hash
+        from rltlab.model.checkpoint import model_hash as _hash
         model_hash = _hash(model)
     if model_hash is not None and manifest.get("base_model_hash") != model_hash:
         problems.append(f"base model hash {manifest.get('base_model_hash')!r} != the model's "

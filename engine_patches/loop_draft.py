@@ -1,5 +1,5 @@
 """Load a trained loop-aware draft component (rltlab.draft_heads) onto a base model, checking that
-it was trained for THIS model: base model hash (rltlab.checkpoint.model_hash: names, shapes,
+it was trained for THIS model: base model hash (rltlab.model.checkpoint.model_hash: names, shapes,
 dtype and bytes), hidden size, vocabulary and draft depth d.
 
     from rltlab.engine_patches.loop_draft import load_draft_component, speculative_kwargs
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from rltlab.draft_heads.heads import META_FILE, build_component, component_kwargs
-from rltlab.model import OuroForCausalLM
+from rltlab.model.architecture import OuroForCausalLM
 
 
 class IncompatibleDraftComponent(ValueError):
@@ -29,7 +29,7 @@ def read_metadata(path) -> dict:
 def check_compatible(meta: dict, model: OuroForCausalLM, draft_rounds: int | None = None,
                      check_hash: bool = True) -> None:
     """Raise IncompatibleDraftComponent naming every field that does not match."""
-    from rltlab.checkpoint import model_hash
+    from rltlab.model.checkpoint import model_hash
     cfg, problems = model.config, []
     for key, want in (("hidden_size", cfg.hidden_size), ("vocab_size", cfg.vocab_size),
                       ("num_rounds", cfg.num_rounds)):

@@ -1,4 +1,4 @@
-"""rltlab.checkpoint: round trips, every rejection path, atomic saves (the Ouro-1.4B manifest:
+"""rltlab.model.checkpoint: round trips, every rejection path, atomic saves (the Ouro-1.4B manifest:
 test_ouro_manifest.py)."""
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import safetensors.torch
 import torch
 from safetensors.torch import load_file, save_file
 
-from rltlab.checkpoint import (from_pretrained, load_model_and_tokenizer, load_tokenizer,
+from rltlab.model.checkpoint import (from_pretrained, load_model_and_tokenizer, load_tokenizer,
                                manifest, model_hash, num_parameters, save_pretrained)
-from rltlab.config import OuroConfig
-from rltlab.model import OuroForCausalLM
+from rltlab.model.config import OuroConfig
+from rltlab.model.architecture import OuroForCausalLM
 
 REPO = Path(__file__).resolve().parents[1]
 OURO_DATA = REPO / "tests" / "data" / "ouro-1.4b"  # copy of shared/ouro-1.4b: source of truth

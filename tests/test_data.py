@@ -1,4 +1,4 @@
-"""Tests of rltlab.data: stdlib corpus, arithmetic task, tokenizer, packed tensors (CPU, < 30 s)."""
+"""Tests of rltlab.pretrain.data: stdlib corpus, arithmetic task, tokenizer, packed tensors (CPU, < 30 s)."""
 import random
 import re
 import sysconfig
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from rltlab import data as D
+from rltlab.pretrain import data as D
 
 STEP = re.compile(r"(\d+)([+\-*])(\d+)=(\d+)\.")
 

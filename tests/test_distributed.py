@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from rltlab import distributed as dist
-from rltlab import scale
+from rltlab.common import distributed as dist
+from rltlab.workbench import scale
 from rltlab import workbench as W
 from rltlab.engine import LLM, SamplingParams
 from rltlab.draft_heads.heads import component_files_ok

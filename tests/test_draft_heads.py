@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from rltlab import kernels
-from rltlab.config import OuroConfig
+from rltlab.model.config import OuroConfig
 from rltlab.draft_heads import build_component, component_kwargs, save_component
 from rltlab.draft_heads.train import distill, evaluate
 from rltlab.engine.speculative import speculative_generate
 from rltlab.engine_patches.loop_draft import IncompatibleDraftComponent, load_draft_component
-from rltlab.generate import generate_plain
-from rltlab.model import OuroForCausalLM
+from rltlab.model.generate import generate_plain
+from rltlab.model.architecture import OuroForCausalLM
 
 torch.set_num_threads(1)
 KINDS = ["residual_mlp", "lora_lm_head", "layer_lora"]

@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-from rltlab import pretrain_eval as E
-from rltlab.paths import embedded_model_dir
+from rltlab.pretrain import evaluate as E
+from rltlab.common.paths import embedded_model_dir
 
 MODEL = embedded_model_dir()
 METRICS = json.loads((MODEL / "metrics.json").read_text())
@@ -44,7 +44,7 @@ def test_artifact_files_and_size():
 
 
 def test_tokenizer_loads_and_splits_digits():
-    from rltlab.checkpoint import load_tokenizer
+    from rltlab.model.checkpoint import load_tokenizer
     tok = load_tokenizer(MODEL)
     ids = E.encode(tok, " 12*7=84. #### 84")
     assert E.decode(tok, ids) == " 12*7=84. #### 84"
@@ -71,8 +71,8 @@ def test_deeper_rounds_matter(source, recomputed):
 
 
 def test_generation_is_deterministic_and_batch_independent():
-    from rltlab.checkpoint import load_model_and_tokenizer
-    from rltlab.generate import generate_plain
+    from rltlab.model.checkpoint import load_model_and_tokenizer
+    from rltlab.model.generate import generate_plain
     model, tok = load_model_and_tokenizer(MODEL, dtype=torch.float32)
     _, problems = E.load_eval_set(MODEL)
     prompts = [[0] + E.encode(tok, p["question"]) for p in problems[:3]]

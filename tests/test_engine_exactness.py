@@ -11,10 +11,10 @@ import dataclasses
 import pytest
 import torch
 
-from rltlab import gates
+from rltlab.model import gates
 from rltlab.engine import LLM, SamplingParams
-from rltlab.generate import generate_plain
-from rltlab.model import OuroForCausalLM
+from rltlab.model.generate import generate_plain
+from rltlab.model.architecture import OuroForCausalLM
 from tiny_models import tiny_engine_model
 
 torch.set_num_threads(1)   # tiny matmuls: threads only add contention

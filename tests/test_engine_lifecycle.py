@@ -7,7 +7,7 @@ import torch
 
 from rltlab.engine import (LLM, AsyncLLM, CapacityError, ExitPolicy, SamplingParams,
                            register_exit_policy)
-from rltlab.model import OuroForCausalLM
+from rltlab.model.architecture import OuroForCausalLM
 from tiny_models import tiny_engine_model
 
 torch.set_num_threads(1)
@@ -277,7 +277,7 @@ def _word_tokenizer():
 
 
 def test_checkpoint_dir_text_prompts_and_engine_config_errors(tmp_path):
-    from rltlab.checkpoint import save_pretrained
+    from rltlab.model.checkpoint import save_pretrained
     model = tiny_model(8)
     save_pretrained(model, tmp_path / "ckpt", tokenizer=_word_tokenizer())
     sp = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=0)

@@ -4,11 +4,11 @@ KV blocks, consistent per-request stats."""
 import pytest
 import torch
 
-from rltlab.config import OuroConfig
+from rltlab.model.config import OuroConfig
 from rltlab.draft_heads.heads import build_component, save_component
 from rltlab.engine import LLM, DraftProposer, SamplingParams
 from rltlab.engine.spec_decode import load_proposer
-from rltlab.model import OuroForCausalLM
+from rltlab.model.architecture import OuroForCausalLM
 from test_speculative import _exact_joint, chisquare_pvalue
 from tiny_models import tiny_engine_model
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from rltlab.engine import LLM, SamplingParams, WeightUpdateError
-from rltlab.model import OuroForCausalLM
+from rltlab.model.architecture import OuroForCausalLM
 from tiny_models import tiny_engine_model
 
 torch.set_num_threads(1)

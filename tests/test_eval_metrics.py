@@ -122,8 +122,8 @@ def test_evaluate_gsm8k_with_fake_generate(tmp_path):
 
 
 def test_text_perplexity_fixed_depth_matches_per_round():
-    from rltlab.config import OuroConfig
-    from rltlab.model import OuroForCausalLM
+    from rltlab.model.config import OuroConfig
+    from rltlab.model.architecture import OuroForCausalLM
     cfg = OuroConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                      num_attention_heads=2, num_key_value_heads=2, head_dim=16, total_ut_steps=3)
     model = OuroForCausalLM(cfg).init_weights(0).double().eval()
@@ -147,9 +147,9 @@ def test_timing_records_from_engine_outputs():
 
 
 def test_engine_generate_fn_stop_strings_stop_early():
-    from rltlab.config import OuroConfig
+    from rltlab.model.config import OuroConfig
     from rltlab.engine import LLM, SamplingParams
-    from rltlab.model import OuroForCausalLM
+    from rltlab.model.architecture import OuroForCausalLM
     torch.set_num_threads(1)
     cfg = OuroConfig(vocab_size=30, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                      num_attention_heads=2, num_key_value_heads=2, total_ut_steps=2,

@@ -88,7 +88,7 @@ def test_checkpoint_round_trip(tmp_path):
 
 
 def test_train_cli_on_teacher_traces(trace_dir, tmp_path, model):
-    from rltlab.checkpoint import model_hash
+    from rltlab.model.checkpoint import model_hash
     tr, info = load_training_data(trace_dir)
     x = feat.trace_features(tr, 1)
     assert x.shape == (info["num_tokens"], 32 + 1 + 3)
@@ -195,7 +195,7 @@ def test_round0_features_from_previous_position():
 
 
 def test_train_round0_on_teacher_traces(trace_dir, tmp_path, model):
-    from rltlab.checkpoint import model_hash
+    from rltlab.model.checkpoint import model_hash
     from rltlab.exit_predictor.train import train_from_traces
     from tiny_models import tiny_engine_model
     tr, info = load_training_data(trace_dir)

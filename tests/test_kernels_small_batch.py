@@ -16,7 +16,7 @@ import torch.nn.functional as F  # noqa: E402
 from rltlab.kernels import (  # noqa: E402
     rope_write_kv, rope_write_kv_ref, small_m_linear, small_m_linear_ref, triton_available,
 )
-from rltlab.model import apply_rope, rope_cos_sin  # noqa: E402
+from rltlab.model.architecture import apply_rope, rope_cos_sin  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(not triton_available(DEVICE),

@@ -3,13 +3,13 @@ real generation (engine == teacher-forced LAST_EXITED recompute with the chosen 
 import pytest
 import torch
 
-from rltlab.checkpoint import model_hash
-from rltlab.config import OuroConfig
+from rltlab.model.checkpoint import model_hash
+from rltlab.model.config import OuroConfig
 from rltlab.engine import LLM, SamplingParams
 from rltlab.engine_patches.lookahead_exit import (PredictorMismatchError, install,
                                                   load_policy)
 from rltlab.exit_predictor.model import ExitPredictor, save_predictor
-from rltlab.model import OuroForCausalLM
+from rltlab.model.architecture import OuroForCausalLM
 
 torch.set_num_threads(1)
 R, H = 4, 32

@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from rltlab import gates
-from rltlab.config import OuroConfig
-from rltlab.model import LoopedKVCache, OuroForCausalLM
+from rltlab.model import gates
+from rltlab.model.config import OuroConfig
+from rltlab.model.architecture import LoopedKVCache, OuroForCausalLM
 
 
 def tiny_config(**overrides) -> OuroConfig:

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from rltlab import runs
-from rltlab.paths import REPO_ROOT
+from rltlab.workbench import runs
+from rltlab.common.paths import REPO_ROOT
 
 
 @pytest.mark.parametrize("kind", ["residual_mlp", "lora_lm_head"])

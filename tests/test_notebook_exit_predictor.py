@@ -2,8 +2,8 @@
 import json
 import math
 
-from rltlab import runs
-from rltlab.paths import REPO_ROOT
+from rltlab.workbench import runs
+from rltlab.common.paths import REPO_ROOT
 
 
 def test_exit_predictor_notebook(tmp_path):

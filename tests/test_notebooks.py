@@ -6,17 +6,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from rltlab import runs
+from rltlab.workbench import runs
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    from rltlab.checkpoint import save_pretrained
-    from rltlab.config import OuroConfig
-    from rltlab.data import save_tokenizer, train_tokenizer
-    from rltlab.model import OuroForCausalLM
+    from rltlab.model.checkpoint import save_pretrained
+    from rltlab.model.config import OuroConfig
+    from rltlab.pretrain.data import save_tokenizer, train_tokenizer
+    from rltlab.model.architecture import OuroForCausalLM
 
     out = tmp_path_factory.mktemp("tiny") / "model"
     tok = train_tokenizer(vocab_size=300, max_bytes=150_000)
@@ -259,13 +259,13 @@ def test_train_gate_early_stopping():
 
 
 def test_stage2_targets_match_pretrain_stage2_loss():
-    """The loop's Stage II on traces = rltlab.pretrain.stage2_loss on the same full-depth
+    """The loop's Stage II on traces = rltlab.pretrain.recipe.stage2_loss on the same full-depth
     hidden states (same labels, same BCE)."""
-    pretrain = pytest.importorskip("rltlab.pretrain")
+    pretrain = pytest.importorskip("rltlab.pretrain.recipe")
     import torch.nn.functional as F
-    from rltlab.config import OuroConfig
+    from rltlab.model.config import OuroConfig
     from rltlab.loop import stage2_targets
-    from rltlab.model import OuroForCausalLM
+    from rltlab.model.architecture import OuroForCausalLM
 
     cfg = OuroConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                      num_attention_heads=2, num_key_value_heads=2, total_ut_steps=4)

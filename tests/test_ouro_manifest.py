@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rltlab.checkpoint import manifest, num_parameters
-from rltlab.config import OuroConfig
-from rltlab.model import OuroForCausalLM
+from rltlab.model.checkpoint import manifest, num_parameters
+from rltlab.model.config import OuroConfig
+from rltlab.model.architecture import OuroForCausalLM
 
 REPO = Path(__file__).resolve().parents[1]
 OURO_DATA = REPO / "tests" / "data" / "ouro-1.4b"  # copy of shared/ouro-1.4b: source of truth

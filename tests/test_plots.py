@@ -1,9 +1,9 @@
-"""rltlab.plots: every plot writes a non-empty PNG and SVG."""
+"""rltlab.eval.plots: every plot writes a non-empty PNG and SVG."""
 import numpy as np
 import pandas as pd
 import pytest
 
-from rltlab import plots
+from rltlab.eval import plots
 
 
 def _check(paths, stem):

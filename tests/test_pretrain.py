@@ -1,4 +1,4 @@
-"""rltlab.pretrain: the training forward, the two losses, config validation, the CPU smoke run
+"""rltlab.pretrain.recipe: the training forward, the two losses, config validation, the CPU smoke run
 (end to end through the CLI), and resumption from train_state/."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rltlab.config import OuroConfig
-from rltlab.model import OuroForCausalLM
-from rltlab.pretrain import (SMOKE, PretrainConfig, looped_forward, pretrain, stage1_loss,
+from rltlab.model.config import OuroConfig
+from rltlab.model.architecture import OuroForCausalLM
+from rltlab.pretrain.recipe import (SMOKE, PretrainConfig, looped_forward, pretrain, stage1_loss,
                              stage2_loss)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,7 +98,7 @@ def test_smoke_cli_trains_saves_and_loads(tmp_path):
     stage1 = [r for r in _log(out) if r["stage"] == 1]
     assert stage1[-1]["loss"] < stage1[0]["loss"] - 0.3
     assert any(r["stage"] == 2 for r in _log(out))
-    from rltlab.checkpoint import load_model_and_tokenizer
+    from rltlab.model.checkpoint import load_model_and_tokenizer
     model, tokenizer = load_model_and_tokenizer(out, dtype=torch.float32)
     assert model.config.hidden_size == SMOKE["hidden_size"]
     assert {p.name for p in (out / "eval").iterdir()} == {"heldout_text.txt",

@@ -1,4 +1,4 @@
-"""Run directories and papermill execution (rltlab.runs, rltlab runs_cli)."""
+"""Run directories and papermill execution (rltlab.workbench.runs, rltlab runs_cli)."""
 import argparse
 import json
 import shutil
@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rltlab import runs, runs_cli
+from rltlab.workbench import runs
+from rltlab.workbench import runs_cli
 
 NOTEBOOK = Path(__file__).parent / "data" / "tiny_notebook.ipynb"
 

@@ -6,7 +6,7 @@ import torch
 
 from rltlab.engine import LLM, SamplingParams
 from rltlab.engine.sampling import process_logits, sample
-from rltlab.model import OuroForCausalLM
+from rltlab.model.architecture import OuroForCausalLM
 from tiny_models import tiny_engine_model
 
 torch.set_num_threads(1)

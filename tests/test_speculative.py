@@ -5,10 +5,10 @@ import copy
 import pytest
 import torch
 
-from rltlab.config import OuroConfig
+from rltlab.model.config import OuroConfig
 from rltlab.engine.speculative import speculative_generate
-from rltlab.generate import generate_plain
-from rltlab.model import OuroForCausalLM
+from rltlab.model.generate import generate_plain
+from rltlab.model.architecture import OuroForCausalLM
 
 torch.set_num_threads(1)
 

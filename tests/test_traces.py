@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from rltlab import gates
+from rltlab.model import gates
 from rltlab.engine import LLM, SamplingParams
 from rltlab.traces import (ALL_FIELDS, TraceCorruptError, TraceDataset, TraceWriter,
                            collect_traces, collection_overhead, load_projection, load_traces,

@@ -1,6 +1,6 @@
 """The tiny random Ouro model the engine-level tests share (fp32, rounds that differ)."""
-from rltlab.config import OuroConfig
-from rltlab.model import OuroForCausalLM
+from rltlab.model.config import OuroConfig
+from rltlab.model.architecture import OuroForCausalLM
 
 ROUNDS = 4
 

@@ -4,7 +4,7 @@
 
 Engine: closed loop, C requests in flight (a finished one is replaced at once) until
 `requests` (default 2C, at least 4) are done; TTFT = first token - arrival, TPOT = (last - first
-token) / (tokens - 1), medians over requests. Plain loop (rltlab.generate.generate_plain):
+token) / (tokens - 1), medians over requests. Plain loop (rltlab.model.generate.generate_plain):
 static batches of C left-padded prompts; its TTFT is timed by a 1-token run of the same batch
 and TPOT = (full run - TTFT) / (tokens - 1). Every request decodes exactly max_tokens
 (ignore_eos), full depth (R rounds) on both sides unless --depth is given. Warm-up excluded;
@@ -20,10 +20,10 @@ import time
 
 import torch
 
-from rltlab.config import OuroConfig
+from rltlab.model.config import OuroConfig
 from rltlab.engine import LLM, SamplingParams
-from rltlab.generate import generate_plain
-from rltlab.model import OuroForCausalLM
+from rltlab.model.generate import generate_plain
+from rltlab.model.architecture import OuroForCausalLM
 
 PRESETS = {
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
@@ -45,7 +45,7 @@ def add_model_arguments(ap: argparse.ArgumentParser) -> None:
 def build_model(args) -> OuroForCausalLM:
     dtype = getattr(torch, args.dtype)
     if args.model:
-        from rltlab.checkpoint import from_pretrained
+        from rltlab.model.checkpoint import from_pretrained
         return from_pretrained(args.model, dtype=dtype, device=args.device)
     cfg = OuroConfig(**PRESETS[args.preset], total_ut_steps=4)
     with torch.device(args.device):

@@ -34,7 +34,7 @@ import torch
 from rltlab.bench.__main__ import add_model_arguments, bench_engine, build_model, prompts_for
 from rltlab.bench import engine_checks
 from rltlab.engine import LLM, SamplingParams
-from rltlab.generate import generate_plain
+from rltlab.model.generate import generate_plain
 
 WORKLOADS = {
     "W1": dict(concurrency=1, requests=1, prompt_len=128, max_tokens=128),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from rltlab.atomic import write_text_atomic
+from rltlab.common.atomic import write_text_atomic
 from rltlab.bench.__main__ import prompts_for
 from rltlab.engine import LLM, SamplingParams
 
@@ -180,10 +180,10 @@ def bf16_agreement(model, kv_gib: float, num_prompts: int = 8, max_tokens: int =
 def bf16_paths(model, args) -> dict:
     """bf16_agreement for the static (graph) and gather paths, on the benchmark model (random
     weights: near-uniform logits, many near-ties) and on the trained embedded model."""
-    from rltlab.checkpoint import load_model_and_tokenizer
-    from rltlab.data import make_arithmetic_problems
+    from rltlab.model.checkpoint import load_model_and_tokenizer
+    from rltlab.pretrain.data import make_arithmetic_problems
     from rltlab.eval.tasks import arithmetic_prompt
-    from rltlab.paths import embedded_model_dir
+    from rltlab.common.paths import embedded_model_dir
     out = {}
     trained, tokenizer = load_model_and_tokenizer(embedded_model_dir(),
                                                   dtype=model.lm_head.weight.dtype,

@@ -21,7 +21,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from rltlab.atomic import write_text_atomic
+from rltlab.common.atomic import write_text_atomic
 from rltlab.bench.engine_checks import copy_bandwidth
 from rltlab.kernels.small_batch import small_m_linear, small_m_linear_ref, tiles_for
 
@@ -73,7 +73,7 @@ def main(argv=None) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("rltlab.bench.gemv times CUDA graphs: it needs a GPU")
     from rltlab.bench.__main__ import PRESETS
-    from rltlab.model import OuroConfig
+    from rltlab.model.architecture import OuroConfig
     cfg = OuroConfig(**PRESETS[args.preset])
     layers, dev, dtype = cfg.num_hidden_layers, "cuda", torch.bfloat16
     gen = torch.Generator(device=dev).manual_seed(0)

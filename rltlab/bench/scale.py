@@ -5,7 +5,7 @@
 
 (a) collects teacher-mode traces of the same prompts (greedy, every request decodes exactly
 --max-tokens) once as one plain process and once as N ranks under `accelerate launch`
-(rltlab.scale collect), (b) checks that the tokens and the merged manifests (shard names,
+(rltlab.workbench.scale collect), (b) checks that the tokens and the merged manifests (shard names,
 sizes, sha256; content digest) are identical, (c) reports collection throughput (output tokens
 per second between the barriers around the collection, warm-up excluded) and the N/1 ratio,
 (d) trains the N+2 exit predictor (N = 1, exit at 3) on the 1-process traces with 1 and with N
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from rltlab.bench.__main__ import PRESETS
-from rltlab.scale import launch
+from rltlab.workbench.scale import launch
 
 
 def _collect(args, out: Path, procs: int) -> dict:

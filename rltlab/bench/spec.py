@@ -159,9 +159,9 @@ def _paired(base: dict, row: dict) -> float:
 
 
 def part_b(args) -> dict:
-    from rltlab import workbench as W
+    from rltlab.model.checkpoint import load_model
     from rltlab.draft_heads.evaluate import eval_prompt_kinds, eval_prompts, measure
-    model, tokenizer, model_dir = W.load_model(args.tiny_model, dtype=args.tiny_dtype,
+    model, tokenizer, model_dir = load_model(args.tiny_model, dtype=args.tiny_dtype,
                                                device=args.device)
     prompts = eval_prompts(tokenizer, model_dir, args.prompts)
     heads, head_info = trained_heads(model, tokenizer, args)

@@ -14,7 +14,7 @@ from rltlab.engine.sequence import Span
 from rltlab.engine.spec_decode import SpecDecoder, _View
 from rltlab.engine.spec_graph import SpecGraph
 from rltlab.engine.speculative import run_rounds
-from rltlab.model import LoopedKVCache
+from rltlab.model.architecture import LoopedKVCache
 
 
 def _sync(device) -> None:

@@ -1,5 +1,5 @@
 """Loop-aware speculative decoding on the embedded model, CPU: train the draft components, then
-measure tau, acceptance, speed vs target-only decoding (full depth, rltlab.generate) and vs the
+measure tau, acceptance, speed vs target-only decoding (full depth, rltlab.model.generate) and vs the
 untrained shallow drafters (d=1, d=2) in the same run, at T=0 (identical-output check on every
 prompt) and T=1, concurrency 1 (one prompt at a time) and 8 (one batch of 8).
 
@@ -18,17 +18,17 @@ import torch
 from rltlab.draft_heads.heads import build_component, component_kwargs, save_component
 from rltlab.draft_heads.train import distill, evaluate as agreement, training_rows
 from rltlab.engine.speculative import speculative_generate
-from rltlab.generate import generate_plain
+from rltlab.model.generate import generate_plain
 
 EOS = 0
 
 
 def eval_prompts(tokenizer, model_dir, n: int, text_tokens: int = 24) -> list[list[int]]:
     """n/2 held-out arithmetic questions + n/2 held-out text openings ([EOT] + tokens)."""
-    from rltlab import workbench as W
-    arith = [[EOS] + W.encode(tokenizer, p["question"])
-             for p in W.eval_problems(model_dir, n - n // 2)]
-    text = W.heldout_text_rows(tokenizer, model_dir, text_tokens, n // 2).tolist()
+    from rltlab.eval.problems import encode, eval_problems, heldout_text_rows
+    arith = [[EOS] + encode(tokenizer, p["question"])
+             for p in eval_problems(model_dir, n - n // 2)]
+    text = heldout_text_rows(tokenizer, model_dir, text_tokens, n // 2).tolist()
     return arith + text
 
 
@@ -154,9 +154,9 @@ def text_agreement(model, tokenizer, model_dir, components: dict, n: int = 128,
     (n openings of 24 tokens each plus their greedy full-depth continuation), at prompt and at
     continuation positions, for the shallow drafters and `components` (name -> component):
     shows how much easier the model's own pretraining text is for shallow drafting."""
-    from rltlab import workbench as W
+    from rltlab.eval.problems import heldout_text_rows
     from rltlab.draft_heads.rollout_data import rollouts, sequence_features, training_prompts
-    sets = {"held-out eval text": W.heldout_text_rows(tokenizer, model_dir, 24, n).tolist(),
+    sets = {"held-out eval text": heldout_text_rows(tokenizer, model_dir, 24, n).tolist(),
             "training-split text": [p for p, _ in training_prompts(tokenizer, 0, n, 24, seed=99)]}
     drafters = {f"shallow d={d}": (d, model.lm_head) for d in (1, 2)}
     drafters.update({k: (c.draft_rounds, c) for k, c in components.items()})
@@ -240,9 +240,9 @@ def main(argv=None) -> dict:
                    help="only: tau of shallow d=1, d=2 and these components (default: the "
                    "shipped ones) on --prompts held-out prompts, K=--k, each --temperatures")
     args = p.parse_args(argv)
-    from rltlab import workbench as W
+    from rltlab.model.checkpoint import load_model
     torch.manual_seed(0)
-    model, tokenizer, model_dir = W.load_model(args.model, threads=args.threads)
+    model, tokenizer, model_dir = load_model(args.model, threads=args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     prompts = eval_prompts(tokenizer, model_dir, args.prompts)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rltlab import kernels
-from rltlab.model import OuroForCausalLM, RMSNorm
+from rltlab.model.architecture import OuroForCausalLM, RMSNorm
 
 META_FILE = "draft_component.json"
 LAYER_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -175,14 +175,14 @@ def save_component(component, model: OuroForCausalLM, out_dir, extra: dict | Non
     """<out_dir>/draft_component.json + the weights (PEFT format for the LoRA kinds).
 
     Crash-safe: the old metadata goes first, the weights are written to a temporary directory
-    and moved into place file by file (rltlab.atomic), the metadata (with every weight file's
+    and moved into place file by file (rltlab.common.atomic), the metadata (with every weight file's
     sha256, "files") lands last, atomically; files of an earlier component that the new one
     does not have are removed. So a directory holding draft_component.json holds the finished
     component it describes (`component_files_ok` checks the digests)."""
     import tempfile
 
-    from rltlab.atomic import write_bytes_atomic, write_text_atomic
-    from rltlab.checkpoint import model_hash
+    from rltlab.common.atomic import write_bytes_atomic, write_text_atomic
+    from rltlab.model.checkpoint import model_hash
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta_path = out / META_FILE

@@ -35,7 +35,7 @@ def training_prompts(tokenizer, n_arith: int, n_text: int, text_prompt_tokens: i
     """(prompt ids, kind) from the TRAINING splits: n_arith arithmetic questions and n_text
     stdlib-text openings of text_prompt_tokens tokens, then the `corpus` prompts as given."""
     from rltlab.exit_predictor.data import text_prompts
-    from rltlab.workbench import rollout_prompts
+    from rltlab.eval.problems import rollout_prompts
     arith = rollout_prompts(tokenizer, n_arith, seed)[0] if n_arith else []
     text = text_prompts(tokenizer, n_text, text_prompt_tokens, "train", seed) if n_text else []
     return [(p, 0) for p in arith] + [(p, 1) for p in text] + [(p, 2) for p in corpus]
@@ -53,8 +53,8 @@ def corpus_prompts(tokenizer, patterns: list[str], n: int, prompt_tokens: int = 
     import zlib
     from pathlib import Path
 
-    from rltlab.data import EOT_ID
-    from rltlab.workbench import encode
+    from rltlab.pretrain.data import EOT_ID
+    from rltlab.eval.problems import encode
     files = {Path(f) for pat in patterns for f in glob.glob(pat, recursive=True)
              if Path(f).is_file()}
     if not files:
@@ -88,7 +88,7 @@ def rollouts(model, prompts: list[tuple[list[int], int]], *, max_tokens: int = 3
     continuation ids, kind, prompt index). Batches are grouped by prompt length."""
     from tqdm.auto import tqdm
 
-    from rltlab.generate import generate_plain
+    from rltlab.model.generate import generate_plain
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i][0]))
     jobs = [(t, order[lo: lo + batch_size]) for t in temperatures
             for lo in range(0, len(order), batch_size)]

@@ -1,7 +1,7 @@
 """A checkpointed, resumable, data-parallel draft-component training run, and its CLI.
 
     python -m rltlab.draft_heads.run --out DIR [--kind lora_lm_head --steps 150 ...]
-    accelerate launch --multi_gpu --num_processes 2 -m rltlab.scale train-draft --out DIR ...
+    accelerate launch --multi_gpu --num_processes 2 -m rltlab.workbench.scale train-draft --out DIR ...
 
 The distillation itself is rltlab.draft_heads.train (distill, distill_features); this module
 adds the run around it: rank-0 atomic saves, resume when a finished checkpoint has the same
@@ -14,7 +14,7 @@ import time
 import torch
 
 from rltlab.draft_heads.train import distill, evaluate, training_rows
-from rltlab.model import OuroForCausalLM
+from rltlab.model.architecture import OuroForCausalLM
 
 
 def tensor_digest(t: torch.Tensor) -> str:
@@ -52,10 +52,10 @@ def train_component(model: OuroForCausalLM, rows: torch.Tensor, heldout: torch.T
     same adapter parameters, "writers" the ranks that wrote a checkpoint."""
     from pathlib import Path
 
-    from rltlab.checkpoint import model_hash
+    from rltlab.model.checkpoint import model_hash
     from rltlab.draft_heads.heads import build_component, component_files_ok, save_component
     from rltlab.engine_patches.loop_draft import load_draft_component, read_metadata
-    from rltlab.runs import _jsonable, write_json_atomic
+    from rltlab.common.atomic import _jsonable, write_json_atomic
 
     world = 1 if state is None else state.num_processes
     main = state is None or state.is_main_process
@@ -111,7 +111,7 @@ def train_component(model: OuroForCausalLM, rows: torch.Tensor, heldout: torch.T
 
 
 def add_train_args(ap) -> None:
-    """The arguments of a draft-head training run (this module's CLI and `rltlab.scale
+    """The arguments of a draft-head training run (this module's CLI and `rltlab.workbench.scale
     train-draft`)."""
     from rltlab.draft_heads.heads import KINDS
 
@@ -147,13 +147,13 @@ def add_train_args(ap) -> None:
 
 def run_train(args) -> dict:
     """A draft-head training run from parsed `add_train_args` arguments, as one process or as
-    every rank under `accelerate launch` (rltlab.distributed.get_state). -> metrics."""
-    from rltlab import distributed as dist
-    from rltlab import workbench as W
+    every rank under `accelerate launch` (rltlab.common.distributed.get_state). -> metrics."""
+    from rltlab.common import distributed as dist
+    from rltlab.model.checkpoint import load_model
 
     state = dist.get_state(args.device)
     threads = dist.configure_threads(args.threads, args.device)
-    model, tokenizer, model_dir = W.load_model(args.model, dtype=args.dtype,
+    model, tokenizer, model_dir = load_model(args.model, dtype=args.dtype,
                                                device=str(state.device))
     rows = training_rows(tokenizer, args.train_rows, args.seq_len, seed=args.data_seed)
     heldout = training_rows(tokenizer, args.heldout_rows, args.seq_len, seed=args.data_seed + 1)
@@ -171,7 +171,7 @@ def run_train(args) -> dict:
                    threads_per_rank=threads)
     if state.is_main_process:
         if args.result:
-            from rltlab.runs import write_json_atomic
+            from rltlab.common.atomic import write_json_atomic
             write_json_atomic(args.result, metrics)
         print(f"{args.kind} d={args.draft_rounds} on {state.num_processes} process(es)"
               f"{' (resumed)' if metrics['resumed'] else ''}: held-out "

@@ -156,7 +156,7 @@ def shipped_components(model_dir=None) -> list:
     from pathlib import Path
 
     from rltlab.draft_heads.heads import META_FILE
-    from rltlab.paths import embedded_model_dir
+    from rltlab.common.paths import embedded_model_dir
     root = Path(model_dir or embedded_model_dir()) / "draft_heads"
     return sorted(p.parent for p in root.glob(f"*/{META_FILE}")) if root.is_dir() else []
 
@@ -208,7 +208,7 @@ def main(argv=None) -> dict:
     import sys
     from pathlib import Path
 
-    from rltlab import workbench as W
+    from rltlab.model.checkpoint import load_model
     from rltlab.draft_heads.heads import build_component, save_component
     ap = argparse.ArgumentParser(prog="python -m rltlab.draft_heads.selfdistill",
                                  description=__doc__.split("\n\n")[0])
@@ -245,7 +245,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--rollout-batch", type=int, default=64, help="prompts per rollout batch")
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
-    model, tokenizer, model_dir = W.load_model(args.model, threads=args.threads,
+    model, tokenizer, model_dir = load_model(args.model, threads=args.threads,
                                                device=args.device)
     feats, data = build_features(model, tokenizer, args)
     split = {"train_sequences": int((feats.split == 0).sum()),

@@ -11,7 +11,7 @@ layers' rounds 1..d for the layer LoRA). Logged per step and on a held-out batch
 Data parallel with the same code (state= an accelerate PartialState; see docs/scale_out.md):
 
     python -m rltlab.draft_heads.run --out DIR [--kind lora_lm_head --steps 150 ...]
-    accelerate launch --multi_gpu --num_processes 2 -m rltlab.scale train-draft --out DIR ...
+    accelerate launch --multi_gpu --num_processes 2 -m rltlab.workbench.scale train-draft --out DIR ...
 """
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ import time
 import torch
 import torch.nn.functional as F
 
-from rltlab.model import OuroForCausalLM
+from rltlab.model.architecture import OuroForCausalLM
 
 
 def training_rows(tokenizer, num_rows: int, seq_len: int = 128, seed: int = 0,
                   text_bytes: int = 400_000) -> torch.Tensor:
-    """[num_rows, seq_len] training-style rows (rltlab.data: stdlib text + arithmetic)."""
-    from rltlab.data import build_training_tensors
+    """[num_rows, seq_len] training-style rows (rltlab.pretrain.data: stdlib text + arithmetic)."""
+    from rltlab.pretrain.data import build_training_tensors
     rows = build_training_tensors(tokenizer, text_bytes, None, seed, seq_len)
     if len(rows) < num_rows:
         raise ValueError(f"only {len(rows)} rows of {seq_len} tokens from {text_bytes} bytes")
@@ -141,10 +141,10 @@ def _kl_step(draft_logits, target_logp, params, opt, sched, share: float = 1.0,
     Data parallel (state: accelerate PartialState of several ranks): draft / target are this
     rank's slice of a global batch (None: an empty slice) and share = slice / global batch;
     the slice's mean KL is weighted by share and the gradients are summed over the ranks
-    (rltlab.distributed.sum_gradients), so every rank clips and steps with the gradient of the
+    (rltlab.common.distributed.sum_gradients), so every rank clips and steps with the gradient of the
     global batch's mean and the returned loss, summed over the ranks, is the global batch's.
     One process: share 1.0, no communication (the plain single-process step)."""
-    from rltlab.distributed import sum_gradients
+    from rltlab.common.distributed import sum_gradients
 
     opt.zero_grad(set_to_none=True)
     if draft_logits is not None and len(draft_logits):
@@ -162,7 +162,7 @@ def _kl_step(draft_logits, target_logp, params, opt, sched, share: float = 1.0,
 
 def _global_loss(loss: torch.Tensor, state) -> float:
     """The global batch's loss from this rank's share-weighted one (`_kl_step`)."""
-    from rltlab.distributed import reduce_weighted
+    from rltlab.common.distributed import reduce_weighted
     return reduce_weighted({"kl": loss.item()}, 1.0, state)["kl"]
 
 
@@ -178,7 +178,7 @@ def distill(model: OuroForCausalLM, component, rows: torch.Tensor, steps: int = 
     """Train the component's adapter parameters (the base model stays frozen). -> log rows.
     precompute (reuse-exact heads only): teacher features of `rows` once, then steps on them.
 
-    state (accelerate PartialState, rltlab.distributed.get_state(); None = one process): data
+    state (accelerate PartialState, rltlab.common.distributed.get_state(); None = one process): data
     parallel over its ranks. Every step draws the same global batch of `batch_size` row picks
     (seeded, as one process draws them); each rank takes its contiguous slice, the gradients
     are summed with each slice weighted by its share (`_kl_step`), so the ranks take the global
@@ -186,7 +186,7 @@ def distill(model: OuroForCausalLM, component, rows: torch.Tensor, steps: int = 
     A rank computes teacher features only for the feature batches holding rows it picks. The
     logged train KL and agreement are over the global batch; held-out metrics are computed on
     every rank (the same). Collective: every rank calls it with the same arguments."""
-    from rltlab.distributed import broadcast_parameters, reduce_weighted
+    from rltlab.common.distributed import broadcast_parameters, reduce_weighted
 
     params = component.adapter_parameters()
     broadcast_parameters(params, state)
@@ -264,7 +264,7 @@ def distill_features(component, hidden: torch.Tensor, target_logp: torch.Tensor,
     state: data parallel over its ranks as in `distill` (each rank trains on its slice of every
     global batch of tokens, gradients summed; every rank evaluates the same `val`, so every
     rank keeps the same best step); None = one process."""
-    from rltlab.distributed import broadcast_parameters
+    from rltlab.common.distributed import broadcast_parameters
 
     if not component.reuse_exact:
         raise ValueError(f"{component.kind} is not reuse-exact: it needs token ids, not h_d")

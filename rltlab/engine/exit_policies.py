@@ -35,8 +35,8 @@ from typing import Any, Callable
 
 import torch
 
-from rltlab import gates
-from rltlab.config import OuroConfig
+from rltlab.model import gates
+from rltlab.model.config import OuroConfig
 from rltlab.engine.model_runner import to_device
 from rltlab.engine.sampling import SamplingParams
 

@@ -12,7 +12,7 @@ from rltlab.engine.config import EngineConfig
 from rltlab.engine.llm_engine import LLMEngine
 from rltlab.engine.outputs import RequestOutput
 from rltlab.engine.sampling import SamplingParams
-from rltlab.model import OuroForCausalLM
+from rltlab.model.architecture import OuroForCausalLM
 
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
 
@@ -27,7 +27,7 @@ def build_engine(model_or_path, tokenizer=None, *, weight_version: int = 0,
                          f"EngineConfig fields are {sorted(_CONFIG_FIELDS)}")
     config = EngineConfig(**kwargs)
     if isinstance(model_or_path, (str, os.PathLike)):
-        from rltlab import checkpoint
+        from rltlab.model import checkpoint
         device = config.device or "cpu"
         if (Path(model_or_path) / "tokenizer.json").is_file():
             model, loaded = checkpoint.load_model_and_tokenizer(model_or_path, config.dtype,

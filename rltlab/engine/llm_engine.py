@@ -24,7 +24,7 @@ from rltlab.engine.scheduler import Scheduler
 from rltlab.engine.token_step import FusedTokenStep
 from rltlab.engine.sequence import Request, Sequence, SeqStatus
 from rltlab.engine.weights import WeightUpdater
-from rltlab.model import OuroForCausalLM
+from rltlab.model.architecture import OuroForCausalLM
 
 
 class LLMEngine:

@@ -4,7 +4,7 @@ KV layout: kv_cache [num_layers, 2, R, num_blocks, block_size, Hkv, D]; plane d-
 slot = block * block_size + offset. A row is one sequence's span at its own round d: its active
 tokens write their K/V into plane d, then attend over plane d for positions 0..pos (LAST_EXITED:
 a position that exited at e < d has its round-e K/V copied there). The math is the reference
-model's, module by module (rltlab.model): same norms, projections, RoPE and SDPA.
+model's, module by module (rltlab.model.architecture): same norms, projections, RoPE and SDPA.
 
 Two paths (EngineConfig.decode_path):
   * gather: plain torch for every row; rows are padded into [B, max_q] queries and [B, max_ctx]
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from rltlab import kernels
-from rltlab.model import OuroForCausalLM, apply_rope, rope_cos_sin
+from rltlab.model.architecture import OuroForCausalLM, apply_rope, rope_cos_sin
 from rltlab.engine.sequence import Sequence
 from rltlab.engine.static_decode import StaticDecoder, fuse_projections
 

@@ -191,3 +191,20 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
             vals, ids = logp[row].topk(param.logprobs)
             result.top_logprobs[row] = dict(zip(ids.tolist(), vals.tolist()))
     return result
+
+
+def q_exit_params(threshold: float, max_tokens: int, *, min_loops: int = 1, seed: int = 0,
+                  temperature: float = 0.0, eos_token_id: int | None = None):
+    """SamplingParams of the stock Q-exit at `threshold` (1.0 = full depth)."""
+    return SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed,
+                          exit_threshold=float(threshold), min_loops=min_loops,
+                          exit_policy="q_exit",
+                          stop_token_ids=[eos_token_id] if eos_token_id is not None else [])
+
+
+def fixed_params(depth: int, max_tokens: int, *, seed: int = 0, temperature: float = 0.0,
+                 eos_token_id: int | None = None):
+    """SamplingParams of the fixed-depth policy at `depth` rounds."""
+    return SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed,
+                          min_loops=1, exit_policy="fixed", exit_policy_args={"depth": int(depth)},
+                          stop_token_ids=[eos_token_id] if eos_token_id is not None else [])

@@ -18,7 +18,7 @@ draft's K/V in planes 1..d with the target's).
 KV rollback: columns advance by K+1 per iteration for every row of the batch; a row's rejected
 columns are masked out of attention for good (cache.key_mask False) and their plane entries are
 never read again, while RoPE positions count accepted tokens only (as left padding does in
-rltlab.generate). So the cache holds up to K+1 columns per emitted token (see max_len below);
+rltlab.model.generate). So the cache holds up to K+1 columns per emitted token (see max_len below);
 this keeps a batch of rows with different acceptance lengths in lock-step.
 """
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Callable
 
 import torch
 
-from rltlab.model import LoopedKVCache, OuroForCausalLM, _RoundContext, rope_cos_sin
-from rltlab.generate import left_pad
+from rltlab.model.architecture import LoopedKVCache, OuroForCausalLM, _RoundContext, rope_cos_sin
+from rltlab.model.generate import left_pad
 
 Head = Callable[[torch.Tensor], torch.Tensor]   # h_d [..., H] -> logits [..., V]
 
@@ -137,7 +137,7 @@ def speculative_generate(model: OuroForCausalLM, prompt_ids, max_tokens: int, k:
                          draft_model: OuroForCausalLM | None = None) -> SpeculativeGeneration:
     """Speculative decoding of a prompt (list[int]) or a batch of prompts (list[list[int]]).
 
-    Lossless w.r.t. full-depth decoding (rltlab.generate.generate_plain(depth=R)): identical
+    Lossless w.r.t. full-depth decoding (rltlab.model.generate.generate_plain(depth=R)): identical
     tokens at temperature 0, the same distribution at temperature > 0 (not the same RNG draws).
     `head(h_d) -> logits` is the drafter (default: model.lm_head). `draft_model`: a model whose
     layers are used for the draft rounds (draft-only adapters); verification then recomputes.

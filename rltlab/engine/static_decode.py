@@ -9,7 +9,7 @@ fixed-depth token into one graph, see rltlab/engine/token_step.py). The host pac
 indices into a pinned staging buffer and issues one copy; nothing in a round reads the device
 back.
 
-Math: the reference layer (rltlab.model), with the sandwich norms fused pairwise
+Math: the reference layer (rltlab.model.architecture), with the sandwich norms fused pairwise
 (kernels.add_rmsnorm: h + norm(x) * w_post, then the next norm) and q/k/v resp. gate/up as one
 matmul each. fuse_projections() makes the model's q/k/v (gate/up) weights views into one fused
 tensor, so in-place weight updates reach the fused matmuls and the captured graphs as they are.
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rltlab import kernels
-from rltlab.model import OuroForCausalLM, apply_rope, rope_cos_sin
+from rltlab.model.architecture import OuroForCausalLM, apply_rope, rope_cos_sin
 
 # Rounds of at most this many rows use the Triton GEMV instead of cuBLAS. On the H200 it beats
 # cuBLAS at one row (0.91 vs 0.98 ms for a round's matmuls) but not at 2..16 rows (3.1 vs

@@ -2,7 +2,7 @@
 
 A curve is a list of points, each (mean executed rounds x, per-example scores s[0..n-1]);
 quality = mean(s). Its Pareto curve Q(x) is "the best quality reachable with at most x mean
-rounds": the Pareto front (rltlab.plots.pareto_front) joined linearly (time-sharing between two
+rounds": the Pareto front (rltlab.eval.plots.pareto_front) joined linearly (time-sharing between two
 neighbouring settings) and flat to the right of its last front point, up to the curve's
 largest x. The per-example scores are interpolated the same way, so at every x both curves
 have per-example scores and the difference has a paired standard error:
@@ -26,7 +26,7 @@ import numpy as np
 def pareto_curve(points: Sequence[tuple[float, Sequence[float]]]
                  ) -> tuple[np.ndarray, np.ndarray, float]:
     """(front x [m], front per-example scores [m, n], largest x of all points)."""
-    from rltlab.plots import pareto_front
+    from rltlab.eval.plots import pareto_front
 
     xs = np.array([float(p[0]) for p in points])
     scores = np.array([np.asarray(p[1], float) for p in points])

@@ -4,7 +4,7 @@ Generation goes through a generic ``generate_fn(prompts: list[list[int]]) -> lis
 an output is anything with ``token_ids`` and optionally ``exit_depths``/``executed_depths``
 (the engine's RequestOutput) or a GenOutput. Factories:
 
-    plain_generate_fn(model, max_new_tokens, ...)   rltlab.generate.generate_plain
+    plain_generate_fn(model, max_new_tokens, ...)   rltlab.model.generate.generate_plain
     engine_generate_fn(llm, sampling_params)         rltlab.engine.LLM.generate
 
 GSM8K (lm-eval's gsm8k_cot protocol) lives in rltlab.eval.gsm8k and uses these helpers.
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from rltlab.eval.metrics import depth_stats, mean_with_se
-from rltlab.gates import at_least_fp32
+from rltlab.model.gates import at_least_fp32
 
 GenerateFn = Callable[[list[list[int]]], list[Any]]
 
@@ -56,9 +56,9 @@ def as_gen_output(obj: Any) -> GenOutput:
 
 def plain_generate_fn(model, max_new_tokens: int, *, batch_size: int = 32,
                       eos_token_id: int | None = 0, **policy) -> GenerateFn:
-    """generate_fn over rltlab.generate.generate_plain; `policy`: depth / threshold / min_loops /
+    """generate_fn over rltlab.model.generate.generate_plain; `policy`: depth / threshold / min_loops /
     max_loops / temperature / seed, as generate_plain takes them. Executed = selected."""
-    from rltlab.generate import generate_plain
+    from rltlab.model.generate import generate_plain
 
     def generate(prompts: list[list[int]]) -> list[GenOutput]:
         outs = []
@@ -174,7 +174,7 @@ def _summary(scores: list[float], outs: list[GenOutput], num_rounds: int) -> dic
 # ----------------------------------------------------------------------------- arithmetic
 
 def arithmetic_prompt(tokenizer, question: str, bos_id: int | None = 0) -> list[int]:
-    """[EOT] + encode(question): the embedded model's prompt convention (rltlab.data)."""
+    """[EOT] + encode(question): the embedded model's prompt convention (rltlab.pretrain.data)."""
     return ([bos_id] if bos_id is not None else []) + _encode(tokenizer, question)
 
 
@@ -182,12 +182,12 @@ def evaluate_arithmetic(generate_fn: GenerateFn, tokenizer, problems: Sequence[A
                         num_rounds: int = 4, batch_size: int | None = None, bos_id: int | None = 0,
                         eos_token_id: int | None = 0, keep_text: bool = False) -> dict[str, Any]:
     """Exact match on arithmetic word problems (ArithmeticProblem or dicts with question/answer):
-    rltlab.data.extract_answer(decoded output) == answer; unparseable counts as wrong.
+    rltlab.pretrain.data.extract_answer(decoded output) == answer; unparseable counts as wrong.
 
     Returns exact_match (+ se), per-example `scores` (0/1, in problem order, for paired
     differences), depth statistics (first output token excluded) and optionally the texts.
     """
-    from rltlab.data import extract_answer
+    from rltlab.pretrain.data import extract_answer
 
     questions = [p["question"] if isinstance(p, dict) else p.question for p in problems]
     answers = [p["answer"] if isinstance(p, dict) else p.answer for p in problems]
@@ -214,7 +214,7 @@ def text_perplexity(model, rows: torch.Tensor | Sequence[Sequence[int]], *,
     per_round=True: fixed depth r for every r (round-r logits of a full-depth forward: every
     position at round r attends over round-r K/V, which IS the fixed-depth-r model) ->
     {"rounds": [{round, loss, ppl}, ...]}. Otherwise one figure for a policy: fixed `depth`,
-    an `exit_fn` (as OuroForCausalLM.forward takes it; e.g. rltlab.generate.make_exit_fn for
+    an `exit_fn` (as OuroForCausalLM.forward takes it; e.g. rltlab.model.generate.make_exit_fn for
     the Q-exit) or explicit `exit_rounds` [N, T]; LAST_EXITED applies, and mean_rounds is the
     mean exit round over scored positions. Rows: equal-length tensor [N, T] or lists (padded).
     """

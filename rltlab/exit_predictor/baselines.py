@@ -11,7 +11,7 @@ import torch
 
 from rltlab.engine.exit_policies import ExitPolicy, RoundInfo, register_exit_policy
 from rltlab.eval.tasks import GenOutput
-from rltlab.generate import left_pad
+from rltlab.model.generate import left_pad
 
 # ----------------------------------------------------------------------------- rule policies
 
@@ -97,7 +97,7 @@ def oracle_generate(model, prompts: list[list[int]], max_new_tokens: int, *,
     exit_depths = e per output token (first = R); executed_depths reports the same e (the
     oracle's selected depth; it actually needed R rounds to know e). min_round m > 1: the
     floored oracle, e = max(m, earliest agreeing round)."""
-    from rltlab.model import LoopedKVCache
+    from rltlab.model.architecture import LoopedKVCache
 
     R = model.config.num_rounds
     device = next(model.parameters()).device

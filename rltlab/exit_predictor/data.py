@@ -21,8 +21,8 @@ TEXT_ID_BASE = 1_000_000
 
 def text_prompts(tokenizer, n: int, prompt_tokens: int = 48, split: str = "train",
                  seed: int = 0) -> list[list[int]]:
-    from rltlab.data import EOT_ID, load_text_corpus
-    from rltlab.workbench import encode
+    from rltlab.pretrain.data import EOT_ID, load_text_corpus
+    from rltlab.eval.problems import encode
 
     ids = encode(tokenizer, load_text_corpus(max_bytes=max(50_000, n * prompt_tokens * 12),
                                              split=split))
@@ -34,10 +34,10 @@ def text_prompts(tokenizer, n: int, prompt_tokens: int = 48, split: str = "train
 def collect_training_traces(model, tokenizer, out_dir: str | Path, *, arith: int = 256,
                             text: int = 48, max_tokens: int = 48, text_tokens: int = 32,
                             seed: int = 0, batch_size: int = 64) -> dict[str, Any]:
-    from rltlab.data import EOT_ID
+    from rltlab.pretrain.data import EOT_ID
     from rltlab.engine import LLM, SamplingParams
     from rltlab.traces import TraceCollector
-    from rltlab.workbench import rollout_prompts
+    from rltlab.eval.problems import rollout_prompts
 
     llm = LLM(model, tokenizer, max_num_seqs=batch_size)
     collector = TraceCollector(llm, out_dir, teacher=True, hidden_dtype="float32",
@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
-    from rltlab.workbench import load_model
+    from rltlab.model.checkpoint import load_model
 
     model, tokenizer, _ = load_model(args.model_dir, threads=args.threads)
     manifest = collect_training_traces(model, tokenizer, args.out, arith=args.arith,

@@ -169,7 +169,7 @@ def text_table(model, rows: torch.Tensor, lookahead: dict[str, Any], settings: S
     """Teacher-forced held-out text loss (nats/token) per setting (LAST_EXITED in the forward;
     the oracle uses the full-depth forward's earliest round agreeing with round R)."""
     from rltlab.eval.tasks import text_perplexity
-    from rltlab.generate import make_exit_fn
+    from rltlab.model.generate import make_exit_fn
 
     R = model.config.num_rounds
     out = []
@@ -251,17 +251,20 @@ def run(model_dir: str | None, predictors: dict[str, str], out_dir: str | Path, 
         settings_kw: dict[str, Any] | None = None, progress: bool = True,
         requests_per_slot: int = 2) -> dict[str, Any]:
     """The whole experiment; writes OUT/results.json and the plots (into `figures` or OUT)."""
-    from rltlab import plots
-    from rltlab.checkpoint import model_hash
+    from rltlab.eval import plots
+    from rltlab.model.checkpoint import model_hash
     from rltlab.engine import LLM
     from rltlab.engine_patches.lookahead_exit import install, load_policy
-    from rltlab.runs import write_json_atomic
-    from rltlab import workbench as W
+    from rltlab.common.atomic import write_json_atomic
+    from rltlab.common.environment import environment
+    from rltlab.eval.plots import frame
+    from rltlab.eval.problems import encode, eval_problems, heldout_text_rows
+    from rltlab.model.checkpoint import load_model
 
     t_start = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model, tokenizer, mdir = W.load_model(model_dir, threads=threads)
+    model, tokenizer, mdir = load_model(model_dir, threads=threads)
     R = model.config.num_rounds
     mhash = model_hash(model)
     register_rule_policies(model)
@@ -274,21 +277,21 @@ def run(model_dir: str | None, predictors: dict[str, str], out_dir: str | Path, 
         lookahead[label] = {"name": name, "threshold": policy.threshold, "policy": policy,
                             "checkpoint": str(path), "manifest": policy.manifest}
     settings = default_settings(R, lookahead, **(settings_kw or {}))
-    probs = W.eval_problems(mdir, problems)
+    probs = eval_problems(mdir, problems)
     llm = LLM(model, tokenizer, max_num_seqs=min(128, max(1, len(probs))))
     rows, scores = evaluate_arithmetic_settings(model, tokenizer, llm, probs, settings,
                                                 max_tokens=max_tokens, progress=progress)
     ref = f"fixed depth={R}"
     add_paired(rows, scores, ref)
-    text_rows_t = W.heldout_text_rows(tokenizer, mdir, 512, text_rows)
+    text_rows_t = heldout_text_rows(tokenizer, mdir, 512, text_rows)
     text = text_table(model, text_rows_t, lookahead, settings)
     figdir = Path(figures) if figures else out
     paths = plots.plot_quality_vs_depth(
-        W.frame(rows), figdir, label="setting", yerr="quality_se",
+        frame(rows), figdir, label="setting", yerr="quality_se",
         quality_label="held-out arithmetic exact match (%)",
         title=f"Real generation (LAST_EXITED), {len(probs)} held-out problems",
         stem="n_plus_2_quality_vs_depth")
-    text_df = W.frame(text)
+    text_df = frame(text)
     text_df["neg_loss"] = -text_df["loss"]
     paths += plots.plot_quality_vs_depth(
         text_df, figdir, y="neg_loss", label="setting",
@@ -307,7 +310,7 @@ def run(model_dir: str | None, predictors: dict[str, str], out_dir: str | Path, 
         for label, spec in lookahead.items():
             pols[f"{label} (calibrated thr)"] = {"name": spec["name"],
                                                  "args": {"threshold": spec["threshold"]}}
-        prompts = [[0] + W.encode(tokenizer, p["question"]) for p in probs]
+        prompts = [[0] + encode(tokenizer, p["question"]) for p in probs]
         tp = throughput(model, prompts, pols, concurrency=concurrency,
                         max_tokens=throughput_tokens, requests_per_slot=requests_per_slot)
     results = {"model_dir": str(mdir), "model_hash": mhash, "problems": len(probs),
@@ -320,7 +323,7 @@ def run(model_dir: str | None, predictors: dict[str, str], out_dir: str | Path, 
                                   "label": v["manifest"]["label"],
                                   "test_metrics": v["manifest"].get("metrics", {}).get("test")}
                               for k, v in lookahead.items()},
-               "plots": [str(p) for p in paths], "environment": W.environment(),
+               "plots": [str(p) for p in paths], "environment": environment(),
                "seconds": round(time.perf_counter() - t_start, 1)}
     write_json_atomic(out / "results.json", results)
     return results

@@ -62,8 +62,7 @@ def sha256_file(path: str | os.PathLike) -> str:
 def save_predictor(predictor: ExitPredictor, out_dir: str | os.PathLike,
                    manifest: dict[str, Any]) -> Path:
     """Write weights + manifest (the manifest gains format, model kind, weight checksum)."""
-    from rltlab.atomic import write_bytes_atomic
-    from rltlab.runs import write_json_atomic
+    from rltlab.common.atomic import write_bytes_atomic, write_json_atomic
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ def acceptance(rows: list[dict], label: str, R: int, max_loss_pp: float = 0.5
     mean difference), >= 20% fewer rounds than depth R, >= 80% of the oracle's savings, and
     better than stock Q-exit at equal mean rounds (Q-exit quality interpolated on its Pareto
     front at the same mean rounds)."""
-    from rltlab.plots import pareto_front
+    from rltlab.eval.plots import pareto_front
 
     ok = [r for r in rows if r["policy"] == label and r["diff_pp"] >= -max_loss_pp]
     oracle = next((r for r in rows if r["policy"] == "oracle"), None)

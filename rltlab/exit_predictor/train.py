@@ -163,9 +163,9 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
     OUT/n{N}/ checkpoints and OUT/metrics.json. Returns the metrics (on every rank).
     N = 0 (decide before round 1 from features.ROUND0_BLOCKS) needs the base `model` (its
     embedding; its hash must equal the traces') and uses tokens of output index >= 2."""
-    from rltlab.distributed import get_state
+    from rltlab.common.distributed import get_state
     from rltlab.exit_predictor.model import load_predictor, read_predictor_manifest
-    from rltlab.runs import write_json_atomic
+    from rltlab.common.atomic import write_json_atomic
 
     if cpu is None:
         cpu = not torch.cuda.is_available()
@@ -270,7 +270,7 @@ def _feature_spec(n: int, blocks: Sequence[str], dim: int) -> dict[str, Any]:
 
 def _embedding(model, info: dict[str, Any]) -> torch.Tensor:
     """The base model's token embedding [V, H] (fp32) after checking it made the traces."""
-    from rltlab.checkpoint import model_hash
+    from rltlab.model.checkpoint import model_hash
     if model is None:
         raise ValueError("decision round 0 needs the base model (its token embedding): pass "
                          "model= (CLI: --model-dir, default the embedded model)")
@@ -318,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     model = None
     if 0 in args.rounds:
-        from rltlab.workbench import load_model
+        from rltlab.model.checkpoint import load_model
         model = load_model(args.model_dir, threads=args.threads or 1)[0]
     metrics = train_from_traces(
         args.traces, args.out, rounds=args.rounds, k=args.k, label=args.label, eps=args.eps,

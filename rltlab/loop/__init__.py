@@ -9,7 +9,7 @@ Iteration k (weight version k in the engine):
   2. update: Stage II gate-only training of the exit gate on those traces (REFERENCE
      section 1): CE_r = -log p_r(round-R token), I_r = max(0, CE_{r-1} - CE_r),
      w_r = sigmoid(slope (I_r - margin)), BCE between 1 - lambda_r and w_r; round 1 takes w_2
-     (the convention of rltlab.pretrain.stage2_loss, which trains the embedded model's gate).
+     (the convention of rltlab.pretrain.recipe.stage2_loss, which trains the embedded model's gate).
      The traces are split by prompt into train / validation; the validation Stage II BCE is
      checked every `gate_eval_every` steps, the best step is kept (early stopping after
      `gate_patience` checks without improvement). The candidate is then validated against the
@@ -38,8 +38,8 @@ iter_0..iter_{j} and resumes at j + 1 after pushing the last finished gate into 
 crash leaves only a temporary directory, removed on the next run.
 """
 from rltlab.loop.addons import draft_head_step, exit_predictor_step
-from rltlab.loop.config import GATE_BIAS, GATE_WEIGHT, LoopConfig, SimulatedCrash
-from rltlab.loop.iteration import (LoopState, describe_iteration, evaluate, finished_iterations,
+from rltlab.loop.config import GATE_BIAS, GATE_WEIGHT, LoopConfig, LoopState, SimulatedCrash
+from rltlab.loop.iteration import (describe_iteration, evaluate, finished_iterations,
                                    iteration_dir, run_iteration, setup)
 from rltlab.loop.metrics import (compare_evaluations, curves, depth_histograms,
                                  gate_curve_report, loop_metrics)

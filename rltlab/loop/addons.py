@@ -4,19 +4,17 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from rltlab import workbench as W
+from rltlab.eval.problems import encode
+from rltlab.loop.config import LoopState
 from rltlab.loop.metrics import curve_points
-
-if TYPE_CHECKING:
-    from rltlab.loop.iteration import LoopState
 
 
 def _engine_params(policy: str, args: dict[str, Any], max_tokens: int, min_loops: int = 1):
-    from rltlab.data import EOT_ID
+    from rltlab.pretrain.data import EOT_ID
     from rltlab.engine import SamplingParams
 
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=0, min_loops=min_loops,
@@ -31,7 +29,7 @@ def exit_predictor_step(state: LoopState, k: int, tmp: Path, before: dict[str, A
     install it in the engine (checked against the model at version k) and evaluate it in real
     generation on the held-out problems at version k: quality, mean executed rounds, paired
     difference vs full depth and vs the version-k Q-exit Pareto curve at the same rounds."""
-    from rltlab.checkpoint import model_hash
+    from rltlab.model.checkpoint import model_hash
     from rltlab.engine_patches.lookahead_exit import install
     from rltlab.eval.curves import curve_scores_at, pareto_curve
     from rltlab.eval.metrics import paired_difference
@@ -101,8 +99,8 @@ def draft_head_step(state: LoopState, k: int, tmp: Path) -> dict[str, Any]:
     reload it through rltlab.engine_patches.loop_draft (compatibility check) and measure greedy
     speculative decoding on held-out arithmetic prompts against target-only decoding and the
     untrained shallow drafter at the same d: tau, acceptance, identical output, speed."""
-    from rltlab.checkpoint import model_hash
-    from rltlab.data import EOT_ID
+    from rltlab.model.checkpoint import model_hash
+    from rltlab.pretrain.data import EOT_ID
     from rltlab.draft_heads import build_component, save_component
     from rltlab.draft_heads.evaluate import measure
     from rltlab.draft_heads.heads import component_kwargs
@@ -140,7 +138,7 @@ def draft_head_step(state: LoopState, k: int, tmp: Path) -> dict[str, Any]:
                                                         for v in s["weight_versions"]}),
                        "trace_model_hashes": manifest.get("info", {}).get("model_hashes")}})
     comp = load_draft_component(path, model, draft_rounds=d)    # checks hash, sizes, d
-    prompts = [[EOT_ID] + W.encode(state.tokenizer, p["question"])
+    prompts = [[EOT_ID] + encode(state.tokenizer, p["question"])
                for p in state.problems[:cfg.draft_prompts]]
     trained_name, shallow_name = f"{cfg.draft_kind} d={d}", f"shallow d={d}"
     speed = measure(model, prompts, {shallow_name: {"draft_rounds": d},

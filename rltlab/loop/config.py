@@ -1,8 +1,10 @@
-"""LoopConfig: the knobs of the rollout -> update -> evaluate loop, validated."""
+"""LoopConfig: the knobs of the rollout -> update -> evaluate loop, validated; LoopState: the
+run's shared state that every step reads (below the steps, so they import no step)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from pathlib import Path
+from typing import Any, Sequence
 
 
 GATE_WEIGHT, GATE_BIAS = "model.early_exit_gate.weight", "model.early_exit_gate.bias"
@@ -59,3 +61,14 @@ class SimulatedCrash(RuntimeError):
     pass
 
 
+@dataclass
+class LoopState:
+    run_dir: Path
+    cfg: LoopConfig
+    model: Any
+    tokenizer: Any
+    llm: Any
+    model_dir: Path | None = None
+    results: list[dict[str, Any]] = field(default_factory=list)
+    resumed_from: int = 0
+    problems: list[dict[str, Any]] = field(default_factory=list)

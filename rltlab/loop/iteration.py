@@ -6,15 +6,15 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
 
 from rltlab import workbench as W
-from rltlab.runs import read_json, write_json_atomic
+from rltlab.common.atomic import read_json, write_json_atomic
 from rltlab.loop.addons import draft_head_step, exit_predictor_step
-from rltlab.loop.config import LoopConfig, SimulatedCrash
+from rltlab.loop.config import LoopConfig, LoopState, SimulatedCrash
 from rltlab.loop.metrics import compare_evaluations
 from rltlab.loop.stage2 import load_gate, push_weights, save_gate, train_gate_on_traces
 
@@ -31,19 +31,6 @@ def finished_iterations(run_dir: str | os.PathLike) -> list[int]:
         done.append(k)
         k += 1
     return done
-
-
-@dataclass
-class LoopState:
-    run_dir: Path
-    cfg: LoopConfig
-    model: Any
-    tokenizer: Any
-    llm: Any
-    model_dir: Path | None = None
-    results: list[dict[str, Any]] = field(default_factory=list)
-    resumed_from: int = 0
-    problems: list[dict[str, Any]] = field(default_factory=list)
 
 
 def setup(run_dir: str | os.PathLike, model, tokenizer, cfg: LoopConfig,

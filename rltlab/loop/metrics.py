@@ -3,11 +3,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
-
-if TYPE_CHECKING:
-    from rltlab.loop.iteration import LoopState
+from rltlab.loop.config import LoopState
 
 
 def curve_points(ev: dict[str, Any]) -> list[tuple[float, list[float]]]:

@@ -104,7 +104,7 @@ def trace_gate_curve(gate_state: dict[str, torch.Tensor], hidden: torch.Tensor,
     round per token, per-prompt scores) with score_p = (agreeing tokens of prompt p) * P / N,
     so mean(score) = share of tokens whose exit round's top-1 equals the round-R token and the
     paired SE is clustered by prompt."""
-    from rltlab.gates import q_exit_rounds
+    from rltlab.model.gates import q_exit_rounds
 
     logits = (hidden.float() @ gate_state[GATE_WEIGHT].float().T).squeeze(-1) \
         + gate_state[GATE_BIAS].float()

@@ -209,7 +209,7 @@ class TraceCollector:
     # ----------------------------------------------------------------------------- internals
     def _ensure_hash(self, version: int) -> None:
         if str(version) not in self.model_hashes:
-            from rltlab.checkpoint import model_hash
+            from rltlab.model.checkpoint import model_hash
             self.model_hashes[str(version)] = model_hash(self.engine.model)
             self.writer.update_info(model_hashes=self.model_hashes)
 

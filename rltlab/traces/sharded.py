@@ -4,7 +4,7 @@
 
 Runs the same under `accelerate launch --num_processes N` and as one plain process. Prompts
 are cut into blocks of `block` consecutive global prompt ids; block b goes to rank b % N
-(rltlab.distributed.shard_blocks) and is one `generate` call on an idle engine whose records
+(rltlab.common.distributed.shard_blocks) and is one `generate` call on an idle engine whose records
 are written, sorted by (prompt id, sample, position), as the shards `shard-w<b>-<part>`. Each
 rank keeps its own manifest, `manifest-rank<r>.json` (the rank is in the manifest's name, the
 block in the shards' names, so no two ranks ever write the same file); after a barrier rank 0
@@ -14,7 +14,7 @@ A block's batch is the same whatever N, so its shard files are byte-identical to
 process's: the merged manifest lists the same files, sizes and sha256 checksums, and its
 `content_sha256` (a digest over what the traces are, leaving out when and by how many ranks
 they were collected) is equal. Per-request seeds come from the base seed and the GLOBAL prompt
-id (rltlab.distributed.prompt_seed), never from the rank.
+id (rltlab.common.distributed.prompt_seed), never from the rank.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from rltlab.distributed import gather_indexed, get_state, prompt_seed, shard_blocks
-from rltlab.runs import read_json, write_json_atomic
+from rltlab.common.distributed import gather_indexed, get_state, prompt_seed, shard_blocks
+from rltlab.common.atomic import read_json, write_json_atomic
 from rltlab.traces.storage import MANIFEST, _check_manifest
 
 RANK_MANIFEST = "manifest-rank{rank:05d}.json"

@@ -8,13 +8,13 @@ For a token that ran rounds 1..E (E = R in teacher mode), with round-r logits z_
     ref round = E, ref token = argmax p_E (the round-R token in teacher mode)
     logprob_ref_r = log p_r(ref token)             (nats; -CE_r of the round-R token)
     kl_ref_r      = KL(p_E || p_r)                 (nats; 0 at r = E)
-    hazard_r = sigmoid(g_r); cdf_r = 1 - prod_{j<=r} (1 - hazard_j)   (rltlab.gates)
+    hazard_r = sigmoid(g_r); cdf_r = 1 - prod_{j<=r} (1 - hazard_j)   (rltlab.model.gates)
 """
 from __future__ import annotations
 
 import torch
 
-from rltlab import gates
+from rltlab.model import gates
 
 STAT_FIELDS = ("top1_id", "top1_prob", "margin", "entropy", "logprob_ref", "kl_ref")
 

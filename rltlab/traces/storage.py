@@ -42,8 +42,7 @@ import safetensors.torch
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from rltlab.atomic import write_bytes_atomic
-from rltlab.runs import read_json, write_json_atomic
+from rltlab.common.atomic import read_json, write_bytes_atomic, write_json_atomic
 
 FORMAT = "rltlab-traces"
 SCHEMA_VERSION = 1

@@ -1,14 +1,14 @@
 """Data-parallel entry points: trace collection, evaluation and draft-head training on N ranks,
 one code path.
 
-    python -m rltlab.scale collect --out DIR [--num-prompts 512 --max-tokens 64 ...]
-    accelerate launch --multi_gpu --num_processes 2 -m rltlab.scale collect --out DIR ...
-    python -m rltlab.scale evaluate --num-problems 200 --thresholds 0.5,0.9 --depths 4
+    python -m rltlab.workbench.scale collect --out DIR [--num-prompts 512 --max-tokens 64 ...]
+    accelerate launch --multi_gpu --num_processes 2 -m rltlab.workbench.scale collect --out DIR ...
+    python -m rltlab.workbench.scale evaluate --num-problems 200 --thresholds 0.5,0.9 --depths 4
     accelerate launch --multi_gpu --num_processes 2 -m rltlab.exit_predictor.train ...
-    accelerate launch --multi_gpu --num_processes 2 -m rltlab.scale train-draft --out DIR ...
+    accelerate launch --multi_gpu --num_processes 2 -m rltlab.workbench.scale train-draft --out DIR ...
 
 Every rank loads the model onto its own device (cuda:LOCAL_RANK, or the CPU with a gloo
-group), works on its blocks of prompts (rltlab.distributed) and the results are gathered;
+group), works on its blocks of prompts (rltlab.common.distributed) and the results are gathered;
 rank 0 writes the merged trace manifest and the --result JSON. `launch()` runs a command as N
 ranks from Python; notebooks reach it through `rltlab run NOTEBOOK --num-processes N`, which
 sets RLTLAB_NUM_PROCESSES for the kernel: the workbench's collection and evaluation calls then
@@ -30,8 +30,8 @@ from typing import Any, Sequence
 
 import torch
 
-from rltlab import distributed as dist
-from rltlab.paths import REPO_ROOT
+from rltlab.common import distributed as dist
+from rltlab.common.paths import REPO_ROOT
 
 NUM_PROCESSES_ENV = "RLTLAB_NUM_PROCESSES"
 # EngineConfig fields that travel to the workers (device and dtype are set per rank)
@@ -54,7 +54,7 @@ def num_processes() -> int:
 def _load(args, state):
     """(model on this rank's device, tokenizer or None) from --model or --preset."""
     from rltlab.bench.__main__ import build_model
-    from rltlab.paths import embedded_model_dir
+    from rltlab.common.paths import embedded_model_dir
 
     spec = argparse.Namespace(model=None if args.preset else (args.model or embedded_model_dir()),
                               preset=args.preset, device=state.device, dtype=args.dtype)
@@ -70,7 +70,7 @@ def _prompts(args, tokenizer, vocab: int) -> list[list[int]]:
     if args.prompts_file:
         return json.loads(Path(args.prompts_file).read_text())
     if tokenizer is not None:
-        from rltlab.workbench import rollout_prompts
+        from rltlab.eval.problems import rollout_prompts
         return rollout_prompts(tokenizer, args.num_prompts, seed=args.seed)[0]
     from rltlab.bench.__main__ import prompts_for
     return prompts_for(args.num_prompts, args.prompt_len, vocab, seed=args.seed)
@@ -82,14 +82,14 @@ def _digest(obj: Any) -> str:
 
 def _write_result(args, state, result: dict[str, Any]) -> None:
     if state.is_main_process and args.result:
-        from rltlab.runs import write_json_atomic
+        from rltlab.common.atomic import write_json_atomic
         write_json_atomic(args.result, result)
 
 
 def run_collect(args) -> dict[str, Any]:
     from rltlab.engine import LLM
     from rltlab.traces.sharded import collect_sharded
-    from rltlab.workbench import q_exit_params
+    from rltlab.engine.sampling import q_exit_params
 
     state = dist.get_state(args.device)
     threads = dist.configure_threads(args.threads, args.device)
@@ -128,8 +128,9 @@ def run_collect(args) -> dict[str, Any]:
 
 def run_evaluate(args) -> dict[str, Any]:
     from rltlab.engine import LLM
-    from rltlab.paths import embedded_model_dir
-    from rltlab.workbench import eval_problems, evaluate_policies
+    from rltlab.common.paths import embedded_model_dir
+    from rltlab.eval.problems import eval_problems
+    from rltlab.eval.policies import evaluate_policies
 
     state = dist.get_state(args.device)
     dist.configure_threads(args.threads, args.device)
@@ -155,7 +156,7 @@ def run_evaluate(args) -> dict[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     from rltlab.bench.__main__ import PRESETS
 
-    ap = argparse.ArgumentParser(prog="python -m rltlab.scale", description=__doc__.split(
+    ap = argparse.ArgumentParser(prog="python -m rltlab.workbench.scale", description=__doc__.split(
         "\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
     for name in ("collect", "evaluate"):
@@ -214,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- caller side
 
-def launch(module_args: Sequence[str], num_procs: int, *, module: str = "rltlab.scale",
+def launch(module_args: Sequence[str], num_procs: int, *, module: str = "rltlab.workbench.scale",
            result: bool = True, timeout: float | None = None) -> dict[str, Any] | None:
     """Run `python -m module ARGS [--result R]` as num_procs ranks (accelerate launch when
     > 1) with this checkout first on PYTHONPATH; returns rank 0's result JSON (result=True)."""

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rltlab.config import OuroConfig
-from rltlab.gates import at_least_fp32
+from rltlab.model.config import OuroConfig
+from rltlab.model.gates import at_least_fp32
 
 # exit_fn(round_idx, gate_logits[B, T, round_idx] fp32, h_r[B, T, H]) -> bool[B, T] "exit now".
 ExitFn = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]

@@ -30,8 +30,8 @@ import tokenize
 from pathlib import Path
 from typing import Any
 
-from rltlab.atomic import write_text_atomic
-from rltlab.paths import ARTIFACTS_DIR, REPO_ROOT
+from rltlab.common.atomic import _jsonable, read_json, write_json_atomic, write_text_atomic
+from rltlab.common.paths import ARTIFACTS_DIR, REPO_ROOT
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 RUN_FILE = "run.json"
@@ -41,43 +41,6 @@ _NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 # ----------------------------------------------------------------------------- small helpers
-
-def write_json_atomic(path: str | os.PathLike, obj: Any, indent: int | None = 2) -> Path:
-    """Write JSON to a temporary sibling, fsync it, then os.replace it into place.
-
-    Readers see either the old file or the new one, never a partial write. Non-JSON values
-    (Paths, numpy scalars, tensors of one element) are converted; NaN/Inf become null, so the
-    file stays strict JSON.
-    """
-    text = json.dumps(_jsonable(obj), indent=indent, allow_nan=False) + "\n"
-    return write_text_atomic(path, text)
-
-
-def read_json(path: str | os.PathLike, default: Any = None) -> Any:
-    """JSON content of path, or `default` when the file does not exist."""
-    path = Path(path)
-    if not path.is_file():
-        return default
-    return json.loads(path.read_text())
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, float):
-        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
-    if obj is None or isinstance(obj, (bool, int, str)):
-        return obj
-    if isinstance(obj, os.PathLike):
-        return str(obj)
-    if hasattr(obj, "tolist"):  # numpy arrays/scalars, torch tensors
-        return _jsonable(obj.tolist())
-    if hasattr(obj, "item"):
-        return _jsonable(obj.item())
-    raise TypeError(f"cannot write {type(obj).__name__} as JSON: {obj!r}")
-
 
 def runs_root() -> Path:
     """artifacts/runs, or $RLTLAB_RUNS_DIR when set."""

@@ -10,8 +10,8 @@ import os
 import sys
 from pathlib import Path
 
-from rltlab import runs
-from rltlab.scale import NUM_PROCESSES_ENV
+from rltlab.workbench import runs
+from rltlab.workbench.scale import NUM_PROCESSES_ENV
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,7 +63,7 @@ def main(args: argparse.Namespace) -> int:
     if args.num_processes < 1:
         print(f"error: --num-processes must be >= 1, got {args.num_processes}", file=sys.stderr)
         return 2
-    # the kernel inherits the environment; rltlab.scale.num_processes() reads it
+    # the kernel inherits the environment; rltlab.workbench.scale.num_processes() reads it
     os.environ[NUM_PROCESSES_ENV] = str(args.num_processes)
     run_dir = args.run_dir
     if run_dir is None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from rltlab.paths import embedded_model_dir
-from rltlab.pretrain_eval import evaluate_checkpoint, format_table
+from rltlab.common.paths import embedded_model_dir
+from rltlab.pretrain.evaluate import evaluate_checkpoint, format_table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rltlab import gates
-from rltlab.model import LoopedKVCache, OuroForCausalLM
+from rltlab.model import gates
+from rltlab.model.architecture import LoopedKVCache, OuroForCausalLM
 
 
 @dataclass

@@ -20,8 +20,8 @@ import safetensors.torch
 import torch
 from safetensors import SafetensorError, safe_open
 
-from rltlab.config import OuroConfig
-from rltlab.model import OuroForCausalLM
+from rltlab.model.config import OuroConfig
+from rltlab.model.architecture import OuroForCausalLM
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -297,3 +297,26 @@ def _materialized_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     if meta:
         raise ValueError(f"model has meta (unallocated) tensors: {_names(meta)}")
     return state
+
+
+def load_model(model_dir: str | os.PathLike | None = None, dtype: str = "float32",
+               device: str = "cpu", threads: int | None = None, hf_tokenizer: bool = False):
+    """(model, tokenizer, model_dir): model_dir None = the embedded default (artifacts/ouro-tiny).
+
+    The tokenizer is a `tokenizers.Tokenizer` read from tokenizer.json (no transformers
+    import: notebooks start faster); hf_tokenizer=True gives the transformers fast tokenizer.
+    Both work with rltlab.eval.tasks (ids without special tokens).
+    """
+    from rltlab.common.paths import embedded_model_dir
+
+    if threads:
+        torch.set_num_threads(threads)
+    path = Path(model_dir) if model_dir else embedded_model_dir()
+    if hf_tokenizer:
+        tokenizer = load_tokenizer(path)
+    else:
+        from tokenizers import Tokenizer
+        if not (path / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"{path} has no tokenizer.json")
+        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    return from_pretrained(path, dtype=dtype, device=device), tokenizer, path

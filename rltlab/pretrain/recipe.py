@@ -7,7 +7,7 @@ BCE between the continue probability 1 - lambda_r and w_r for r = 2..R. Round 1 
 hazard (the same shared gate applied to h_1) gets the label of the step it decides on, w_2:
 "exit after round 1 iff round 2 brings no improvement".
 
-Data (rltlab.data): stdlib text and arithmetic CoT word problems ~1:1 per row, built once as a
+Data (rltlab.pretrain.data): stdlib text and arithmetic CoT word problems ~1:1 per row, built once as a
 token tensor ([data_dir]/train_tokens.npz, with tokenizer.json and the eval files beside it).
 Resumable: [out_dir]/train_state/state.pt every save_every steps (atomic), reloaded on a re-run.
 """
@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from rltlab import data as D
-from rltlab import gates
-from rltlab import pretrain_eval as E
-from rltlab.config import OuroConfig
-from rltlab.model import OuroForCausalLM, apply_rope, rope_cos_sin
+from rltlab.pretrain import data as D
+from rltlab.model import gates
+from rltlab.pretrain import evaluate as E
+from rltlab.model.config import OuroConfig
+from rltlab.model.architecture import OuroForCausalLM, apply_rope, rope_cos_sin
 
 SMOKE = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=32,
              intermediate_size=128, vocab_size=512, tokenizer_bytes=300_000, text_bytes=150_000,
@@ -291,8 +291,3 @@ def main(args: argparse.Namespace) -> int:
     _ = cfg.smoke and torch.set_num_threads(1)  # tiny matrices: threads only add contention
     _ = E.prepare_data(cfg) if getattr(args, "prepare_only", False) else pretrain(cfg)
     return 0
-
-
-if __name__ == "__main__":
-    add_arguments(_parser := argparse.ArgumentParser(description="train the embedded model"))
-    raise SystemExit(main(_parser.parse_args()))

@@ -232,3 +232,9 @@ def show(paths: Sequence[str | os.PathLike]) -> None:
     for path in paths:
         if str(path).endswith(".png"):
             display(Image(filename=str(path)))
+
+
+def frame(rows: Sequence[dict[str, Any]], drop: Sequence[str] = ("executed_hist", "key")):
+    """A pandas DataFrame of result rows for display (bulky columns dropped)."""
+    df = pd.DataFrame(list(rows))
+    return df.drop(columns=[c for c in drop if c in df.columns])

@@ -15,7 +15,7 @@ Every figure is at FIXED depth r (r = 1..R):
     prompt is prefilled at full depth, so the FIRST output token comes from round R and every
     later token from round r.
 
-`python -m rltlab.pretrain_eval DIR` loads DIR's saved checkpoint in fp32 on the CPU and writes
+`python -m rltlab.pretrain.evaluate DIR` loads DIR's saved checkpoint in fp32 on the CPU and writes
 DIR/metrics.json.
 """
 from __future__ import annotations
@@ -33,12 +33,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rltlab.atomic import write_text_atomic
-from rltlab import data as D
-from rltlab import gates
-from rltlab.data import (EOT_ID, extract_answer, load_text_documents,
+from rltlab.common.atomic import write_text_atomic
+from rltlab.pretrain import data as D
+from rltlab.model import gates
+from rltlab.pretrain.data import (EOT_ID, extract_answer, load_text_documents,
                          make_arithmetic_problems)
-from rltlab.generate import generate_plain
+from rltlab.model.generate import generate_plain
 
 TEXT_FILE = "eval/heldout_text.txt"
 ARITH_FILE = "eval/arithmetic_heldout.jsonl"
@@ -73,7 +73,7 @@ def prepare_data(cfg):
 def save_artifact(model, cfg, ddir: Path, out: Path, steps: int) -> None:
     """config.json + model.safetensors (bf16) + tokenizer + eval files + pretrain_config.json,
     moved file by file into out (train_state/ and other files stay)."""
-    from rltlab.checkpoint import save_pretrained
+    from rltlab.model.checkpoint import save_pretrained
     staging = out / ".staging"
     shutil.rmtree(staging, ignore_errors=True)
     save_pretrained(model, staging, dtype=torch.bfloat16)
@@ -281,14 +281,14 @@ def format_table(metrics: dict) -> str:
 
 def evaluate_checkpoint(path: str | Path, device: str = "cpu", **kwargs) -> dict:
     """Load the SAVED checkpoint at `path` in fp32 and evaluate it on its own eval files."""
-    from rltlab.checkpoint import load_model_and_tokenizer
+    from rltlab.model.checkpoint import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(path, dtype=torch.float32, device=device)
     metrics = evaluate_rounds(model, tokenizer, path, **kwargs)
     metrics["computed_with"] = {"device": device, "dtype": "float32", "torch": torch.__version__,
                                 "threads": torch.get_num_threads(),
                                 "checkpoint": "model.safetensors loaded via "
-                                              "rltlab.checkpoint.load_model_and_tokenizer"}
+                                              "rltlab.model.checkpoint.load_model_and_tokenizer"}
     return metrics
 
 

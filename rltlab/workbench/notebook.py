@@ -1,0 +1,76 @@
+"""Library side of the workbench notebooks. Notebooks stay thin: each cell calls one or two
+functions of `rltlab.workbench` (this module plus the stage functions it re-exports).
+
+Conventions: the embedded arithmetic task (rltlab.pretrain.data) with prompts [EOT] +
+encode(question), greedy decoding, the rollout engine (rltlab.engine.LLM) in fp32 on the CPU
+unless told otherwise. Depth figures exclude the first output token (REFERENCE section 4).
+
+Collection and evaluation hand their work to N ranks when `rltlab run --num-processes N` set
+$RLTLAB_NUM_PROCESSES (rltlab.workbench.scale); otherwise they run in-process.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from rltlab.common.atomic import write_json_atomic
+from rltlab.common.environment import environment
+from rltlab.eval import policies
+from rltlab.traces import rollout
+from rltlab.workbench import scale
+from rltlab.workbench.runs import new_run_dir
+
+
+def ensure_run_dir(run_dir: str | os.PathLike | None, name: str) -> Path:
+    """RUN_DIR as a Path; None (an interactive session, not `rltlab run`) creates a new one."""
+    path = Path(run_dir) if run_dir else new_run_dir(name)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def make_llm(model, tokenizer=None, **engine_kwargs):
+    """An rltlab.engine.LLM over an already loaded model (EngineConfig keyword arguments)."""
+    from rltlab.engine import LLM
+
+    return LLM(model, tokenizer, **engine_kwargs)
+
+
+def evaluate_policies(llm, tokenizer, problems: Sequence[dict], *, thresholds: Sequence[float] = (),
+                      depths: Sequence[int] = (), max_tokens: int = 48, min_loops: int = 1,
+                      batch_size: int | None = None, label: str | None = None,
+                      model_dir: str | os.PathLike | None = None):
+    """rltlab.eval.policies.evaluate_policies, on N ranks loading `model_dir` when
+    scale.num_processes() > 1 (rltlab.workbench.scale.delegate_evaluate)."""
+    if scale.num_processes() > 1:
+        return scale.delegate_evaluate(llm, problems, model_dir=model_dir, thresholds=thresholds,
+                                       depths=depths, max_tokens=max_tokens,
+                                       min_loops=min_loops, label=label)
+    return policies.evaluate_policies(llm, tokenizer, problems, thresholds=thresholds,
+                                      depths=depths, max_tokens=max_tokens, min_loops=min_loops,
+                                      batch_size=batch_size, label=label)
+
+
+def collect_rollout_traces(llm, prompts: Sequence[Sequence[int]], out_dir: str | os.PathLike, *,
+                           threshold: float, max_tokens: int, teacher: bool = True,
+                           temperature: float = 0.0, seed: int = 0, min_loops: int = 1,
+                           model_dir: str | os.PathLike | None = None,
+                           **collector_kwargs) -> tuple[list, dict[str, Any]]:
+    """rltlab.traces.rollout.collect_rollout_traces, on N ranks loading `model_dir` when
+    scale.num_processes() > 1 (rltlab.workbench.scale.delegate_collect; per-prompt seeds,
+    merged manifest)."""
+    kwargs = dict(threshold=threshold, max_tokens=max_tokens, teacher=teacher,
+                  temperature=temperature, seed=seed, min_loops=min_loops, **collector_kwargs)
+    if scale.num_processes() > 1:
+        return scale.delegate_collect(llm, prompts, out_dir, model_dir=model_dir, **kwargs)
+    return rollout.collect_rollout_traces(llm, prompts, out_dir, **kwargs)
+
+
+def save_metrics(run_dir: str | os.PathLike, metrics: dict[str, Any]) -> Path:
+    """Write RUN_DIR/metrics.json atomically; adds the environment and a timestamp."""
+    metrics = {**metrics, "environment": environment(),
+               "written": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    return write_json_atomic(Path(run_dir) / "metrics.json", metrics)
