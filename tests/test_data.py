@@ -1,4 +1,5 @@
-"""Tests of rltlab.pretrain.data: stdlib corpus, arithmetic task, tokenizer, packed tensors (CPU, < 30 s)."""
+"""Tests of rltlab.pretrain.data: stdlib corpus, arithmetic task, tokenizer, packed tensors (CPU, < 30 s).
+The k-hop task and the package corpus are in tests/test_data_v2.py."""
 import random
 import re
 import sysconfig
@@ -102,10 +103,10 @@ def test_extract_answer():
 # ----------------------------------------------------------------------------- tokenizer
 def test_tokenizer_special_and_digits(tok):
     assert tok.token_to_id(D.EOT) == 0 and tok.id_to_token(0) == D.EOT
-    assert tok.encode(D.EOT).ids == [0]
+    assert tok.encode(D.EOT, add_special_tokens=False).ids == [0]
     assert tok.get_vocab_size() == 512
     for s in ["0123456789", "x = 1234567 + 89", "#### 2026"]:
-        enc = tok.encode(s)
+        enc = tok.encode(s, add_special_tokens=False)
         digit_toks = [t for t in enc.ids if any(c.isdigit() for c in tok.decode([t]))]
         assert all(len(tok.decode([t])) == 1 for t in digit_toks)
         assert len(digit_toks) == sum(c.isdigit() for c in s)
@@ -114,7 +115,7 @@ def test_tokenizer_special_and_digits(tok):
 def test_tokenizer_round_trip(tok):
     code = D.load_text_documents(20_000, "heldout")
     for s in _random_strings(0) + code:
-        assert tok.decode(tok.encode(s).ids) == s
+        assert tok.decode(tok.encode(s).ids) == s  # the bos token 0 decodes to nothing
 
 
 def test_auto_tokenizer_loads_saved_dir(tok, tmp_path, monkeypatch):
@@ -124,8 +125,8 @@ def test_auto_tokenizer_loads_saved_dir(tok, tmp_path, monkeypatch):
     for hf in (AutoTokenizer.from_pretrained(str(d)),
                PreTrainedTokenizerFast(tokenizer_file=str(d / "tokenizer.json"))):
         s = "def f(x):\n    return 12 + x  # é 世界"
-        assert hf.encode(s) == tok.encode(s).ids
-        assert hf.decode(hf.encode(s)) == s
+        assert hf.encode(s) == tok.encode(s).ids == [0] + tok.encode(s, add_special_tokens=False).ids
+        assert hf.decode(hf.encode(s), skip_special_tokens=True) == s
     hf = AutoTokenizer.from_pretrained(str(d))
     assert hf.bos_token_id == hf.eos_token_id == 0
 
@@ -135,13 +136,15 @@ def test_fast_encoders_match_tokenizer(tok):
     import regex
     pat = regex.compile(D._PRETOK)
     for s in _random_strings(1, n=200):
-        assert D._encode_segments(tok, pat.findall(s)).tolist() == tok.encode(s).ids, repr(s)
+        assert D._encode_segments(tok, pat.findall(s)).tolist() == \
+            tok.encode(s, add_special_tokens=False).ids, repr(s)
     docs = D.load_text_documents(150_000, "train") + ["a <|endoftext|> b", "x"]
-    ref = [t for e in tok.encode_batch(docs) for t in (*e.ids, 0)]
+    ref = [t for e in tok.encode_batch(docs, add_special_tokens=False) for t in (*e.ids, 0)]
     assert D._encode_docs(tok, docs).tolist() == ref
     probs = D.make_arithmetic_problems(300, 3)
     ids, lens = D._encode_arithmetic(tok, probs)
-    ref = [tok.encode(p.question + p.answer_text).ids + [0] for p in probs]
+    ref = [tok.encode(p.question + p.answer_text, add_special_tokens=False).ids + [0]
+           for p in probs]
     assert ids.tolist() == [t for r in ref for t in r] and lens.tolist() == [len(r) for r in ref]
 
 
@@ -186,5 +189,5 @@ def test_prompt_and_answer_tokenize_independently(tok):
     # eval feeds [0] + encode(question) and compares the generated continuation: the split point
     # "\nA:" | " 3*7=..." must be a token boundary, as it is in the packed training rows
     for p in D.make_arithmetic_problems(300, 5, "heldout"):
-        assert tok.encode(p.question).ids + tok.encode(p.answer_text).ids \
-            == tok.encode(p.question + p.answer_text).ids
+        enc = lambda s: tok.encode(s, add_special_tokens=False).ids  # noqa: E731
+        assert enc(p.question) + enc(p.answer_text) == enc(p.question + p.answer_text)

@@ -92,8 +92,8 @@ def test_smoke_cli_trains_saves_and_loads(tmp_path):
     out = tmp_path / "smoke"
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run([sys.executable, "-m", "rltlab.pretrain", "--smoke", "--out-dir",
-                           str(out)], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=240)
+                           str(out), "--unseen-code-dir", str(REPO / "tests/data/unseen_code")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     stage1 = [r for r in _log(out) if r["stage"] == 1]
     assert stage1[-1]["loss"] < stage1[0]["loss"] - 0.3
@@ -101,8 +101,10 @@ def test_smoke_cli_trains_saves_and_loads(tmp_path):
     from rltlab.model.checkpoint import load_model_and_tokenizer
     model, tokenizer = load_model_and_tokenizer(out, dtype=torch.float32)
     assert model.config.hidden_size == SMOKE["hidden_size"]
-    assert {p.name for p in (out / "eval").iterdir()} == {"heldout_text.txt",
-                                                            "arithmetic_heldout.jsonl"}
+    assert {p.name for p in (out / "eval").iterdir()} == {
+        "heldout_text.txt", "unseen_code.txt", "arithmetic_heldout.jsonl", "hops_heldout.jsonl"}
+    manifest = json.loads((out / "data_manifest.json").read_text())
+    assert manifest["packages"]["files"] > 0 and len(manifest["stdlib_train"]["sha256"]) == 64
     saved = json.loads((out / "pretrain_config.json").read_text())
     assert saved["smoke"] is True and saved["steps"] == SMOKE["steps"]
     assert "| 4 |" in proc.stdout  # the final per-round eval table

@@ -1,13 +1,18 @@
-"""Offline data for the small embedded default model: stdlib source text + arithmetic word problems.
+"""Offline data for the embedded default model: the tokenizer and the packed training tensor.
 
-Why this mix (REFERENCE.md section 6): code text is "easy" per token and saturates after one or two
-loop rounds, while multi-step arithmetic keeps improving with depth; a model trained on both has the
-per-token difficulty spread that exit prediction and loop-aware drafting need. All of it is offline:
-the text is the running interpreter's own stdlib, the arithmetic is generated, the tokenizer local.
+Text (rltlab.pretrain.corpus: the stdlib and installed packages' Python source) and task examples
+(rltlab.pretrain.tasks: word problems with a chain of thought, k-hop variable binding) are
+tokenized once and packed into rows [N, seq_len]; a per-step Python loader was the first
+probe's bottleneck (REFERENCE.md section 6).
 
-Sequence convention of every tensor built here: token 0 is "<|endoftext|>", both bos and eos. Rows
-start with 0 and every document / problem ends with 0, so an arithmetic prompt at eval time is
-[0] + encode(problem.question), and generation stops at token 0.
+Sequence convention: token 0 is "<|endoftext|>", the bos, eos and document separator. The
+shipped tokenizer adds it in front of every encoded text by itself (a post-processor, as Hugging
+Face tokenizers with `add_bos_token` do), so `tokenizer.encode(text)` == [0] + ids; the packing
+code here encodes without special tokens and places the 0s itself. Most rows start with 0 and
+then a window of the text stream that starts anywhere in a document; a share of rows
+(`bare_frac`) is a text window with no leading 0 at all, so the model does not depend on it.
+Every task example ends with 0, so an eval prompt is [0] + encode(question) and generation stops
+at token 0.
 """
 from __future__ import annotations
 
@@ -15,158 +20,34 @@ import json
 import os
 import random
 import re
-import sysconfig
-import zlib
-from dataclasses import dataclass
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from rltlab.pretrain.corpus import (TEXT_HELDOUT_PERCENT, load_package_documents,  # noqa: F401
+                                    load_text_corpus, load_text_documents, stdlib_manifest,
+                                    stdlib_source_files)
+from rltlab.pretrain.tasks import (ARITH_HELDOUT_PERCENT, ArithmeticProblem,  # noqa: F401
+                                   HopProblem, _in_split, extract_answer, extract_hop_answer,
+                                   make_arithmetic_problems, make_hop_problems)
+
 EOT = "<|endoftext|>"
 EOT_ID = 0
-TEXT_HELDOUT_PERCENT = 3   # share of stdlib files held out for text loss
-ARITH_HELDOUT_PERCENT = 5  # share of the question space reserved for arithmetic eval
-_SKIP = {"test", "tests", "idlelib", "site-packages", "dist-packages", "__pycache__"}  # not walked
-
-
-def _in_split(key: str, percent: int, split: str) -> bool:
-    """Stable hash split (Python's hash() is salted per process, so it can't define one)."""
-    if split not in ("train", "heldout"):
-        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-    return (zlib.crc32(key.encode("utf-8")) % 100 < percent) == (split == "heldout")
-
-
-# ----------------------------------------------------------------------------- text corpus
-def stdlib_source_files() -> list[Path]:
-    """Sorted .py files of the running interpreter's stdlib, minus tests (huge, repetitive), IDLE,
-    installed packages and `_sysconfigdata*` (machine-specific: the corpus would differ by host)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in _SKIP and not d.startswith("config-")]
-        files += [Path(dirpath, f) for f in filenames
-                  if f.endswith(".py") and not f.startswith("_sysconfigdata")]
-    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
-
-
-def load_text_documents(max_bytes: int | None = None, split: str = "train") -> list[str]:
-    """One string per stdlib file of `split` (~3% of files, by path hash, are "heldout"), up to
-    max_bytes (UTF-8) in all. Files are ordered by a hash of their path, not alphabetically, so a
-    max_bytes prefix samples the whole stdlib rather than only the modules 'a'..'m'."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    rels = [p.relative_to(root).as_posix() for p in stdlib_source_files()]
-    rels = [r for r in rels if _in_split("text:" + r, TEXT_HELDOUT_PERCENT, split)]
-    rels.sort(key=lambda r: (zlib.crc32(r.encode()), r))
-    docs, total = [], 0
-    for rel in rels:  # errors="replace": a stray non-UTF-8 byte must not break the corpus
-        raw = (root / rel).read_text(encoding="utf-8", errors="replace").encode("utf-8")
-        if max_bytes is not None and total + len(raw) > max_bytes:
-            if max_bytes > total:  # cut the last file at a character boundary
-                docs.append(raw[: max_bytes - total].decode("utf-8", errors="ignore"))
-            break
-        docs.append(raw.decode("utf-8"))
-        total += len(raw)
-    return docs
-
-
-def load_text_corpus(max_bytes: int | None = None, split: str = "train") -> str:
-    """The documents of `load_text_documents` joined by blank lines."""
-    return "\n\n".join(load_text_documents(max_bytes, split))
-
-
-# ----------------------------------------------------------------------------- arithmetic task
-@dataclass(frozen=True)
-class ArithmeticProblem:
-    question: str     # "Q: ...\nA:"  (the prompt)
-    answer_text: str  # " 3*7=21. 12+21=33. #### 33"  (the target continuation)
-    answer: int
-
-
-_NAMES = ["Ann", "Ben", "Cara", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivan", "Jo", "Kim", "Leo",
-          "Mia", "Nora", "Omar", "Pia", "Raj", "Sam", "Tess", "Uma", "Vic", "Wen", "Yara", "Zoe"]
-_ITEMS = ["apples", "pens", "books", "cards", "eggs", "shells", "stamps", "coins", "beads",
-          "marbles", "cookies", "stickers", "rocks", "plums", "toys", "cups"]
-_BOXES = ["bags", "boxes", "packs", "jars", "crates", "baskets"]
-
-
-def _problem(rng: random.Random) -> tuple[str, list[tuple[int, str, int]]]:
-    """A question body and its solution steps [(a, op, b), ...]. Question numbers are <= 50, every
-    product has a factor <= 9 (so <= 108), every result is non-negative: the intermediate steps are
-    where extra loop rounds can help, yet a 4M-param model learns much of it in minutes."""
-    r = lambda lo, hi, u=rng.random: lo + int(u() * (hi - lo + 1))  # noqa: E731, 3x randint's speed
-    n, it, bx = _NAMES[r(0, len(_NAMES) - 1)], _ITEMS[r(0, len(_ITEMS) - 1)], _BOXES[r(0, 5)]
-    t = r(0, 6)
-    if t == 0:  # a + b*c
-        a, b, c = r(1, 50), r(2, 9), r(2, 12)
-        return (f"{n} has {a} {it}. {n} buys {b} {bx} of {c} {it}. How many {it} does {n} have?",
-                [(b, "*", c), (a, "+", b * c)])
-    if t == 1:  # a - b + c
-        a = r(2, 50); b = r(1, a); c = r(1, 50)
-        return (f"{n} has {a} {it}. {n} gives away {b} and then finds {c} more. How many {it} "
-                f"does {n} have now?", [(a, "-", b), (a - b, "+", c)])
-    if t == 2:  # a*b + c*d
-        a, b, c, d = r(2, 9), r(2, 12), r(2, 9), r(2, 12)
-        return (f"{n} buys {a} {bx} of {b} {it} and {c} {bx} of {d} {it}. How many {it} does "
-                f"{n} buy?", [(a, "*", b), (c, "*", d), (a * b, "+", c * d)])
-    if t == 3:  # a - b*c
-        b = r(2, 9); c = r(2, 50 // b); a = r(b * c, 50)
-        return (f"{n} had {a} {it}. {n} sold {b} {it} each day for {c} days. How many {it} are "
-                f"left?", [(b, "*", c), (a, "-", b * c)])
-    if t == 4:  # a*b - c
-        a, b = r(2, 9), r(2, 12); c = r(0, min(50, a * b))
-        return (f"There are {a} {bx} with {b} {it} in each. {c} {it} are taken away. How many "
-                f"{it} remain?", [(a, "*", b), (a * b, "-", c)])
-    if t == 5:  # a + b - c
-        a, b = r(1, 50), r(1, 50); c = r(0, min(50, a + b))
-        return (f"{n} has {a} dollars, earns {b} more and then spends {c}. How many dollars does "
-                f"{n} have?", [(a, "+", b), (a + b, "-", c)])
-    c, d = r(2, 5), r(2, 9); a = r(1, 50); b = r(max(1, c * d - a), 50)  # a + b - c*d
-    return (f"{n} has {a} {it} and buys {b} more, then gives {c} {it} to each of {d} friends. "
-            f"How many {it} are left?", [(a, "+", b), (c, "*", d), (a + b, "-", c * d)])
-
-
-_OPS = {"+": int.__add__, "-": int.__sub__, "*": int.__mul__}
-
-
-def make_arithmetic_problems(n: int, seed: int, split: str = "train") -> list[ArithmeticProblem]:
-    """`n` distinct 2-3 step word problems with a short chain of thought, deterministic in
-    (seed, split). Train and heldout are disjoint: each question text belongs to exactly one
-    split (stable hash, ~5% heldout) and candidates of the other split are discarded."""
-    rng = random.Random(f"{seed}:{split}")  # str seeds go through sha512: stable everywhere
-    out: list[ArithmeticProblem] = []
-    seen: set[str] = set()
-    for _ in range(200 * n + 10_000):  # bounded, should the question space ever run out
-        if len(out) == n:
-            return out
-        body, steps = _problem(rng)
-        q = f"Q: {body}\nA:"
-        if q in seen or not _in_split("arith:" + q, ARITH_HELDOUT_PERCENT, split):
-            continue
-        seen.add(q)
-        vals = [_OPS[op](a, b) for a, op, b in steps]
-        cot = " ".join(f"{a}{op}{b}={v}." for (a, op, b), v in zip(steps, vals))
-        out.append(ArithmeticProblem(q, f" {cot} #### {vals[-1]}", vals[-1]))
-    raise RuntimeError(f"only {len(out)} distinct problems found, {n} asked")
-
-
-_ANSWER_RE = re.compile(r"#### (\-?[0-9\.\,]+)")  # lm-eval gsm8k "strict-match"
-
-
-def extract_answer(text: str) -> int | None:
-    """The integer after the first '#### ' ("1,234." -> 1234), None if absent or not an integer."""
-    m = _ANSWER_RE.search(text)
-    s = m.group(1).replace(",", "").removesuffix(".") if m else ""
-    return int(s) if re.fullmatch(r"-?[0-9]+", s) else None
 
 
 # ----------------------------------------------------------------------------- tokenizer
-def train_tokenizer(vocab_size: int = 1024, max_bytes: int | None = 8_000_000, seed: int = 0):
-    """Byte-level BPE (a tokenizers.Tokenizer) on train stdlib text + train arithmetic (~2:1 bytes).
-    Digits are split individually, else BPE merges frequent numbers ("12", "100") into opaque tokens
-    and arithmetic must be memorised per token. Byte-level pieces make decode(encode(s)) == s for
-    any unicode string. "<|endoftext|>" is the first special token, hence id 0."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def train_tokenizer(vocab_size: int = 1024, max_bytes: int | None = 8_000_000, seed: int = 0,
+                    extra_docs: list[str] = ()):
+    """Byte-level BPE (a tokenizers.Tokenizer) on train stdlib text (+ `extra_docs`, e.g. a
+    sample of package source) + train word problems and k-hop problems. Digits are split
+    individually, else BPE merges frequent numbers ("12", "100") into opaque tokens and
+    arithmetic must be memorised per token. Byte-level pieces make decode(encode(s)) == s for
+    any unicode string. "<|endoftext|>" is the first special token, hence id 0, and the
+    post-processor puts it in front of every encoded text (add_special_tokens=False leaves it
+    out)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -175,22 +56,26 @@ def train_tokenizer(vocab_size: int = 1024, max_bytes: int | None = 8_000_000, s
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    docs = load_text_documents(max_bytes, "train")
-    n_arith = max(100, sum(map(len, docs)) // 2 // 110)  # ~110 chars per problem
-    arith = [p.question + p.answer_text for p in make_arithmetic_problems(n_arith, seed, "train")]
-    tok.train_from_iterator(docs + arith, trainer=trainer)
+    docs = load_text_documents(max_bytes, "train") + list(extra_docs)
+    n_tasks = max(100, sum(map(len, docs)) // 2 // 110)  # ~110 chars per problem
+    tasks = [p.question + p.answer_text for p in make_arithmetic_problems(n_tasks, seed, "train")]
+    tasks += [p.question + p.answer_text for p in make_hop_problems(n_tasks // 2, seed, "train")]
+    tok.train_from_iterator(docs + tasks, trainer=trainer)
     assert tok.token_to_id(EOT) == EOT_ID
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{EOT} $A", pair=f"{EOT} $A {EOT} $B:1", special_tokens=[(EOT, EOT_ID)])
     return tok
 
 
 def save_tokenizer(tok, directory: str | Path) -> Path:
-    """Write tokenizer.json + tokenizer_config.json; AutoTokenizer.from_pretrained(dir) loads it."""
+    """Write tokenizer.json + tokenizer_config.json; AutoTokenizer.from_pretrained(dir) loads it
+    (and, like the tokenizers.Tokenizer, puts the bos token 0 in front of encoded text)."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     tok.save(str(d / "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOT, "eos_token": EOT,
               "unk_token": EOT, "pad_token": EOT, "model_max_length": 2048,
-              "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False}
+              "add_bos_token": True, "add_eos_token": False, "clean_up_tokenization_spaces": False}
     (d / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return d
 
@@ -236,54 +121,130 @@ def _encode_docs(tokenizer, docs: list[str]) -> np.ndarray:
     return _encode_segments(tokenizer, segs)
 
 
-def _encode_arithmetic(tokenizer, probs: list[ArithmeticProblem]) -> tuple[np.ndarray, np.ndarray]:
-    """(stream, lengths) of question + answer_text + EOT per problem. Digits are isolated by the
-    pre-tokenizer, so digit edges are always token boundaries: splitting there leaves only a few
-    thousand distinct word segments to encode (exact without replicating any regex)."""
+def _encode_arithmetic(tokenizer, probs) -> tuple[np.ndarray, np.ndarray]:
+    """(stream, lengths) of question + answer_text + EOT per problem (word problems or k-hop
+    problems). Digits are isolated by the pre-tokenizer, so digit edges are always token
+    boundaries: splitting there leaves only a few thousand distinct word segments to encode
+    (exact without replicating any regex)."""
     big = EOT.join(p.question + p.answer_text for p in probs) + EOT
     ids = _encode_segments(tokenizer, re.findall(r"[0-9]|[^0-9]+", big))
     return ids, np.diff(np.flatnonzero(ids == EOT_ID), prepend=-1)  # EOT only as separator
 
 
+def encode_documents(tokenizer, docs: list[str], workers: int = 1) -> np.ndarray:
+    """_encode_docs over `workers` processes (contiguous chunks, same stream); a multi-hundred-MB
+    corpus takes minutes on one core."""
+    if workers <= 1 or len(docs) < 4 * workers:
+        return _encode_docs(tokenizer, docs)
+    size = -(-len(docs) // workers)
+    chunks = [(tokenizer.to_str(), docs[i:i + size]) for i in range(0, len(docs), size)]
+    with ProcessPoolExecutor(workers) as pool:
+        return np.concatenate(list(pool.map(_encode_chunk, chunks)))
+
+
+def _encode_chunk(args) -> np.ndarray:
+    from tokenizers import Tokenizer
+    tokenizer_json, docs = args
+    return _encode_docs(Tokenizer.from_str(tokenizer_json), docs)
+
+
+_TASK_SHARDS = 16  # problems are generated in this many seeded shards (fixed: any worker count
+#                    gives the same data)
+
+
+def _task_shard(args) -> tuple[np.ndarray, np.ndarray]:
+    """(stream, lengths) of one shard of `n` problems of `kind`, each question + answer + EOT."""
+    from tokenizers import Tokenizer
+    tokenizer_json, kind, n, seed = args
+    make = make_arithmetic_problems if kind == "arith" else make_hop_problems
+    ids = _encode_docs(Tokenizer.from_str(tokenizer_json),
+                       [p.question + p.answer_text for p in make(n, seed, "train")])
+    return ids, np.diff(np.flatnonzero(ids == EOT_ID), prepend=-1)
+
+
+def _task_examples(tokenizer, tokens: float, arith_frac: float, hop_frac: float, seed: int,
+                   n_arith: int | None, workers: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(stream, lengths) of about `tokens` task tokens, word problems and k-hop problems in the
+    ratio arith_frac : hop_frac, in a seeded random order. A given n_arith fixes the number of
+    word problems instead (and takes no k-hop problems). Problems of a kind are distinct within
+    each of the _TASK_SHARDS seeded shards (repeats across shards are rare and harmless)."""
+    want = {"arith": n_arith} if n_arith is not None else {}
+    if n_arith is None:
+        for kind, frac, make in (("arith", arith_frac, make_arithmetic_problems),
+                                 ("hops", hop_frac, make_hop_problems)):
+            if frac > 0:
+                sample = _encode_docs(tokenizer, [p.question + p.answer_text
+                                                  for p in make(500, seed + 1, "train")])
+                want[kind] = int(tokens * frac / (arith_frac + hop_frac) * 500 / len(sample)) + 1
+    jobs = [(tokenizer.to_str(), kind, n // _TASK_SHARDS + (shard < n % _TASK_SHARDS),
+             seed * _TASK_SHARDS + shard) for kind, n in want.items() for shard in range(_TASK_SHARDS)]
+    jobs = [job for job in jobs if job[2] > 0]
+    if workers > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            shards = list(pool.map(_task_shard, jobs))
+    else:
+        shards = [_task_shard(job) for job in jobs]
+    parts = [ids[start:end] for ids, lens in shards
+             for start, end in zip(np.cumsum(lens) - lens, np.cumsum(lens))]
+    random.Random(seed).shuffle(parts)
+    if not parts:
+        return np.zeros(0, np.int32), np.zeros(0, np.int64)
+    return np.concatenate(parts), np.array([len(x) for x in parts], np.int64)
+
+
 def build_training_tensors(tokenizer, text_bytes: int | None, n_arith: int | None, seed: int,
-                           seq_len: int, arith_frac: float = 0.5) -> torch.LongTensor:
-    """Packed rows [N, seq_len]: ~arith_frac of each row is whole arithmetic examples (question +
-    answer_text + EOT), the rest a contiguous slice of the stdlib text stream (docs + EOT).
-    Built once, up front, by batched tokenization and numpy packing (a per-step Python loader was
-    the probe's bottleneck). Row = [EOT] examples text, or [EOT] text [EOT] examples (coin flip per
-    row, so neither kind is tied to early positions); examples never straddle rows. If text_bytes
-    exceeds the train corpus the text stream is repeated; n_arith=None generates enough problems
-    for all the text. Rows stop when either source runs out."""
+                           seq_len: int, arith_frac: float = 0.5, *, hop_frac: float = 0.0,
+                           package_docs: list[str] = (), bare_frac: float = 0.0,
+                           workers: int = 1) -> torch.LongTensor:
+    """Packed rows [N, seq_len]: ~(arith_frac + hop_frac) of each row is whole task examples
+    (question + answer_text + EOT; word problems and k-hop problems in that ratio), the rest a
+    contiguous slice of the text stream (stdlib docs, then `package_docs`, each + EOT).
+    Row = [EOT] examples text, or [EOT] text [EOT] examples (coin flip per row, so neither kind
+    is tied to early positions); examples never straddle rows. A share bare_frac of rows is a
+    text window alone, with no leading EOT. If text_bytes exceeds the stdlib train corpus its
+    stream is repeated; n_arith=None generates enough problems for all the text. Rows stop when
+    either source runs out."""
+    if not (0 < arith_frac + hop_frac < 1 and min(arith_frac, hop_frac) >= 0
+            and 0 <= bare_frac < 1):
+        raise ValueError(f"need 0 < arith_frac + hop_frac < 1 and 0 <= bare_frac < 1, got "
+                         f"{arith_frac}, {hop_frac}, {bare_frac}")
     docs = load_text_documents(text_bytes, "train")
-    text = _encode_docs(tokenizer, docs)
+    text = encode_documents(tokenizer, docs, workers)
     avail = sum(len(d.encode("utf-8")) for d in docs)
     if text_bytes is not None and avail and text_bytes > avail:  # cycle the (finite) corpus
         text = np.tile(text, -(-text_bytes // avail))[: int(len(text) * text_bytes / avail)]
-    target = (seq_len - 1) * arith_frac  # arithmetic tokens per row, on average
+    if package_docs:
+        text = np.concatenate([text, encode_documents(tokenizer, list(package_docs), workers)])
+    target = (seq_len - 1) * (arith_frac + hop_frac)  # task tokens per row, on average
     cap = min(seq_len - 2, int(2 * target))  # at most this many in any one row
-    if n_arith is None:  # enough for all the text, from a sample's mean length
-        _, lens = _encode_arithmetic(tokenizer, make_arithmetic_problems(500, seed + 1, "train"))
-        n_arith = int(len(text) / (seq_len - 1 - target) * target / lens.mean() * 1.05) + 1
-    arith, lens = _encode_arithmetic(tokenizer, make_arithmetic_problems(n_arith, seed, "train"))
+    wanted = len(text) / (seq_len - 1 - target) * target * 1.05 / (1 - bare_frac)
+    tasks, lens = _task_examples(tokenizer, wanted, arith_frac, hop_frac, seed, n_arith,
+                                 workers)
     cum = np.concatenate([[0], np.cumsum(lens)])
-    rng, rows, i, tpos = random.Random(seed), [], 0, 0
+    rng, rows, i, tpos, n_task_rows = random.Random(seed), [], 0, 0, 0
     while i < len(lens):
+        if bare_frac and rng.random() < bare_frac:  # a bare text window
+            if tpos + seq_len > len(text):
+                break
+            rows.append(text[tpos: tpos + seq_len])
+            tpos += seq_len
+            continue
         if lens[i] > cap:  # an example too long for any row: skip it
             i += 1
             continue
-        # whole examples while the running arithmetic total stays <= rows * target: a row that
-        # falls short (examples don't divide the budget) is made up by the next ones
-        goal = int((len(rows) + 1) * target)  # an int: a float key would copy cum every call
+        # whole examples while the running task total stays <= rows * target: a row that falls
+        # short (examples don't divide the budget) is made up by the next ones
+        goal = int((n_task_rows + 1) * target)  # an int: a float key would copy cum every call
         j = int(np.searchsorted(cum, goal, side="right")) - 1
         j = max(i, min(j, int(np.searchsorted(cum, int(cum[i]) + cap, side="right")) - 1))
-        ex = arith[cum[i]: cum[j]]
+        ex = tasks[cum[i]: cum[j]]
         tf = int(j > i and rng.random() < 0.5)  # text first? then [EOT] separates it
         n_text = seq_len - 1 - len(ex) - tf
         if tpos + n_text > len(text):
             break
         t = text[tpos: tpos + n_text]
         rows.append(np.concatenate([[EOT_ID], t, [EOT_ID], ex] if tf else [[EOT_ID], ex, t]))
-        tpos, i = tpos + n_text, j
+        tpos, i, n_task_rows = tpos + n_text, j, n_task_rows + 1
     return torch.from_numpy(np.stack(rows).astype(np.int64) if rows
                             else np.zeros((0, seq_len), np.int64))
 

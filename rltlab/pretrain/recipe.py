@@ -7,7 +7,8 @@ BCE between the continue probability 1 - lambda_r and w_r for r = 2..R. Round 1 
 hazard (the same shared gate applied to h_1) gets the label of the step it decides on, w_2:
 "exit after round 1 iff round 2 brings no improvement".
 
-Data (rltlab.pretrain.data): stdlib text and arithmetic CoT word problems ~1:1 per row, built once as a
+Data (rltlab.pretrain.data): Python source (stdlib + installed packages, by content digest), word
+problems and k-hop binding problems (rltlab.pretrain.tasks), packed once as a
 token tensor ([data_dir]/train_tokens.npz, with tokenizer.json and the eval files beside it).
 Resumable: [out_dir]/train_state/state.pt every save_every steps (atomic), reloaded on a re-run.
 """
@@ -26,38 +27,49 @@ import torch.nn.functional as F
 from rltlab.pretrain import data as D
 from rltlab.model import gates
 from rltlab.pretrain import evaluate as E
+from rltlab.pretrain import prepare as P
+from rltlab.pretrain import run_state as S
 from rltlab.model.config import OuroConfig
 from rltlab.model.architecture import OuroForCausalLM, apply_rope, rope_cos_sin
 
 SMOKE = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=32,
              intermediate_size=128, vocab_size=512, tokenizer_bytes=300_000, text_bytes=150_000,
+             package_bytes=150_000, eval_hops=20,
              seq_len=128, steps=40, batch_size=8, warmup_steps=5, lr=3e-3, stage2_steps=6,
              eval_text_bytes=3_000, eval_problems=8, log_every=5, save_every=20, device="cpu")
 # Fields that may differ between a run and its resumption.
 _RUNTIME = {"out_dir", "data_dir", "device", "compile", "log_every", "save_every", "eval_every",
-            "stop_after", "time_budget_s", "final_eval"}
+            "stop_after", "time_budget_s", "final_eval", "data_workers"}
 
 
 @dataclasses.dataclass
 class PretrainConfig:
     out_dir: str = "runs/ouro-tiny"
     data_dir: str | None = None  # tokenizer, tokens, eval files; default out_dir/train_state/data
-    hidden_size: int = 256
-    num_layers: int = 4
+    hidden_size: int = 384
+    num_layers: int = 3
     num_rounds: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 4
+    num_heads: int = 6
+    num_kv_heads: int = 6
     head_dim: int = 64
-    intermediate_size: int = 704
+    intermediate_size: int = 1024
     max_position_embeddings: int = 1024
     rope_theta: float = 10_000.0
     vocab_size: int = 1024
-    tokenizer_bytes: int = 8_000_000
-    text_bytes: int = 33_000_000  # text in the train tensor (the ~11 MB train corpus, cycled)
-    arith_frac: float = 0.5
+    tokenizer_bytes: int = 8_000_000  # half stdlib, half installed packages
+    text_bytes: int | None = None  # stdlib train text in the tensor (None: all of it, once)
+    package_bytes: int = 320_000_000  # installed packages' source (rltlab.pretrain.corpus)
+    arith_frac: float = 0.1  # share of a row's tokens that are word problems
+    hop_frac: float = 0.25  # ... and k-hop binding problems
+    hops_min: int = 1
+    hops_max: int = 10
+    bare_frac: float = 0.1  # rows that are a bare text window (no leading token 0)
     seq_len: int = 512
     eval_text_bytes: int = 16_000
     eval_problems: int = 100
+    eval_hops: int = 400
+    unseen_code_dir: str | None = None  # tests/data/unseen_code: eval/unseen_code.txt
+    data_workers: int = 1  # processes for tokenization and problem generation
     steps: int = 2000  # Stage I steps; 0 = fit into time_budget_s (measured during warmup)
     time_budget_s: float | None = None
     batch_size: int = 256
@@ -94,7 +106,11 @@ class PretrainConfig:
                  (self.steps == 0 or self.warmup_steps < self.steps, "warmup_steps >= steps"),
                  (self.seq_len <= self.max_position_embeddings, "seq_len > max positions"),
                  (self.vocab_size >= 257, "vocab_size < 257 (byte alphabet + EOT)"),
-                 (0 < self.arith_frac < 1 and 0 <= self.min_lr_ratio <= 1, "fraction range"),
+                 (0 < self.arith_frac + self.hop_frac < 1 and min(self.arith_frac, self.hop_frac)
+                  >= 0 and 0 <= self.bare_frac < 1 and 0 <= self.min_lr_ratio <= 1,
+                  "fraction range"),
+                 (1 <= self.hops_min <= self.hops_max <= 20, "hops range outside 1..20"),
+                 (self.package_bytes >= 0 and self.data_workers >= 1, "package_bytes/workers"),
                  (self.dtype in ("bf16", "fp32"), "dtype must be bf16|fp32"),
                  (self.compile in ("none", "layer"), "compile must be none|layer")]
         for ok, why in rules:
@@ -184,7 +200,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
                           ("cuda" if torch.cuda.is_available() else "cpu"))
     out, t_start = Path(cfg.out_dir), time.time()
     state_dir, log_path = out / "train_state", out / "train_log.jsonl"
-    tok, tokens, ddir = E.prepare_data(cfg)
+    tok, tokens, ddir = P.prepare_data(cfg)
     model = OuroForCausalLM(cfg.model_config(tok.get_vocab_size())).init_weights(cfg.seed)
     model = model.to(device)
     groups = [[], []]  # weight decay on matrices, none on norms and the gate
@@ -195,13 +211,13 @@ def pretrain(cfg: PretrainConfig) -> dict:
                              betas=(0.9, 0.95), fused=device.type == "cuda")
     opt2 = torch.optim.AdamW(model.model.early_exit_gate.parameters(), lr=cfg.stage2_lr,
                              weight_decay=0.0)
-    step, steps, log = E.resume_state(state_dir, dataclasses.asdict(cfg), _RUNTIME,
+    step, steps, log = S.resume_state(state_dir, dataclasses.asdict(cfg), _RUNTIME,
                                       dict(model=model, opt1=opt1, opt2=opt2), device)
     amp = dict(device_type=device.type, dtype=torch.bfloat16,
                enabled=device.type == "cuda" and cfg.dtype == "bf16")
     layer_fn = torch.compile(_layer) if cfg.compile == "layer" else _layer
-    data, order = tokens.to(device), E.BatchOrder(len(tokens), cfg.batch_size, cfg.seed)
-    heldout, body = E.encode(tok, (ddir / E.TEXT_FILE).read_text(encoding="utf-8")), cfg.seq_len - 1
+    data, order = tokens.to(device), S.BatchOrder(len(tokens), cfg.batch_size, cfg.seed)
+    heldout, body = E.encode(tok, (ddir / P.TEXT_FILE).read_text(encoding="utf-8")), cfg.seq_len - 1
     n_eval = min(len(heldout) // body, 16)  # probe rows: [EOT] + text, like training rows
     held = F.pad(torch.tensor(heldout[: n_eval * body], device=device).view(n_eval, body), (1, 0))
 
@@ -252,16 +268,16 @@ def pretrain(cfg: PretrainConfig) -> dict:
             bar.set_postfix(loss=f"{rec['loss']:.3f}", ce=",".join(f"{c:.2f}" for c in rec["ce"]))
             tqdm.write(json.dumps(rec))
         if step % cfg.save_every == 0 or step == cfg.stop_after:
-            E.save_state(state_dir, snapshot(), log_path, log)
+            S.save_state(state_dir, snapshot(), log_path, log)
         if cfg.stop_after is not None and step >= cfg.stop_after:
             break
     bar.close()
-    E.save_state(state_dir, snapshot(), log_path, log)
+    S.save_state(state_dir, snapshot(), log_path, log)
     result = {"step": step, "steps": steps, "log": log, "out_dir": str(out),
               "train_seconds": round(time.time() - t_start, 1)}
     if step < steps + cfg.stage2_steps:
         return result  # stopped early: the next run resumes
-    E.save_artifact(model, cfg, ddir, out, steps)
+    P.save_artifact(model, cfg, ddir, out, steps)
     if cfg.final_eval:  # of the SAVED (bf16) weights, loaded in fp32 like metrics.json
         result["metrics"] = E.evaluate_checkpoint(out, device=str(device),
                                                   seq_len=min(512, cfg.seq_len))
@@ -289,5 +305,5 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
 def main(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     _ = cfg.smoke and torch.set_num_threads(1)  # tiny matrices: threads only add contention
-    _ = E.prepare_data(cfg) if getattr(args, "prepare_only", False) else pretrain(cfg)
+    _ = P.prepare_data(cfg) if getattr(args, "prepare_only", False) else pretrain(cfg)
     return 0

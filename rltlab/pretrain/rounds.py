@@ -1,7 +1,8 @@
 """`rltlab rounds`: per-round held-out quality of a checkpoint (default: the embedded model).
 
-Each round r is evaluated at fixed depth r: text loss from the round-r logits, and arithmetic
-exact match from greedy generation that exits every token at round r.
+Each round r is evaluated at fixed depth r: text and unseen-code loss from the round-r logits,
+word-problem and k-hop exact match from greedy generation that exits every token at round r,
+and the oracle exit depth of every answer token (rltlab.pretrain.evaluate).
 """
 from __future__ import annotations
 
@@ -23,9 +24,8 @@ def main(args: argparse.Namespace) -> int:
     path = args.model or embedded_model_dir()
     metrics = evaluate_checkpoint(path, device=args.device, progress=True)
     print(format_table(metrics))
-    exit_dist = metrics["gate_exit_distribution"]
-    print("exit-gate p(r), text:      ", [round(p, 3) for p in exit_dist["text_exit_distribution"]])
-    print("exit-gate p(r), arithmetic:", [round(p, 3) for p in exit_dist["arith_exit_distribution"]])
+    for name, dist in metrics["gate_exit_distribution"].items():
+        print(f"exit-gate p(r), {name}:".ljust(24), [round(p, 3) for p in dist])
     if args.json:
         print(json.dumps(metrics))
     return 0
