@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from rltlab.model.architecture import EXIT_SEMANTICS, SELECT_ONLY
+
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 DECODE_PATHS = ("auto", "static", "gather")
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -32,6 +34,12 @@ class EngineConfig:
     max_model_len: prompt + output tokens of one sequence; None = min(model limit, 4096).
     exit_policy / exit_policy_args: the default exit policy (a registered name) and the keyword
     arguments of its factory; a request may name another policy in its SamplingParams.
+    exit_semantics: "last_exited" (a token stops at its exit round; deeper planes get its
+    exit-round K/V) or "select_only" (every token runs all R rounds with full-depth K/V; the
+    q_exit / fixed rule only selects the round its output comes from, as the Hugging Face Ouro
+    code does; rltlab.engine.select_only).
+    default_min_loops: min_loops of requests that set none; None = 2 under last_exited
+    (vllm-rlt), 1 under select_only (the Hugging Face code has no min_loops).
     decode_path: "static" runs decode rows through fixed buffers with Triton paged attention
     (rltlab.engine.static_decode), "gather" through the plain torch path, "auto" = static on
     CUDA, gather elsewhere. cuda_graphs: capture the static path's round per batch bucket (CUDA
@@ -59,7 +67,8 @@ class EngineConfig:
     logprobs_mode: str = "raw_logprobs"
     exit_policy: str = "q_exit"
     exit_policy_args: dict[str, Any] = field(default_factory=dict)
-    default_min_loops: int = 2
+    exit_semantics: str = "last_exited"
+    default_min_loops: int | None = None
     decode_path: str = "auto"
     cuda_graphs: bool = True
     compile: bool = False
@@ -68,12 +77,11 @@ class EngineConfig:
     fused_spec: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "prefill_chunk", "block_size",
-                     "default_min_loops"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "prefill_chunk", "block_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
-        for name in ("num_blocks", "max_model_len"):
+        for name in ("num_blocks", "max_model_len", "default_min_loops"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or value <= 0):
@@ -90,6 +98,9 @@ class EngineConfig:
                              f"got {self.exit_policy!r}")
         if not isinstance(self.exit_policy_args, dict):
             raise ValueError("EngineConfig.exit_policy_args must be a dict")
+        if self.exit_semantics not in EXIT_SEMANTICS:
+            raise ValueError(f"EngineConfig.exit_semantics must be one of {EXIT_SEMANTICS}, "
+                             f"got {self.exit_semantics!r}")
         if self.decode_path not in DECODE_PATHS:
             raise ValueError(f"EngineConfig.decode_path must be one of {DECODE_PATHS}, "
                              f"got {self.decode_path!r}")
@@ -104,6 +115,11 @@ class EngineConfig:
     def use_static_decode(self, device: torch.device) -> bool:
         return self.decode_path == "static" or (self.decode_path == "auto"
                                                 and device.type == "cuda")
+
+    def resolve_default_min_loops(self) -> int:
+        if self.default_min_loops is not None:
+            return self.default_min_loops
+        return 1 if self.exit_semantics == SELECT_ONLY else 2
 
     def resolve_max_model_len(self, model_config) -> int:
         limit = model_config.max_position_embeddings

@@ -41,6 +41,9 @@ class ExitDecider:
             if span.exit_rounds is not None:
                 exits[lo: lo + span.num_active] = span.exit_rounds[span.active] == rnd
                 continue
+            if self.engine.select_only:   # all rounds run; the output round is chosen at R
+                exits[lo] = rnd == self.engine.num_rounds
+                continue
             policy = self.engine.policy(seq.params.exit_policy)
             if policy.reads_gates:
                 gate_rows.append((lo, seq))

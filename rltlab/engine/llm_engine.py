@@ -3,6 +3,9 @@
     step():  schedule rows -> ask round-0 policies (decode tokens about to run round 1)
              -> run one round -> decide exits -> tell observers
              -> advance spans (LAST_EXITED copies) -> sample exiting rows -> finished outputs
+
+EngineConfig.exit_semantics = "select_only": every token runs all R rounds (no copies); the
+output round of a sampling position is selected at round R (rltlab.engine.select_only).
 """
 from __future__ import annotations
 
@@ -21,10 +24,11 @@ from rltlab.engine.model_runner import ModelRunner, StepRows, place_model
 from rltlab.engine.outputs import RequestOutput, build_output
 from rltlab.engine.sampling import SamplingParams, sample
 from rltlab.engine.scheduler import Scheduler
+from rltlab.engine import select_only
 from rltlab.engine.token_step import FusedTokenStep
 from rltlab.engine.sequence import Request, Sequence, SeqStatus
 from rltlab.engine.weights import WeightUpdater
-from rltlab.model.architecture import OuroForCausalLM
+from rltlab.model.architecture import SELECT_ONLY, OuroForCausalLM
 
 
 class LLMEngine:
@@ -52,13 +56,18 @@ class LLMEngine:
             self.eos_token_id = self.model_config.eos_token_id
         self.policies = {config.exit_policy: create_exit_policy(
             config.exit_policy, self.model_config, **config.exit_policy_args)}
+        self.select_only = config.exit_semantics == SELECT_ONLY
+        if self.select_only:
+            select_only.check_policy(self.policies[config.exit_policy], "EngineConfig.exit_policy")
         self.exit_decider = ExitDecider(self, config.max_num_seqs)
         self.requests: dict[str, Request] = {}
         self.paused = False
         self.observers: list[ObserverHandle] = []
         self.proposer: DraftProposer | None = None
         self.spec_graphs: dict = {}   # id(proposer) -> its SpecGraph (spec_decode)
-        self._whole_tokens = FusedTokenStep(self) if static and config.fused_tokens else None
+        # select_only needs every round's state of a token: no whole-token launches
+        self._whole_tokens = (FusedTokenStep(self) if static and config.fused_tokens
+                              and not self.select_only else None)
         self._outputs: list[RequestOutput] = []
         self._failed: dict[int, str] = {}   # seq_id -> why, within one step
         self._streamed: dict[str, Request] = {}
@@ -80,10 +89,12 @@ class LLMEngine:
             raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
         params = params.resolve(
             num_rounds=self.num_rounds, vocab_size=self.model_config.vocab_size,
-            default_min_loops=self.config.default_min_loops,
+            default_min_loops=self.config.resolve_default_min_loops(),
             default_threshold=self.model_config.early_exit_threshold,
             default_policy=self.config.exit_policy)
         self.policy(params.exit_policy).validate(params, self.num_rounds)
+        if self.select_only:
+            select_only.check_policy(self.policy(params.exit_policy), f"request {request_id!r}")
         max_output = min(params.max_tokens, self.max_model_len - len(prompt))
         reserved = len(prompt) + max_output - 1
         self.block_manager.check_fits(reserved, f"request {request_id!r}")
@@ -151,7 +162,7 @@ class LLMEngine:
             exits = self.exit_decider.decide(seqs, rows, hidden, gate_logits)
             if self.observers:
                 self._notify_observers(seqs, rows, hidden, gate_logits, exits)
-            emitting = self._advance_spans(seqs, rows, hidden, exits)
+            emitting = self._advance_spans(seqs, rows, hidden, gate_logits, exits)
             self._sample(emitting)
             self._finish_failed(seqs)
         return self._drain_outputs()
@@ -170,16 +181,21 @@ class LLMEngine:
         for observer in list(self.observers):
             observer.fn(event)
 
-    def _advance_spans(self, seqs, batch: StepRows, hidden, exits) -> list:
+    def _advance_spans(self, seqs, batch: StepRows, hidden, gate_logits, exits) -> list:
         """Move every row one round on; LAST_EXITED copies for tokens leaving before R.
-        Returns (seq, h, exit round) for the rows whose last token samples now."""
-        copy_slots, copy_rounds, emitting = [], [], []
+        Returns (seq, h, exit round) for the rows whose last token samples now (select_only:
+        h and round of the selected round)."""
+        copy_slots, copy_rounds, emitting, emit_states = [], [], [], []
         exit_list, slot_list = exits.tolist(), batch.slot_list
         for seq, lo, n in zip(seqs, batch.offsets, batch.row_sizes):
             if seq.seq_id in self._failed:
                 continue
             span = seq.span
             span.round += 1
+            if self.select_only and span.emits:   # nothing leaves before R: row n-1 samples
+                # clones: the static path's output buffers are overwritten next round
+                span.select_states.append((hidden[lo + n - 1].clone(),
+                                           gate_logits[lo + n - 1].clone()))
             leave = exit_list[lo: lo + n]
             if not any(leave):
                 span.hidden = hidden[lo: lo + n]
@@ -190,12 +206,15 @@ class LLMEngine:
                 copy_rounds += [span.round] * len(leaving)
             if span.emits and leave[-1] and int(span.active[-1]) == span.length - 1:
                 emitting.append((seq, hidden[lo + n - 1], span.round))
+                emit_states.append(span.select_states)
             if all(leave):
                 seq.num_computed, seq.span = span.start + span.length, None
             else:
                 stay = ~exits[lo: lo + n]
                 span.active, span.hidden = span.active[stay], hidden[lo: lo + n][stay]
         self.runner.last_exited_copy(copy_slots, copy_rounds)
+        if self.select_only:
+            return select_only.choose_outputs(emitting, emit_states, self.policy)
         return emitting
 
     def _sample(self, emitting) -> None:
@@ -216,7 +235,8 @@ class LLMEngine:
                         [s.generator for s, _, _ in rows], self.config.logprobs_mode)
         for i, (seq, _, depth) in enumerate(rows):
             token = result.tokens[i]
-            seq.append_token(token, result.logprobs[i], result.top_logprobs[i], depth, depth,
+            executed = self.num_rounds if self.select_only else depth
+            seq.append_token(token, result.logprobs[i], result.top_logprobs[i], depth, executed,
                              self.weights.version)
             if seq.request.stream:
                 self._streamed[seq.request_id] = seq.request

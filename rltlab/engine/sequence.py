@@ -59,6 +59,8 @@ class Span:
     planned_exit: int | None = None     # decode span: round the policy committed to
     # decode span: answers of lagged policies not read yet (see exit_policies.decision_lag)
     pending: list["PendingDecision"] = field(default_factory=list)
+    # select_only, a span that samples: (h_r, g_r) of its last position per completed round
+    select_states: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.active is None:
@@ -130,10 +132,12 @@ class Sequence:
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - prompt]
 
     def fixed_exit_round(self, position: int, num_rounds: int) -> int:
-        """Exit round of an already known position: R for the prompt, recorded for outputs."""
+        """Rounds an already known position runs when it is recomputed: R for the prompt, the
+        recorded executed depth for outputs (the exit round under LAST_EXITED, R under
+        select_only)."""
         if position < self.num_prompt_tokens:
             return num_rounds
-        return self.exit_depths[position - self.num_prompt_tokens + 1]
+        return self.executed_depths[position - self.num_prompt_tokens + 1]
 
     def reset_computation(self) -> None:
         """Forget all K/V (e.g. computed under older weights): recompute from position 0."""

@@ -9,6 +9,11 @@ LAST_EXITED semantics (REFERENCE section 2): every round d has its own K/V plane
 exits after round e keeps its round-e K/V in every deeper plane, so a later query at round d
 sees that token's version min(d, e). Positions that already exited still flow through the
 layers (their results are discarded), which keeps this reference simple and batch-shaped.
+
+SELECT_ONLY semantics (what the public Hugging Face Ouro code does with `exit_threshold`):
+every position runs all R rounds at full depth and writes its own K/V in every plane; the exit
+rule only selects which round's state a position's output (final_hidden / final_logits) comes
+from. It equals LAST_EXITED when no position exits before R.
 """
 from __future__ import annotations
 
@@ -24,6 +29,9 @@ from rltlab.model.gates import at_least_fp32
 
 # exit_fn(round_idx, gate_logits[B, T, round_idx] fp32, h_r[B, T, H]) -> bool[B, T] "exit now".
 ExitFn = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+
+LAST_EXITED, SELECT_ONLY = "last_exited", "select_only"
+EXIT_SEMANTICS = (LAST_EXITED, SELECT_ONLY)
 
 
 class RMSNorm(nn.Module):
@@ -156,7 +164,8 @@ class _RoundContext:
 
 @dataclass
 class LoopedOutput:
-    hidden_states: list[torch.Tensor]     # h_r per executed round, [B, T, H] (frozen after exit)
+    # h_r per executed round, [B, T, H] (LAST_EXITED: frozen after exit; SELECT_ONLY: never)
+    hidden_states: list[torch.Tensor]
     gate_logits: torch.Tensor             # [B, T, rounds executed], fp32 (fp64 in fp64)
     exit_rounds: torch.Tensor             # [B, T] int64, 1-based round each position emits from
     final_hidden: torch.Tensor            # [B, T, H] = h at each position's exit round
@@ -200,13 +209,21 @@ class OuroForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, *, exit_rounds: torch.Tensor | None = None,
                 exit_fn: ExitFn | None = None, positions: torch.Tensor | None = None,
                 key_mask: torch.Tensor | None = None, cache: LoopedKVCache | None = None,
-                all_logits: bool = False, logits: bool = True) -> LoopedOutput:
+                all_logits: bool = False, logits: bool = True,
+                exit_semantics: str = LAST_EXITED) -> LoopedOutput:
         """Run the looped model on input_ids [B, T].
 
         exit_rounds [B, T] (1-based) fixes each position's exit round (teacher forcing);
         exit_fn decides after each round; with neither, every position runs all R rounds.
+        exit_semantics: LAST_EXITED (an exited position stops; deeper rounds see its exit-round
+        K/V) or SELECT_ONLY (every position runs all R rounds with full-depth K/V; its exit
+        round only selects the state its output comes from).
         key_mask [B, T] marks real (non-padding) tokens; positions default to the cache offset.
         """
+        if exit_semantics not in EXIT_SEMANTICS:
+            raise ValueError(f"exit_semantics must be one of {EXIT_SEMANTICS}, "
+                             f"got {exit_semantics!r}")
+        select_only = exit_semantics == SELECT_ONLY
         cfg, num_rounds = self.config, self.config.num_rounds
         bsz, seq = input_ids.shape
         if exit_rounds is not None:
@@ -232,12 +249,15 @@ class OuroForCausalLM(nn.Module):
         active = torch.ones(bsz, seq, dtype=torch.bool, device=input_ids.device)
         exit_round = torch.full((bsz, seq), num_rounds, dtype=torch.long, device=h.device)
         hidden_states, gates, round_logits = [], [], []
+        selected = None   # SELECT_ONLY: h of each position's exit round, once it is reached
         for r in range(1, num_rounds + 1):
-            ctx.plane, ctx.active = r - 1, (active if r > 1 else None)
+            # SELECT_ONLY keeps every position's fresh K/V (ctx.active None: nothing replaced)
+            ctx.plane, ctx.active = r - 1, (active if r > 1 and not select_only else None)
             x = h
             for idx, layer in enumerate(self.model.layers):
                 x = layer(x, cos, sin, mask, ctx, idx)
-            h = torch.where(active[..., None], self.model.norm(x), h)
+            h = self.model.norm(x) if select_only else torch.where(active[..., None],
+                                                                    self.model.norm(x), h)
             hidden_states.append(h)
             gates.append(at_least_fp32(self.model.early_exit_gate(h)).squeeze(-1))
             if all_logits:
@@ -245,12 +265,22 @@ class OuroForCausalLM(nn.Module):
             if r < num_rounds and exit_fn is not None:
                 exits = active & exit_fn(r, torch.stack(gates, dim=-1), h)
                 exit_round = torch.where(exits, torch.full_like(exit_round, r), exit_round)
+                if select_only:
+                    kept = h if selected is None else selected
+                    selected = torch.where(exits[..., None], h, kept)
                 active = active & ~exits
-            if not active.any():
+            if not active.any() and not select_only:
                 break
+        if select_only and selected is not None:   # positions still active take round R
+            h = torch.where(active[..., None], h, selected)
         if cache is not None:
             self._finalize_cache(cache, start, seq, executed=len(hidden_states), key_mask=key_mask)
-        final_logits = (round_logits[-1] if all_logits else self.lm_head(h)) if logits else None
+        if not logits:
+            final_logits = None
+        elif all_logits and not select_only:   # h is the last round's, frozen after each exit
+            final_logits = round_logits[-1]
+        else:
+            final_logits = self.lm_head(h)
         return LoopedOutput(hidden_states, torch.stack(gates, dim=-1), exit_round, h,
                             round_logits if all_logits else None, final_logits)
 
