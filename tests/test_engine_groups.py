@@ -32,8 +32,8 @@ POLICY_CASES = {
 
 
 def group_params(policy: dict, seed: int, n: int = N, **extra) -> SamplingParams:
-    return SamplingParams(n=n, temperature=1.0, seed=seed, max_tokens=24, logprobs=0,
-                          stop_token_ids=STOPS, **policy, **extra)
+    return SamplingParams(**{**dict(n=n, temperature=1.0, seed=seed, max_tokens=24, logprobs=0,
+                                    stop_token_ids=STOPS), **policy, **extra})
 
 
 def independent(params: list[SamplingParams], prompts):
@@ -125,7 +125,13 @@ def test_group_equals_independent_requests_and_recompute(name, path):
     params = [group_params(POLICY_CASES[name], seed=40 + i) for i in range(len(PROMPTS))]
     llm = LLM(model, decode_path=path, **ENGINE)
     pool, prompt_rounds = spy_pool(llm), count_prompt_token_rounds(llm)
+    whole_tokens = llm.llm_engine._whole_tokens
+    if whole_tokens is not None:   # count the whole-token steps (the static path's fast path)
+        token_steps, step = [], whole_tokens.step
+        whole_tokens.step = lambda depth: token_steps.append(depth) or step(depth)
     outs = llm.generate(PROMPTS, params)
+    if path == "static" and name == "fixed_2":
+        assert token_steps and set(token_steps) == {2}
     assert prompt_rounds[0] == R * sum(map(len, PROMPTS))   # each prompt prefilled once
     assert_pool_whole(llm, pool)
 
@@ -159,6 +165,22 @@ def test_group_larger_than_the_engine_shares_per_admission():
     assert_pool_whole(llm, pool)
     assert_same(completions(outs), completions(
         LLM(model, **ENGINE).generate(*independent(params, PROMPTS[2:]))))
+
+
+def test_prompt_of_whole_blocks_and_one_token_shares_every_block():
+    """P % block_size == 0 and max_tokens 1: the samples hold no block of their own."""
+    model = tiny_engine_model(6)
+    params = [group_params(POLICY_CASES["fixed_R"], seed=4, max_tokens=1)]
+    llm = LLM(model, **ENGINE)
+    engine, pool = llm.llm_engine, spy_pool(llm)
+    llm.add_request("g", PROMPTS[1], params[0])
+    engine.step()
+    tables = [s.block_table for s in engine.requests["g"].seqs]
+    assert len(PROMPTS[1]) % ENGINE["block_size"] == 0 and all(t == tables[0] for t in tables)
+    done = run_checked(llm, pool)
+    assert_pool_whole(llm, pool)
+    assert_same(done["g"].outputs, completions(
+        LLM(model, **ENGINE).generate(*independent(params, PROMPTS[1:2]))))
 
 
 class _FailSample(ExitPolicy):
