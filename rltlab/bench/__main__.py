@@ -63,8 +63,10 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def bench_engine(llm: LLM, prompts, params, concurrency: int) -> dict:
-    """params: one SamplingParams for all prompts, or a list aligned with them."""
+def bench_engine(llm: LLM, prompts, params, concurrency: int, keep: list | None = None) -> dict:
+    """params: one SamplingParams for all prompts, or a list aligned with them. Tokens count
+    every sample of n > 1 requests; a request's TPOT is over its longest sample. keep: a list
+    that receives the RequestOutputs in prompt order."""
     pending, done, start = list(enumerate(prompts)), [], time.perf_counter()
     per_prompt = params if isinstance(params, list) else [params] * len(prompts)
 
@@ -81,10 +83,13 @@ def bench_engine(llm: LLM, prompts, params, concurrency: int) -> dict:
                 admit()
     _sync(llm.llm_engine.runner.device)
     wall = time.perf_counter() - start
-    tokens = sum(len(o.token_ids) for o in done)
+    tokens = sum(len(c.token_ids) for o in done for c in o.outputs)
     ttft = [o.metrics.first_token_time - o.metrics.arrival_time for o in done]
-    tpot = [(o.metrics.finished_time - o.metrics.first_token_time) / (len(o.token_ids) - 1)
-            for o in done if len(o.token_ids) > 1]
+    longest = [max(len(c.token_ids) for c in o.outputs) for o in done]
+    tpot = [(o.metrics.finished_time - o.metrics.first_token_time) / (n - 1)
+            for o, n in zip(done, longest) if n > 1]
+    if keep is not None:
+        keep.extend(sorted(done, key=lambda o: int(o.request_id[1:])))
     return _metrics(tokens, wall, ttft, tpot)
 
 

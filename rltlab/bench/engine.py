@@ -7,6 +7,11 @@ Workloads (greedy, ignore_eos, random prompts; fixed depth R unless stated):
   W2  c=32 closed loop (32 in flight until 128 finished), 512 in / 128 out
   W3  c=128 closed loop (until 256 finished), 1024 in / 128 out
   W4  W3 replaying exit depths drawn from DEPTH_DISTRIBUTION (mean 2.8 rounds; trace policy)
+  W5  shared-prompt groups: 64 prompts x n=8, 512 in / up to 256 out (stop-token ended),
+      temperature 1, logprobs=0, 128 sequences in flight, against the same 512 samples sent as
+      independent requests in the same run (rltlab.bench.group_workload)
+  W6  decode-heavy: c=128 closed loop (until 256 finished), 128 in / 512 out
+  W7  W6 replaying exit depths like W4
 Modes: plain (the model's cached loop, batch 1: W1 only), gather (the engine's plain-torch path),
 eager (static decode path: Triton attention and, for <= 16 rows, the small-batch GEMV kernels;
 no graphs), graph (+ CUDA graphs), compile (+ torch.compile of the per-layer functions of
@@ -20,7 +25,14 @@ the last finishes (no prefill inside). W1 also reports the achieved memory traff
 token (weights of every executed round + lm_head + K/V read) in GB/s and as a % of the device
 copy bandwidth measured in the same run. W4 reports selected vs executed rounds and its decode
 gain over W3 against the ideal R / mean executed rounds. Options --weight-update and --bf16-check
-add the full-weight update timing and the bf16-vs-fp32 agreement. Last line: JSON.
+add the full-weight update timing and the bf16-vs-fp32 agreement.
+
+Ceilings (rltlab.bench.ceilings): the run measures a large matmul (TFLOP/s, model dtype) and a
+large device copy (GB/s, read + write) first; every workload and mode then reports
+`ceiling_tok_s` / `pct_of_ceiling` (prefill FLOPs at the matmul rate + decode weight and K/V
+bytes at the copy bandwidth, from the run's own outputs), a prefill-only run (max_tokens 1)
+with `prefill_pct_of_matmul`, and each depth pair (W4/W3, W7/W6) `e2e_gain`,
+`ideal_e2e_gain` and `pct_of_ideal_e2e`. Last line: JSON.
 """
 from __future__ import annotations
 
@@ -31,8 +43,9 @@ import time
 
 import torch
 
-from rltlab.bench.__main__ import add_model_arguments, bench_engine, build_model, prompts_for
-from rltlab.bench import engine_checks
+from rltlab.bench.__main__ import add_model_arguments, build_model, prompts_for
+from rltlab.bench import ceilings, engine_checks, group_workload
+from rltlab.bench.ceilings import ModelCosts, work_of
 from rltlab.engine import LLM, SamplingParams
 from rltlab.model.generate import generate_plain
 
@@ -41,7 +54,11 @@ WORKLOADS = {
     "W2": dict(concurrency=32, requests=128, prompt_len=512, max_tokens=128),
     "W3": dict(concurrency=128, requests=256, prompt_len=1024, max_tokens=128),
     "W4": dict(concurrency=128, requests=256, prompt_len=1024, max_tokens=128, replay=True),
+    "W5": dict(concurrency=128, requests=64, n=8, prompt_len=512, max_tokens=256),
+    "W6": dict(concurrency=128, requests=256, prompt_len=128, max_tokens=512),
+    "W7": dict(concurrency=128, requests=256, prompt_len=128, max_tokens=512, replay=True),
 }
+DEPTH_PAIRS = {"W4/W3": ("W3", "W4"), "W7/W6": ("W6", "W7")}   # cheap / fixed-depth baseline
 DEPTH_DISTRIBUTION = {1: 0.05, 2: 0.30, 3: 0.45, 4: 0.20}   # mean 2.8 rounds
 MODES = {
     "gather": dict(decode_path="gather"),
@@ -67,7 +84,19 @@ def replay_depths(num_rounds: int, length: int, seed: int) -> list[int]:
     return [num_rounds] + depths[torch.multinomial(probs, length - 1, True, generator=gen)].tolist()
 
 
-def workload_params(spec: dict, num_rounds: int, num: int) -> list[SamplingParams]:
+def scaled(spec: dict, scale: float) -> dict:
+    """--scale applied to lengths and counts (not to n or replay; at least n in flight)."""
+    out = {k: v if k in ("replay", "n") else max(2 if k == "max_tokens" else 1, int(v * scale))
+           for k, v in spec.items()}
+    if "n" in out:
+        out["concurrency"] = max(out["concurrency"], out["n"])
+    return out
+
+
+def workload_params(spec: dict, num_rounds: int, num: int, vocab: int
+                    ) -> list[SamplingParams]:
+    if spec.get("n"):
+        return group_workload.group_params(spec, vocab, num)
     common = dict(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=True)
     if not spec.get("replay"):
         return [SamplingParams(exit_policy="fixed", **common)] * num
@@ -76,7 +105,7 @@ def workload_params(spec: dict, num_rounds: int, num: int) -> list[SamplingParam
         for i in range(num)]
 
 
-def decode_phase(llm: LLM, prompts, params) -> dict:
+def decode_phase(llm: LLM, prompts, params, costs: ModelCosts) -> dict:
     """All requests admitted at once; tok/s over the steps after every one has its first token."""
     engine, done = llm.llm_engine, []
     for i, (prompt, sp) in enumerate(zip(prompts, params)):
@@ -94,10 +123,12 @@ def decode_phase(llm: LLM, prompts, params) -> dict:
     executed = [d for o in done for d in o.executed_depths[1:]]
     return {"decode_tok_s": round(tokens / wall, 2), "decode_tokens": tokens,
             "mean_selected_rounds": round(sum(selected) / len(selected), 3),
-            "mean_executed_rounds": round(sum(executed) / len(executed), 3)}
+            "mean_executed_rounds": round(sum(executed) / len(executed), 3),
+            "work": work_of(costs, sorted(done, key=lambda o: int(o.request_id[1:])))}
 
 
-def run_mode(model, spec: dict, mode: str, prompts, params, kv_gib: float) -> dict:
+def run_mode(model, spec: dict, mode: str, prompts, params, kv_gib: float,
+             costs: ModelCosts) -> dict:
     llm = LLM(model, max_num_seqs=spec["concurrency"],
               max_model_len=spec["prompt_len"] + spec["max_tokens"],
               # Big prefill steps: the gather path's per-step launch cost is paid per 16K
@@ -107,6 +138,8 @@ def run_mode(model, spec: dict, mode: str, prompts, params, kv_gib: float) -> di
               **MODES[mode])
     c = spec["concurrency"]
     try:
+        if spec.get("n"):
+            return group_workload.run(llm, spec, prompts, params, costs)
         warm = min(c, 4)   # capture / compile / autotune outside the timings
         llm.generate(prompts[:warm], params[:warm])
         if c > warm:   # capture every bucket the measured runs will use
@@ -114,19 +147,32 @@ def run_mode(model, spec: dict, mode: str, prompts, params, kv_gib: float) -> di
                                        for p in params[:c]])
         # A batch-1 decode phase lasts ~1 s: host jitter moves it by ~5-10%, so take the median
         # of three (each value is kept).
-        runs = [decode_phase(llm, prompts[:c], params[:c]) for _ in range(3 if c == 1 else 1)]
+        runs = [decode_phase(llm, prompts[:c], params[:c], costs)
+                for _ in range(3 if c == 1 else 1)]
         result = {"decode": sorted(runs, key=lambda r: r["decode_tok_s"])[len(runs) // 2]}
         if len(runs) > 1:
             result["decode"]["runs_tok_s"] = [r["decode_tok_s"] for r in runs]
         if llm.llm_engine.runner.static is not None and c == 1:
             result["round"] = engine_checks.round_profile(llm.llm_engine.runner.static)
         if spec["requests"] > 1:
-            result["closed_loop"] = bench_engine(llm, prompts, params, c)
+            result["closed_loop"], _ = engine_checks.closed_loop(llm, prompts, params, c, costs)
+        result["prefill"] = engine_checks.prefill_only(llm, prompts, params, c, costs)
         return result
     finally:   # the next mode needs the KV cache's memory back
         del llm
         gc.collect()
         engine_checks.free_device_memory()
+
+
+def depth_pairs(workloads: dict) -> dict:
+    """Per pair run and mode: e2e_gain, ideal_e2e_gain, pct_of_ideal_e2e (ceilings.depth_pair)."""
+    out = {}
+    for pair, (base, cheap) in DEPTH_PAIRS.items():
+        if base in workloads and cheap in workloads:
+            modes = {mode: ceilings.depth_pair(res, workloads[cheap]["modes"].get(mode, {}))
+                     for mode, res in workloads[base]["modes"].items()}
+            out[pair] = {mode: gain for mode, gain in modes.items() if gain}
+    return out
 
 
 def run_plain(model, spec: dict, prompts) -> dict:
@@ -169,32 +215,37 @@ def main(argv=None) -> dict:
         torch.set_num_threads(1)
     model = build_model(args)
     cfg = model.config
+    costs = ModelCosts.of(model)
     results = {"device": args.device, "dtype": args.dtype, "model": args.model or
                f"random:{args.preset}", "workloads": {}}
     if torch.device(args.device).type == "cuda":
         results["gpu"] = torch.cuda.get_device_name()
-        results["copy_bandwidth_gb_s"] = engine_checks.copy_bandwidth(args.device)
+    results["copy_bandwidth_gb_s"] = ceilings.copy_bandwidth(args.device)
+    results["matmul_tflop_s"] = ceilings.matmul_tflop_s(args.device, model.lm_head.weight.dtype)
     for name in args.workload:
-        spec = {k: v if k == "replay" else max(2 if k == "max_tokens" else 1, int(v * args.scale))
-                for k, v in WORKLOADS[name].items()}
+        spec = scaled(WORKLOADS[name], args.scale)
         prompts = prompts_for(spec["requests"], spec["prompt_len"], cfg.vocab_size, seed=7)
-        params = workload_params(spec, cfg.num_rounds, spec["requests"])
+        params = workload_params(spec, cfg.num_rounds, spec["requests"], cfg.vocab_size)
         entry = {"spec": spec, "modes": {}}
         for mode in modes:
             if mode == "plain" and spec["concurrency"] != 1:
                 continue
             try:
                 entry["modes"][mode] = (run_plain(model, spec, prompts) if mode == "plain" else
-                                        run_mode(model, spec, mode, prompts, params, args.kv_gib))
+                                        run_mode(model, spec, mode, prompts, params, args.kv_gib,
+                                                 costs))
             except Exception as err:   # keep the other modes' figures; report the failure
                 entry["modes"][mode] = {"error": repr(err)[:500]}
             print(f"{name} {mode:>8}: {json.dumps(entry['modes'][mode])}", flush=True)
         engine_checks.summarize(name, entry, model, spec, results.get("copy_bandwidth_gb_s"))
+        ceilings.annotate(entry, costs, spec["concurrency"], results["matmul_tflop_s"],
+                          results["copy_bandwidth_gb_s"])
         results["workloads"][name] = entry
         engine_checks.save(results, args.out)
     if "W3" in results["workloads"] and "W4" in results["workloads"]:
         results["w4_gain"] = engine_checks.depth_gain(results["workloads"]["W3"],
                                                       results["workloads"]["W4"], cfg.num_rounds)
+    results["depth_pairs"] = depth_pairs(results["workloads"])
     if args.weight_update:
         results["weight_update"] = engine_checks.weight_update(model, args.kv_gib)
     if args.bf16_check:

@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 
 from rltlab.common.atomic import write_text_atomic
-from rltlab.bench.__main__ import prompts_for
+from rltlab.bench.__main__ import bench_engine, prompts_for
+from rltlab.bench.ceilings import ModelCosts, mean_executed_rounds, work_of
 from rltlab.engine import LLM, SamplingParams
 
 
@@ -27,17 +28,23 @@ def free_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def copy_bandwidth(device, gib: float = 2.0, repeats: int = 10) -> float:
-    """Device-to-device copy GB/s (read + write), the practical HBM limit on this GPU."""
-    src = torch.empty(int(gib * 2 ** 30), dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        dst.copy_(src)
-    sync()
-    return round(2 * src.numel() * repeats / (time.perf_counter() - t0) / 1e9, 1)
+def closed_loop(llm, prompts, params, concurrency: int, costs: ModelCosts
+                ) -> tuple[dict, list]:
+    """bench_engine's closed loop + what it computed (ceilings.work_of) -> (figures, the
+    RequestOutputs in prompt order)."""
+    outputs = []
+    figures = bench_engine(llm, prompts, params, concurrency, keep=outputs)
+    figures["work"] = work_of(costs, outputs)
+    rounds = mean_executed_rounds(figures["work"])
+    figures["mean_executed_rounds"] = None if rounds is None else round(rounds, 3)
+    return figures, outputs
+
+
+def prefill_only(llm, prompts, params, concurrency: int, costs: ModelCosts) -> dict:
+    """The same closed loop with max_tokens 1: prefill (and the first token) alone."""
+    firsts = [SamplingParams(**{**vars(p), "max_tokens": 1}) for p in params]
+    figures, _ = closed_loop(llm, prompts, firsts, concurrency, costs)
+    return {"wall_s": figures["wall_s"], "work": figures["work"]}
 
 
 def bytes_per_token(model, rounds: float, context: float) -> float:
@@ -199,23 +206,40 @@ def bf16_paths(model, args) -> dict:
 
 def print_table(results: dict) -> None:
     print(f"\n# {results['model']} on {results.get('gpu', results['device'])} "
-          f"({results['dtype']}); copy bandwidth {results.get('copy_bandwidth_gb_s')} GB/s")
+          f"({results['dtype']}); copy bandwidth {results.get('copy_bandwidth_gb_s')} GB/s, "
+          f"matmul {results.get('matmul_tflop_s')} TFLOP/s")
     print(f"{'load':>4} {'mode':>8} {'decode tok/s':>13} {'GB/s':>7} {'% bw':>6} "
-          f"{'e2e tok/s':>10} {'TTFT ms':>9} {'TPOT ms':>9} {'rounds':>7}")
+          f"{'e2e tok/s':>10} {'TTFT ms':>9} {'TPOT ms':>9} {'rounds':>7} {'ceiling':>9} "
+          f"{'% ceil':>7} {'prefill % mm':>12}")
     for name, entry in results["workloads"].items():
         for mode, res in entry["modes"].items():
             if "error" in res:
                 print(f"{name:>4} {mode:>8} failed: {res['error'][:80]}")
                 continue
-            d, loop = res["decode"], res.get("closed_loop", {})
-            print(f"{name:>4} {mode:>8} {d['decode_tok_s']:>13.1f} {d.get('gb_s') or '-':>7} "
+            d, loop = res.get("decode", {}), res.get("closed_loop", {})
+            rounds = d.get("mean_executed_rounds", loop.get("mean_executed_rounds"))
+            print(f"{name:>4} {mode:>8} {d.get('decode_tok_s', '-'):>13} {d.get('gb_s') or '-':>7} "
                   f"{d.get('pct_of_copy_bw') or '-':>6} {loop.get('tok_s', '-'):>10} "
                   f"{loop.get('ttft_ms', '-'):>9} {loop.get('tpot_ms', '-'):>9} "
-                  f"{d['mean_executed_rounds']:>7}")
+                  f"{rounds or '-':>7} {res.get('ceiling_tok_s') or '-':>9} "
+                  f"{res.get('pct_of_ceiling') or '-':>7} "
+                  f"{res.get('prefill_pct_of_matmul') or '-':>12}")
+            if "independent" in res:
+                solo = res["independent"]
+                print(f"{name:>4} {mode:>8} independent: {solo['tok_s']} tok/s "
+                      f"({solo.get('pct_of_ceiling')}% of the ceiling); groups "
+                      f"{res['group_speedup']}x, same tokens {res['same_tokens']}, mean length "
+                      f"{res['mean_output_tokens']}, stopped {res['stopped_fraction']}")
     for mode, gain in results.get("w4_gain", {}).items():
         print(f"W4/W3 decode gain ({mode}): {gain['gain']}x, ideal {gain['ideal']}x "
               f"({gain['pct_of_ideal']}%), rounds selected {gain['mean_selected_rounds']} / "
               f"executed {gain['mean_executed_rounds']}")
+    for pair, modes in results.get("depth_pairs", {}).items():
+        for mode, g in modes.items():
+            print(f"{pair} end to end ({mode}): {g['e2e_gain']}x, ideal {g['ideal_e2e_gain']}x "
+                  f"({g['pct_of_ideal_e2e']}%); decode {g['decode_gain']}x; prefill "
+                  f"{g['prefill_s']} s + decode {g['decode_s']} s, rounds {g['base_rounds']} -> "
+                  f"{g['cheap_rounds']}")
     for key in ("weight_update", "bf16_vs_fp32"):
         if key in results:
             print(f"{key}: {json.dumps(results[key])}")

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from rltlab.common.atomic import write_text_atomic
-from rltlab.bench.engine_checks import copy_bandwidth
+from rltlab.bench.ceilings import copy_bandwidth
 from rltlab.kernels.small_batch import small_m_linear, small_m_linear_ref, tiles_for
 
 ONE_ROW = [(bn, bk, w, 3) for bn, bk, w in itertools.product((4, 8, 16, 32), (256, 512, 1024),

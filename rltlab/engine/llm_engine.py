@@ -2,7 +2,8 @@
 
     step():  schedule rows -> ask round-0 policies (decode tokens about to run round 1)
              -> run one round -> decide exits -> tell observers
-             -> advance spans (LAST_EXITED copies) -> sample exiting rows -> finished outputs
+             -> advance spans (LAST_EXITED copies) -> samples waiting for a prompt computed
+             now take it over (groups.py) -> sample exiting rows -> finished outputs
 
 EngineConfig.exit_semantics = "select_only": every token runs all R rounds (no copies); the
 output round of a sampling position is selected at round R (rltlab.engine.select_only).
@@ -19,6 +20,7 @@ from rltlab.engine.block_manager import BlockManager
 from rltlab.engine.config import EngineConfig
 from rltlab.engine.exit_decider import ExitDecider
 from rltlab.engine.exit_policies import ExitPolicy, create_exit_policy
+from rltlab.engine.groups import fork_followers
 from rltlab.engine.hooks import DraftProposer, ObserverHandle, RoundEvent, RoundObserver
 from rltlab.engine.model_runner import ModelRunner, StepRows, place_model
 from rltlab.engine.outputs import RequestOutput, build_output
@@ -163,8 +165,9 @@ class LLMEngine:
             if self.observers:
                 self._notify_observers(seqs, rows, hidden, gate_logits, exits)
             emitting = self._advance_spans(seqs, rows, hidden, gate_logits, exits)
-            self._sample(emitting)
-            self._finish_failed(seqs)
+            forked = fork_followers(self.runner, seqs, emitting)   # n > 1: one prefill
+            self._sample(emitting + forked)
+            self._finish_failed(seqs + [seq for seq, _, _ in forked])
         return self._drain_outputs()
 
     def _finish_failed(self, seqs) -> None:

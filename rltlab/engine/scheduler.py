@@ -8,7 +8,8 @@ Scheduling order per step, under max_num_batched_tokens (query tokens) and max_n
   1. spans already in flight (started at an earlier round) continue; they always fit, because
      a span's active tokens only shrink and every batch fit the budget;
   2. running sequences without a span start their next one (a chunk sized to what is left);
-  3. waiting sequences are admitted FCFS while blocks for their whole lifetime are free.
+  3. waiting sequences are admitted FCFS while blocks for their whole lifetime are free; the
+     samples of one request are admitted together and prefill their prompt once (groups.py).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from collections import deque
 
 import torch
 
+from rltlab.engine import groups
 from rltlab.engine.block_manager import BlockManager
 from rltlab.engine.config import EngineConfig
 from rltlab.engine.sequence import Sequence, SeqStatus, Span
@@ -35,9 +37,12 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def can_admit(self) -> bool:
-        """A waiting sequence would be admitted now (a free slot and blocks for it)."""
-        return bool(self.waiting) and len(self.running) < self.config.max_num_seqs \
-            and self.block_manager.can_allocate(self.waiting[0].reserved_positions)
+        """A waiting sequence would be admitted now (free slots and blocks for it)."""
+        return bool(self._admissible())
+
+    def _admissible(self) -> list[Sequence]:
+        return groups.admissible(self.waiting, self.running, self.config.max_num_seqs,
+                                 self.block_manager)
 
     def schedule(self, hold: frozenset[int] = frozenset()) -> list[Sequence]:
         """The sequences that run one round this step (their .span says which tokens).
@@ -51,20 +56,19 @@ class Scheduler:
                 rows.append(seq)
                 budget -= seq.span.num_active
         for seq in self.running:
-            if seq.seq_id in hold:
+            if seq.seq_id in hold or (seq.share is not None and seq.share.waits(seq)):
                 continue
             if budget > 0 and (seq.span is None or seq.span.round == 0):
                 if self._start_span(seq, budget):
                     rows.append(seq)
                     budget -= seq.span.num_active
-        while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
-            seq = self.waiting[0]
-            if not self.block_manager.can_allocate(seq.reserved_positions):
-                break
-            self.waiting.popleft()
-            self.block_manager.allocate(seq, seq.reserved_positions)
-            seq.status = SeqStatus.RUNNING
-            self.running.append(seq)
+        while budget > 0 and (family := self._admissible()):
+            for seq in family:
+                self.waiting.popleft()
+                seq.status = SeqStatus.RUNNING
+                self.running.append(seq)
+            groups.allocate(family, self.block_manager)
+            seq = family[0]   # the others wait for its prompt (groups.ShareGroup)
             if self._start_span(seq, budget):
                 rows.append(seq)
                 budget -= seq.span.num_active

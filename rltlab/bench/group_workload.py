@@ -1,0 +1,71 @@
+"""W5 of `python -m rltlab.bench.engine`: shared-prompt groups (the GRPO shape) against the same
+samples sent as independent requests, on one engine in one run.
+
+64 prompts x n = 8 samples, 512-token prompts, temperature 1, logprobs=0, fixed depth R, closed
+loop: the client keeps 2 x max_num_seqs / n groups (the grouped run) or 2 x max_num_seqs
+requests (the independent run) outstanding, so that the engine always holds max_num_seqs
+sequences (samples that finish early free their slot; a waiting group is admitted when all
+its samples fit, rltlab.engine.groups). Sample j of prompt i has the same seed in both runs
+(the group's sample_seed(j)), so in exact arithmetic both runs produce the same tokens
+(`same_tokens` reports the fraction of samples that did).
+
+EOS-terminated lengths: a random-weight model never ends a sample on purpose, so every request
+stops at any of k = round(V x 2 / max_tokens) token ids (one seeded set for all requests;
+ignore_eos). The model's probability mass on k random ids of its vocabulary V is about k / V,
+so a sample stops at each token with probability ~ 2 / max_tokens (1/128 at max_tokens 256):
+geometric lengths, mean ~ 0.43 x max_tokens, ~13% run to max_tokens. The run reports the
+measured mean length and the fraction that stopped.
+"""
+from __future__ import annotations
+
+import torch
+
+from rltlab.bench.ceilings import ModelCosts
+from rltlab.bench.engine_checks import closed_loop, prefill_only
+from rltlab.engine import SamplingParams
+
+
+def stop_ids(vocab: int, max_tokens: int, seed: int = 5) -> list[int]:
+    """round(vocab x 2 / max_tokens) distinct ids (at least one), drawn with a fixed seed."""
+    count = min(vocab - 1, max(1, round(vocab * 2 / max_tokens)))
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randperm(vocab - 1, generator=gen)[:count] + 1).tolist()
+
+
+def group_params(spec: dict, vocab: int, num: int) -> list[SamplingParams]:
+    stops = stop_ids(vocab, spec["max_tokens"])
+    return [SamplingParams(n=spec["n"], temperature=1.0, seed=1000 + i,
+                           max_tokens=spec["max_tokens"], logprobs=0, ignore_eos=True,
+                           stop_token_ids=stops, exit_policy="fixed") for i in range(num)]
+
+
+def independent(prompts, params: list[SamplingParams]):
+    """The n = 1 requests a group run stands for: sample j with seed sample_seed(j)."""
+    pairs = [(prompt, SamplingParams(**{**vars(sp), "n": 1, "seed": sp.sample_seed(j)}))
+             for prompt, sp in zip(prompts, params) for j in range(sp.n)]
+    return [p for p, _ in pairs], [sp for _, sp in pairs]
+
+
+def _short(params: list[SamplingParams], max_tokens: int) -> list[SamplingParams]:
+    return [SamplingParams(**{**vars(p), "max_tokens": max_tokens}) for p in params]
+
+
+def run(llm, spec: dict, prompts, params: list[SamplingParams], costs: ModelCosts) -> dict:
+    """Grouped and independent closed loops (+ the grouped prefill-only run) on one engine."""
+    n, c = spec["n"], spec["concurrency"]
+    solo_prompts, solo_params = independent(prompts, params)
+    groups_out, solo_out = max(1, 2 * c // n), 2 * c
+    # capture / autotune outside the timings: every batch size both runs use
+    llm.generate(solo_prompts[:c], _short(solo_params[:c], 2))
+    llm.generate(prompts[: max(1, c // n)], _short(params[: max(1, c // n)], 2))
+    shared, shared_outs = closed_loop(llm, prompts, params, groups_out, costs)
+    solo, solo_outs = closed_loop(llm, solo_prompts, solo_params, solo_out, costs)
+    prefill = prefill_only(llm, prompts, params, groups_out, costs)
+    samples = [c for o in shared_outs for c in o.outputs]
+    same = sum(a.token_ids == b.token_ids for a, b in zip(samples, solo_outs))
+    return {"closed_loop": shared, "independent": solo, "prefill": prefill,
+            "group_speedup": round(shared["tok_s"] / solo["tok_s"], 3),
+            "same_tokens": round(same / len(samples), 4),
+            "mean_output_tokens": round(sum(len(s.token_ids) for s in samples) / len(samples), 2),
+            "stopped_fraction": round(sum(s.finish_reason == "stop" for s in samples)
+                                      / len(samples), 4)}

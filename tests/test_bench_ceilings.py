@@ -1,0 +1,108 @@
+"""The engine bench's ceilings and gains (rltlab.bench.ceilings) against hand-computed values,
+and the bench's W5 (groups) and W6/W7 (decode-heavy depth pair) run tiny on CPU (not timings)."""
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from rltlab.bench import ceilings
+from rltlab.bench.__main__ import build_model
+from rltlab.bench.ceilings import ModelCosts
+from rltlab.bench.engine import main as bench_main
+from tiny_models import tiny_engine_model
+
+COSTS = ModelCosts(rounds=4, linear_params=10, layer_bytes=20, head_params=5, head_bytes=10,
+                   attn_flops_per_pair=8, kv_bytes_per_position=3)
+
+
+def output(prompt_len, *depth_lists):
+    return SimpleNamespace(prompt_token_ids=[1] * prompt_len, outputs=[
+        SimpleNamespace(executed_depths=list(d)) for d in depth_lists])
+
+
+def test_model_costs_of_the_tiny_model():
+    costs = ModelCosts.of(tiny_engine_model(0))   # h32, i64, 2 layers, 4 heads, 2 kv, d8
+    per_layer = 32 * 32 + 2 * 32 * 16 + 32 * 32 + 3 * 32 * 64
+    assert costs == ModelCosts(
+        rounds=4, linear_params=2 * per_layer, layer_bytes=4 * 2 * (per_layer + 4 * 32),
+        head_params=61 * 32, head_bytes=4 * 61 * 32, attn_flops_per_pair=4 * 2 * 4 * 8,
+        kv_bytes_per_position=2 * 2 * 2 * 8 * 4)
+
+
+def test_prefill_flops_and_work_by_hand():
+    # R x (2 x 10 x 3 + 8 x (1 + 2 + 3)) + 2 x 5 = 4 x 108 + 10
+    assert ceilings.prefill_flops(COSTS, 3) == 442
+    # one request, two samples: depths [4, 2, 3] and [4]; output token i >= 1 reads P + i keys
+    work = ceilings.work_of(COSTS, [output(3, [4, 2, 3], [4])])
+    assert work == dict(requests=1, prefill_tokens=3, prefill_flops=442, output_tokens=4,
+                        decode_tokens=2, decode_row_rounds=5, kv_read_positions=2 * 4 + 3 * 5)
+    assert ceilings.mean_executed_rounds(work) == 2.5
+
+
+def test_ceiling_by_hand():
+    work = ceilings.work_of(COSTS, [output(3, [4, 2, 3], [4])])
+    # prefill 442 FLOPs at 221 FLOP/s = 2 s; decode (5 x 20 + 2 x 10) / 2 rows + 23 x 3 = 129
+    # bytes at 43 B/s = 3 s; 4 output tokens / 5 s; 2 decode tokens / 3 s
+    limit = ceilings.ceiling(COSTS, work, rows=2, tflop_s=221e-12, copy_gb_s=43e-9)
+    assert limit == pytest.approx({"prefill_floor_s": 2.0, "decode_floor_s": 3.0,
+                                   "ceiling_tok_s": 0.8, "decode_ceiling_tok_s": 2 / 3})
+
+
+def test_ideal_e2e_gain_and_depth_pair_by_hand():
+    # (10 + 8) / (10 + 8 x 3 / 4) = 18 / 16
+    assert ceilings.ideal_e2e_gain(10.0, 8.0, 3.0, 4.0) == pytest.approx(1.125)
+    base_work = ceilings.work_of(COSTS, [output(3, [4] * 5)] * 2)        # 8 decode tokens, R
+    cheap_work = ceilings.work_of(COSTS, [output(3, [4, 3, 3, 3, 3])] * 2)  # 3 rounds
+    base = {"closed_loop": {"tok_s": 100.0, "work": base_work}, "prefill": {"wall_s": 10.0},
+            "decode": {"decode_tok_s": 1.0}}   # 8 decode tokens at 1 tok/s: 8 s
+    cheap = {"closed_loop": {"tok_s": 108.0, "work": cheap_work},
+             "decode": {"decode_tok_s": 1.25}}
+    pair = ceilings.depth_pair(base, cheap)
+    assert pair == {"e2e_gain": 1.08, "ideal_e2e_gain": 1.125, "pct_of_ideal_e2e": 96.0,
+                    "decode_gain": 1.25, "prefill_s": 10.0, "decode_s": 8.0,
+                    "base_rounds": 4.0, "cheap_rounds": 3.0}
+    assert ceilings.depth_pair(base, {"error": "boom"}) is None
+
+
+def test_annotate_by_hand():
+    work = ceilings.work_of(COSTS, [output(3, [4, 2, 3], [4])])
+    entry = {"modes": {"m": {
+        "closed_loop": {"tok_s": 0.4, "work": work},
+        "independent": {"tok_s": 0.2},
+        "decode": {"decode_tok_s": 0.5, "work": work},
+        "prefill": {"wall_s": 4.0, "work": work}}}}
+    ceilings.annotate(entry, COSTS, rows=2, tflop_s=221e-12, copy_gb_s=43e-9)
+    res = entry["modes"]["m"]
+    assert res["prefill_pct_of_matmul"] == 50.0          # 442 FLOPs in 4 s at 221 FLOP/s
+    assert res["decode"]["pct_of_ceiling"] == 75.0       # 0.5 of 2/3 tok/s
+    assert res["ceiling_tok_s"] == 0.8 and res["pct_of_ceiling"] == 50.0   # closed loop
+    assert res["independent"]["pct_of_ceiling"] == 25.0
+
+
+def test_bench_groups_and_decode_heavy_pair_run_tiny(capsys):
+    res = bench_main(["--preset", "tiny", "--device", "cpu", "--workload", "W5", "W6", "W7",
+                      "--scale", "0.02", "--modes", "gather", "--kv-gib", "0.05"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == res
+    w5 = res["workloads"]["W5"]["modes"]["gather"]
+    n = res["workloads"]["W5"]["spec"]["n"]
+    assert w5["same_tokens"] == 1.0 and w5["group_speedup"] > 0   # fp32: identical samples
+    # stop-token ended lengths
+    assert w5["stopped_fraction"] > 0 and w5["mean_output_tokens"] < res["workloads"]["W5"][
+        "spec"]["max_tokens"]
+    assert w5["independent"]["work"]["prefill_tokens"] == n * w5["closed_loop"]["work"][
+        "prefill_tokens"]
+    costs = ModelCosts.of(build_model(SimpleNamespace(model=None, preset="tiny", device="cpu",
+                                                      dtype="float32")))
+    for name in ("W5", "W6", "W7"):
+        entry = res["workloads"][name]
+        mode = entry["modes"]["gather"]
+        limit = ceilings.ceiling(costs, mode["closed_loop"]["work"], entry["spec"]["concurrency"],
+                                 res["matmul_tflop_s"], res["copy_bandwidth_gb_s"])
+        assert mode["ceiling_tok_s"] == round(limit["ceiling_tok_s"], 1)
+        assert mode["pct_of_ceiling"] == ceilings.pct(mode["closed_loop"]["tok_s"],
+                                                      limit["ceiling_tok_s"])
+        assert mode["prefill_pct_of_matmul"] > 0
+    pair = res["depth_pairs"]["W7/W6"]["gather"]
+    assert pair["cheap_rounds"] < pair["base_rounds"] == 4.0
+    assert pair["ideal_e2e_gain"] == round(ceilings.ideal_e2e_gain(
+        pair["prefill_s"], pair["decode_s"], pair["cheap_rounds"], pair["base_rounds"]), 3)
