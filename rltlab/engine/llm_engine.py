@@ -7,9 +7,11 @@
 from __future__ import annotations
 
 import itertools
+import operator
 import time
 from typing import Iterable
 
+import numpy as np
 import torch
 
 from rltlab.engine.block_manager import BlockManager
@@ -25,6 +27,18 @@ from rltlab.engine.token_step import FusedTokenStep
 from rltlab.engine.sequence import Request, Sequence, SeqStatus
 from rltlab.engine.weights import WeightUpdater
 from rltlab.model.architecture import OuroForCausalLM
+
+
+def _token_id(token) -> int | None:
+    """An integer id (int, numpy or 0-d torch integer) as an int; None for anything else
+    (float, str, bool: coercing them would hide a caller's bug)."""
+    if isinstance(token, (bool, np.bool_)) or (isinstance(token, torch.Tensor)
+                                              and token.dtype == torch.bool):
+        return None
+    try:
+        return operator.index(token)
+    except TypeError:
+        return None
 
 
 class LLMEngine:
@@ -83,7 +97,9 @@ class LLMEngine:
             default_min_loops=self.config.default_min_loops,
             default_threshold=self.model_config.early_exit_threshold,
             default_policy=self.config.exit_policy)
-        self.policy(params.exit_policy).validate(params, self.num_rounds)
+        policy = self.policy(params.exit_policy)
+        policy.check_arg_names(params)
+        policy.validate(params, self.num_rounds)
         max_output = min(params.max_tokens, self.max_model_len - len(prompt))
         reserved = len(prompt) + max_output - 1
         self.block_manager.check_fits(reserved, f"request {request_id!r}")
@@ -99,12 +115,20 @@ class LLMEngine:
         return request_id
 
     def _check_prompt(self, tokens) -> list[int]:
+        """Plain int ids in [0, vocab): a float, str or bool is refused, not coerced."""
         if not isinstance(tokens, (list, tuple)) or not tokens:
             raise ValueError("prompt_token_ids must be a non-empty list of token ids")
-        tokens = [int(t) for t in tokens]
-        vocab = self.model_config.vocab_size
-        if any(not 0 <= t < vocab for t in tokens):
-            raise ValueError(f"prompt_token_ids hold ids outside the vocabulary [0, {vocab})")
+        vocab, ids = self.model_config.vocab_size, []
+        for i, token in enumerate(tokens):
+            token_id = _token_id(token)
+            if token_id is None:
+                raise ValueError(f"prompt_token_ids[{i}] = {token!r} is not an integer token id "
+                                 f"({type(token).__name__})")
+            if not 0 <= token_id < vocab:
+                raise ValueError(f"prompt_token_ids[{i}] = {token_id} lies outside the "
+                                 f"vocabulary [0, {vocab})")
+            ids.append(token_id)
+        tokens = ids
         if len(tokens) >= self.max_model_len:
             raise ValueError(f"prompt of {len(tokens)} tokens leaves no room to generate: "
                              f"max_model_len is {self.max_model_len}")
