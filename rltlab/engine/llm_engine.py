@@ -43,11 +43,15 @@ def _token_id(token) -> int | None:
 
 class LLMEngine:
     def __init__(self, model: OuroForCausalLM, config: EngineConfig | None = None,
-                 tokenizer=None, weight_version: int = 0):
+                 tokenizer=None, weight_version: int = 0, *, private_model: bool = False):
+        """The engine works on its own copy of `model` (the caller's model, its values and its
+        train/eval mode are never touched; only the weight-update API changes the engine's
+        weights). private_model=True: nobody else holds `model` (build_engine loaded it), so
+        it is used without a copy."""
         self.config = config = config or EngineConfig()
         param = next(model.parameters())
         static = config.use_static_decode(torch.device(config.device or param.device))
-        self.model = place_model(model, config.dtype, config.device, own=static)
+        self.model = place_model(model, config.dtype, config.device, copy=not private_model)
         self.model_config, self.tokenizer = self.model.config, tokenizer
         self.num_rounds = self.model_config.num_rounds
         self.max_model_len = config.resolve_max_model_len(self.model_config)
