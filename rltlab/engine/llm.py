@@ -64,7 +64,6 @@ class LLM:
                                "added with add_request() first")
         if engine.paused:
             raise RuntimeError("generation is paused: resume_generation() first")
-        engine.weights.check_ready()
         token_lists, texts = self._tokenize(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(token_lists)

@@ -85,8 +85,6 @@ class LLMEngine:
     # ------------------------------------------------------------------------------ requests
     def add_request(self, request_id: str | None, prompt_token_ids: list[int],
                     params: SamplingParams | None = None, stream: bool = False) -> str:
-        if self.weights.state == self.weights.FAILED:
-            self.weights.check_ready()
         auto = False
         while request_id is None or (auto and request_id in self.requests):
             auto, request_id = True, str(next(self._request_ids))
@@ -164,7 +162,6 @@ class LLMEngine:
     # ---------------------------------------------------------------------------------- step
     @torch.no_grad()
     def step(self) -> list[RequestOutput]:
-        self.weights.check_ready()
         if self.proposer is not None and self._spec.ready():   # all decoding: speculate
             return self._spec.step()
         depth = self._whole_tokens.ready() if self._whole_tokens else None
