@@ -84,8 +84,8 @@ class ExitPolicy:
             return
         unknown = sorted(set(params.exit_policy_args) - self.arg_names, key=repr)
         if unknown:
-            valid = (f"valid keys: {sorted(self.arg_names)}" if self.arg_names
-                     else "it takes no per-request arguments")
+            valid = (f"valid keys: {', '.join(map(repr, sorted(self.arg_names)))}"
+                     if self.arg_names else "it takes no per-request arguments")
             raise ValueError(f"SamplingParams.exit_policy_args has unknown key(s) "
                              f"{', '.join(map(repr, unknown))} for exit policy {self.name!r}; "
                              f"{valid}")
@@ -262,7 +262,7 @@ def _check_factory_args(name: str, factory: Callable[..., ExitPolicy], kwargs: d
     valid = sorted(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
     unknown = sorted(set(kwargs) - set(valid))
     if unknown:
-        hint = (f"valid: {', '.join(map(repr, valid))}" if valid
+        hint = (f"valid keys: {', '.join(map(repr, valid))}" if valid
                 else "it takes no engine-level arguments")
         raise ValueError(
             f"EngineConfig.exit_policy_args has unknown key(s) {', '.join(map(repr, unknown))} "

@@ -55,8 +55,7 @@ class WeightUpdater:
             self._validate(chunk)
             staged = {name: self._stage(name, tensor) for name, tensor in chunk}
         except WeightUpdateError as err:
-            self._abandon(str(err))
-            raise
+            raise self._abandon(str(err)) from err
         self.staged.update(staged)
         return len(chunk)
 
@@ -65,10 +64,9 @@ class WeightUpdater:
         self._check_updating("finish_weight_update()")
         missing = sorted(set(self.params) - set(self.staged))
         if missing:
-            self._abandon(f"update to version {self.target_version} finished with "
-                          f"{len(missing)} of {len(self.params)} parameters missing: "
-                          f"{_names(missing)}")
-            raise WeightUpdateError(self.error)
+            raise self._abandon(f"update to version {self.target_version} finished with "
+                                f"{len(missing)} of {len(self.params)} parameters missing: "
+                                f"{_names(missing)}")
         with torch.no_grad():
             for name, tensor in self.staged.items():
                 self.params[name].data.copy_(tensor)
@@ -83,8 +81,11 @@ class WeightUpdater:
         raise RuntimeError(f"{call} without an update in progress{why}; version "
                            f"{self.version} is serving: call start_weight_update(version) first")
 
-    def _abandon(self, why: str) -> None:
+    def _abandon(self, why: str) -> WeightUpdateError:
+        """Drop the staged chunks; -> the error to raise (it says what keeps serving)."""
         self.state, self.staged, self.error = self.READY, {}, why
+        return WeightUpdateError(f"{why}; the update to version {self.target_version} is "
+                                 f"abandoned and version {self.version} keeps serving")
 
     def _stage(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         param = self.params[name]
