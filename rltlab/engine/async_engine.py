@@ -120,8 +120,7 @@ class AsyncLLM:
 
     def _can_step(self) -> bool:
         engine = self.engine
-        return engine.has_unfinished_requests() and (
-            not engine.paused or bool(engine._outputs)) and engine.weights.state == "ready"
+        return engine.has_unfinished_requests() and (not engine.paused or bool(engine._outputs))
 
     async def _run(self) -> None:
         while True:
@@ -135,7 +134,7 @@ class AsyncLLM:
                 for rid, queue in list(self._queues.items()):
                     queue.put_nowait(RuntimeError(f"engine step failed: {err!r}"))
                 self.engine.abort_request(list(self.engine.requests))
-                outputs = self.engine.step() if self.engine.weights.state == "ready" else []
+                outputs = self.engine.step()
             for out in outputs:
                 queue = self._queues.get(out.request_id)
                 if queue is not None:

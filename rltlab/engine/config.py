@@ -96,8 +96,11 @@ class EngineConfig:
         if not isinstance(self.exit_policy, str) or not self.exit_policy:
             raise ValueError(f"EngineConfig.exit_policy must be a policy name, "
                              f"got {self.exit_policy!r}")
-        if not isinstance(self.exit_policy_args, dict):
-            raise ValueError("EngineConfig.exit_policy_args must be a dict")
+        if not isinstance(self.exit_policy_args, dict) or \
+                not all(isinstance(key, str) for key in self.exit_policy_args):
+            raise ValueError("EngineConfig.exit_policy_args must be a dict with str keys "
+                             f"(keyword arguments of the policy's factory), got "
+                             f"{self.exit_policy_args!r}")
         if self.exit_semantics not in EXIT_SEMANTICS:
             raise ValueError(f"EngineConfig.exit_semantics must be one of {EXIT_SEMANTICS}, "
                              f"got {self.exit_semantics!r}")

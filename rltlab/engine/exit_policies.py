@@ -20,6 +20,11 @@ per-request settings from the effective SamplingParams of each row's sequence
 (min_loops / max_loops / exit_threshold / exit_policy_args); its factory receives the model
 config and the engine-level keyword arguments (EngineConfig.exit_policy_args).
 
+Argument names are checked, so a typo fails loudly instead of falling back to a default: a
+policy lists the per-request keys it reads in `arg_names` (the engine refuses other keys,
+naming them and the valid ones; None = not declared, nothing checked), and create_exit_policy
+refuses engine-level keyword arguments that the factory does not take.
+
 Round 0: a policy with `asks_before_round1 = True` (and decision_lag >= 1) is also asked once
 per decode token BEFORE its round 1 runs, with rounds = 0, hidden = h_0 = embed(token) and no
 gate logits; it answers 0 (no decision) or t >= decision_lag, read (lagged, as above) at the
@@ -30,6 +35,7 @@ sequence (Sequence.emit_hidden). Other policies are first asked after round 1.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -70,6 +76,19 @@ class ExitPolicy:
     reads_gates = True      # the engine keeps each token's gate logits for RoundInfo
     decision_lag = 0        # see the module docstring
     asks_before_round1 = False   # round-0 ask (see the module docstring)
+    arg_names: frozenset[str] | None = None   # per-request exit_policy_args keys (None: unchecked)
+
+    def check_arg_names(self, params: SamplingParams) -> None:
+        """Refuse exit_policy_args keys this policy does not read (if it declares arg_names)."""
+        if self.arg_names is None:
+            return
+        unknown = sorted(set(params.exit_policy_args) - self.arg_names, key=repr)
+        if unknown:
+            valid = (f"valid keys: {', '.join(map(repr, sorted(self.arg_names)))}"
+                     if self.arg_names else "it takes no per-request arguments")
+            raise ValueError(f"SamplingParams.exit_policy_args has unknown key(s) "
+                             f"{', '.join(map(repr, unknown))} for exit policy {self.name!r}; "
+                             f"{valid}")
 
     def validate(self, params: SamplingParams, num_rounds: int) -> None:
         """Raise ValueError naming the field if a request's settings cannot work."""
@@ -94,6 +113,7 @@ class FixedDepth(ExitPolicy):
     """Exit at exit_policy_args["depth"] (default max_loops), decided on the host after round 1."""
     name = "fixed"
     reads_gates = False
+    arg_names = frozenset({"depth"})
 
     def validate(self, params, num_rounds):
         depth = params.exit_policy_args.get("depth", params.max_loops)
@@ -110,6 +130,7 @@ class QExit(ExitPolicy):
     """Stock Q-exit: exit after r if r >= max_loops or (thr < 1, r >= min_loops, CDF_r >= thr).
     The answer is needed now, so the engine reads it at once (one host sync per round)."""
     name = "q_exit"
+    arg_names = frozenset()
 
     def decide(self, info):
         rounds = info.rounds.to(info.device, non_blocking=True)
@@ -121,6 +142,7 @@ class DelayedQExit(ExitPolicy):
     reads the answer a round later, without a host sync in the round that computed it."""
     name = "q_exit_delayed"
     decision_lag = 1
+    arg_names = frozenset()
 
     def decide(self, info):
         rounds = info.rounds.to(info.device, non_blocking=True)
@@ -134,6 +156,7 @@ class TraceReplay(ExitPolicy):
     ["fallback"] (default R). Decided on the host after round 1 (no device reads)."""
     name = "trace"
     reads_gates = False
+    arg_names = frozenset({"depths", "fallback"})
 
     def validate(self, params, num_rounds):
         depths = params.exit_policy_args.get("depths")
@@ -166,6 +189,7 @@ class Lookahead(ExitPolicy):
     at least one round ahead, so the engine reads it without a sync (decision_lag 1)."""
     name = "lookahead"
     decision_lag = 1
+    arg_names = frozenset({"round", "k", "threshold"})
 
     def __init__(self, predictor: Callable[[RoundInfo], torch.Tensor] | None = None):
         self.predictor = predictor or RoundInfo.cdf_now
@@ -218,6 +242,7 @@ def available_exit_policies() -> list[str]:
 def create_exit_policy(name: str, model_config: OuroConfig, **kwargs: Any) -> ExitPolicy:
     if name not in _REGISTRY:
         raise ValueError(f"unknown exit policy {name!r}; registered: {available_exit_policies()}")
+    _check_factory_args(name, _REGISTRY[name], kwargs)
     policy = _REGISTRY[name](model_config, **kwargs)
     if not isinstance(policy, ExitPolicy):
         raise TypeError(f"factory of exit policy {name!r} returned {type(policy).__name__}, "
@@ -225,6 +250,30 @@ def create_exit_policy(name: str, model_config: OuroConfig, **kwargs: Any) -> Ex
     return policy
 
 
+def _check_factory_args(name: str, factory: Callable[..., ExitPolicy], kwargs: dict) -> None:
+    """Refuse engine-level arguments the factory does not take (a ValueError naming them and
+    the valid ones, instead of the factory's bare TypeError)."""
+    try:
+        params = list(inspect.signature(factory).parameters.values())[1:]   # after the config
+    except (TypeError, ValueError):   # no signature to read: let the call decide
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    valid = sorted(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    unknown = sorted(set(kwargs) - set(valid))
+    if unknown:
+        hint = (f"valid keys: {', '.join(map(repr, valid))}" if valid
+                else "it takes no engine-level arguments")
+        raise ValueError(
+            f"EngineConfig.exit_policy_args has unknown key(s) {', '.join(map(repr, unknown))} "
+            f"for exit policy {name!r} ({hint}); per-request settings go in "
+            "SamplingParams.exit_policy_args")
+
+
+def _no_engine_args(cls: type[ExitPolicy]) -> Callable[[OuroConfig], ExitPolicy]:
+    return lambda _cfg: cls()
+
+
 for _cls in (FixedDepth, QExit, DelayedQExit, TraceReplay):
-    register_exit_policy(_cls.name, lambda _cfg, _cls=_cls: _cls())
+    register_exit_policy(_cls.name, _no_engine_args(_cls))
 register_exit_policy(Lookahead.name, lambda _cfg, predictor=None: Lookahead(predictor))

@@ -26,7 +26,8 @@ def build_engine(model_or_path, tokenizer=None, *, weight_version: int = 0,
         raise ValueError(f"unknown engine arguments {sorted(unknown)}; "
                          f"EngineConfig fields are {sorted(_CONFIG_FIELDS)}")
     config = EngineConfig(**kwargs)
-    if isinstance(model_or_path, (str, os.PathLike)):
+    private = isinstance(model_or_path, (str, os.PathLike))   # loaded here: no copy needed
+    if private:
         from rltlab.model import checkpoint
         device = config.device or "cpu"
         if (Path(model_or_path) / "tokenizer.json").is_file():
@@ -40,7 +41,8 @@ def build_engine(model_or_path, tokenizer=None, *, weight_version: int = 0,
     else:
         raise TypeError("LLM needs an OuroForCausalLM or a checkpoint directory, got "
                         f"{type(model_or_path).__name__}")
-    return LLMEngine(model, config, tokenizer=tokenizer, weight_version=weight_version)
+    return LLMEngine(model, config, tokenizer=tokenizer, weight_version=weight_version,
+                     private_model=private)
 
 
 class LLM:
@@ -62,7 +64,6 @@ class LLM:
                                "added with add_request() first")
         if engine.paused:
             raise RuntimeError("generation is paused: resume_generation() first")
-        engine.weights.check_ready()
         token_lists, texts = self._tokenize(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(token_lists)

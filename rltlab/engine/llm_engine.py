@@ -11,9 +11,11 @@ output round of a sampling position is selected at round R (rltlab.engine.select
 from __future__ import annotations
 
 import itertools
+import operator
 import time
 from typing import Iterable
 
+import numpy as np
 import torch
 
 from rltlab.engine.block_manager import BlockManager
@@ -33,13 +35,29 @@ from rltlab.engine.weights import WeightUpdater
 from rltlab.model.architecture import SELECT_ONLY, OuroForCausalLM
 
 
+def _token_id(token) -> int | None:
+    """An integer id (int, numpy or 0-d torch integer) as an int; None for anything else
+    (float, str, bool: coercing them would hide a caller's bug)."""
+    if isinstance(token, (bool, np.bool_)) or (isinstance(token, torch.Tensor)
+                                              and token.dtype == torch.bool):
+        return None
+    try:
+        return operator.index(token)
+    except TypeError:
+        return None
+
+
 class LLMEngine:
     def __init__(self, model: OuroForCausalLM, config: EngineConfig | None = None,
-                 tokenizer=None, weight_version: int = 0):
+                 tokenizer=None, weight_version: int = 0, *, private_model: bool = False):
+        """The engine works on its own copy of `model` (the caller's model, its values and its
+        train/eval mode are never touched; only the weight-update API changes the engine's
+        weights). private_model=True: nobody else holds `model` (build_engine loaded it), so
+        it is used without a copy."""
         self.config = config = config or EngineConfig()
         param = next(model.parameters())
         static = config.use_static_decode(torch.device(config.device or param.device))
-        self.model = place_model(model, config.dtype, config.device, own=static)
+        self.model = place_model(model, config.dtype, config.device, copy=not private_model)
         self.model_config, self.tokenizer = self.model.config, tokenizer
         self.num_rounds = self.model_config.num_rounds
         self.max_model_len = config.resolve_max_model_len(self.model_config)
@@ -78,8 +96,6 @@ class LLMEngine:
     # ------------------------------------------------------------------------------ requests
     def add_request(self, request_id: str | None, prompt_token_ids: list[int],
                     params: SamplingParams | None = None, stream: bool = False) -> str:
-        if self.weights.state == self.weights.FAILED:
-            self.weights.check_ready()
         auto = False
         while request_id is None or (auto and request_id in self.requests):
             auto, request_id = True, str(next(self._request_ids))
@@ -94,9 +110,11 @@ class LLMEngine:
             default_min_loops=self.config.resolve_default_min_loops(),
             default_threshold=self.model_config.early_exit_threshold,
             default_policy=self.config.exit_policy)
-        self.policy(params.exit_policy).validate(params, self.num_rounds)
+        policy = self.policy(params.exit_policy)
+        policy.check_arg_names(params)
+        policy.validate(params, self.num_rounds)
         if self.select_only:
-            select_only.check_policy(self.policy(params.exit_policy), f"request {request_id!r}")
+            select_only.check_policy(policy, f"request {request_id!r}")
         max_output = min(params.max_tokens, self.max_model_len - len(prompt))
         reserved = len(prompt) + max_output - 1
         self.block_manager.check_fits(reserved, f"request {request_id!r}")
@@ -112,12 +130,20 @@ class LLMEngine:
         return request_id
 
     def _check_prompt(self, tokens) -> list[int]:
+        """Plain int ids in [0, vocab): a float, str or bool is refused, not coerced."""
         if not isinstance(tokens, (list, tuple)) or not tokens:
             raise ValueError("prompt_token_ids must be a non-empty list of token ids")
-        tokens = [int(t) for t in tokens]
-        vocab = self.model_config.vocab_size
-        if any(not 0 <= t < vocab for t in tokens):
-            raise ValueError(f"prompt_token_ids hold ids outside the vocabulary [0, {vocab})")
+        vocab, ids = self.model_config.vocab_size, []
+        for i, token in enumerate(tokens):
+            token_id = _token_id(token)
+            if token_id is None:
+                raise ValueError(f"prompt_token_ids[{i}] = {token!r} is not an integer token id "
+                                 f"({type(token).__name__})")
+            if not 0 <= token_id < vocab:
+                raise ValueError(f"prompt_token_ids[{i}] = {token_id} lies outside the "
+                                 f"vocabulary [0, {vocab})")
+            ids.append(token_id)
+        tokens = ids
         if len(tokens) >= self.max_model_len:
             raise ValueError(f"prompt of {len(tokens)} tokens leaves no room to generate: "
                              f"max_model_len is {self.max_model_len}")
@@ -149,7 +175,6 @@ class LLMEngine:
     # ---------------------------------------------------------------------------------- step
     @torch.no_grad()
     def step(self) -> list[RequestOutput]:
-        self.weights.check_ready()
         if self.proposer is not None and self._spec.ready():   # all decoding: speculate
             return self._spec.step()
         depth = self._whole_tokens.ready() if self._whole_tokens else None

@@ -17,6 +17,7 @@ Two paths (EngineConfig.decode_path):
 from __future__ import annotations
 
 import itertools
+from copy import deepcopy
 from dataclasses import dataclass, field
 
 import torch
@@ -302,15 +303,17 @@ class ModelRunner:
             copy(self.kv_cache, slots_t, planes_t)
 
 
-def place_model(model: OuroForCausalLM, dtype, device, own: bool = False) -> OuroForCausalLM:
-    """The model itself if dtype/device match (and own is False), else an engine-owned copy
-    (the static decode path owns one: it rearranges the weights' storage)."""
+def place_model(model: OuroForCausalLM, dtype, device, copy: bool = True) -> OuroForCausalLM:
+    """The engine's model: a private copy of `model` in `dtype` on `device` (copy=True: the
+    caller keeps its own model, values and train/eval mode untouched), or `model` itself when
+    copy is False and dtype/device already match. Eval mode, no gradients (the engine only
+    infers; the static decode path also rearranges the weights' storage)."""
     param = next(model.parameters())
     dtype, device = dtype or param.dtype, torch.device(device or param.device)
-    if dtype == param.dtype and device == param.device and not own:
-        return model.eval()
-    with torch.device("meta"):
-        copy = OuroForCausalLM(model.config)
-    copy = copy.to(dtype).to_empty(device=device)
-    copy.load_state_dict(model.state_dict())
-    return copy.eval()
+    if copy or dtype != param.dtype or device != param.device:
+        with torch.device("meta"):
+            placed = OuroForCausalLM(deepcopy(model.config))
+        placed = placed.to(dtype).to_empty(device=device)
+        placed.load_state_dict(model.state_dict())
+        model = placed
+    return model.eval().requires_grad_(False)

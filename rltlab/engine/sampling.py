@@ -7,6 +7,11 @@ asking for them cannot change the sampled tokens.
 raw_logprobs:       log_softmax(logits)[token]
 processed_logprobs: log_softmax(processed)[token], processed = logits / temperature (skipped
                     at temperature 0) with tokens outside top-k / top-p set to -inf.
+
+A temperature below SAMPLING_EPS is greedy (vLLM's rule): SamplingParams stores it as 0.0, and
+process_logits does not scale rows below it. Dividing by such a temperature is not a sharper
+distribution but a numerical accident: 1e-300 rounds to 0 in fp32 (the old code then sampled
+at T = 1) and 1e-45..1e-38 overflow the logits to inf (NaN probabilities).
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import torch
 
 _SEED_MIX = 0x9E3779B97F4A7C15
 _SEED_MOD = 2 ** 63
+SAMPLING_EPS = 1e-5   # temperatures below this are greedy (module docstring)
 
 
 def _is_int(value: Any) -> bool:
@@ -52,6 +58,8 @@ class SamplingParams:
         if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool) \
                 or not 0.0 <= self.temperature < float("inf"):
             _fail("temperature", self.temperature, "must be a finite float >= 0")
+        if self.temperature < SAMPLING_EPS:
+            self.temperature = 0.0   # greedy (the effective params say so)
         if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
             _fail("top_p", self.top_p, "must lie in (0, 1]")
         if not _is_int(self.top_k) or self.top_k < -1:
@@ -125,7 +133,7 @@ def process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
     filtering: whether any row has top-k < V or top-p < 1 (None: read it from the tensors,
     a device sync; the sampler knows it from the params)."""
     logits = logits.float()
-    scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    scale = torch.where(temperature >= SAMPLING_EPS, temperature, torch.ones_like(temperature))
     processed = logits / scale[:, None]
     vocab = logits.shape[-1]
     k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
@@ -158,7 +166,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     device, vocab = logits.device, logits.shape[-1]
     logits = logits.float()
     filtering = needs_filtering(params, vocab)
-    if filtering or any(p.temperature != 0 for p in params):
+    if filtering or any(p.temperature >= SAMPLING_EPS for p in params):
         temperature = torch.tensor([p.temperature for p in params], device=device)
         top_k = torch.tensor([p.top_k for p in params], device=device)
         top_p = torch.tensor([p.top_p for p in params], device=device)
@@ -166,7 +174,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     else:   # all greedy, nothing filtered: processing would divide by 1 (no launches needed)
         processed = logits
     tokens = processed.argmax(dim=-1).tolist()
-    sampled = [row for row, p in enumerate(params) if p.temperature != 0]
+    sampled = [row for row, p in enumerate(params) if p.temperature >= SAMPLING_EPS]
     probs = torch.softmax(processed[sampled], dim=-1) if sampled else None
     for i, row in enumerate(sampled):
         gen = generators[row]

@@ -10,6 +10,7 @@ pending token t at logical position P and cache column c (= cache.length):
           are the target's rounds 1..d on the same prefix (same weights, same planes);
   accept: greedy prefix match (T=0) or rejection sampling (T>0: accept x w.p. min(1, p/q), else
           resample from normalize(max(0, p - q))); then a correction or a bonus token.
+          T below rltlab.engine.sampling.SAMPLING_EPS is greedy, as in the engine's sampler.
 
 A draft model whose shared layers differ from the target's (a draft-only LoRA, `draft_model`)
 breaks reuse: verification then recomputes rounds 1..R for the K+1 columns (and overwrites the
@@ -31,6 +32,7 @@ import torch
 
 from rltlab.model.architecture import LoopedKVCache, OuroForCausalLM, _RoundContext, rope_cos_sin
 from rltlab.model.generate import left_pad
+from rltlab.engine.sampling import SAMPLING_EPS
 
 Head = Callable[[torch.Tensor], torch.Tensor]   # h_d [..., H] -> logits [..., V]
 
@@ -102,7 +104,7 @@ def _accept(drafts, q, target, temperature, gen):
     -> (n accepted [B], next token [B])."""
     bsz, k = drafts.shape
     rows = torch.arange(bsz, device=drafts.device)
-    if temperature <= 0:
+    if temperature < SAMPLING_EPS:
         best = target.argmax(-1)
         n = (drafts == best[:, :k]).long().cumprod(1).sum(1)
         return n, best[rows, n]
@@ -123,7 +125,7 @@ def _accept(drafts, q, target, temperature, gen):
 
 def _draw(logits: torch.Tensor, temperature: float, gen):
     """-> (token [B], draft probs [B, V] or None at T=0)."""
-    if temperature <= 0:
+    if temperature < SAMPLING_EPS:
         return logits.argmax(-1), None
     q = torch.softmax(logits.float() / temperature, dim=-1)
     return torch.multinomial(q, 1, generator=gen)[:, 0], q
@@ -151,6 +153,9 @@ def speculative_generate(model: OuroForCausalLM, prompt_ids, max_tokens: int, k:
         raise ValueError(f"draft_rounds must lie in [1, {num_rounds - 1}], got {d}")
     if k < 1 or max_tokens < 1:
         raise ValueError(f"k and max_tokens must be >= 1, got {k}, {max_tokens}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not 0.0 <= temperature < float("inf"):
+        raise ValueError(f"temperature must be a finite float >= 0, got {temperature!r}")
     head = head or model.lm_head
     started = time.perf_counter()
     param = next(model.parameters())
@@ -193,7 +198,7 @@ def speculative_generate(model: OuroForCausalLM, prompt_ids, max_tokens: int, k:
                            cache, col, range(1, num_rounds + 1))
             passes += num_rounds
         target = model.lm_head(h).float()
-        q_t = torch.stack(qs, 1) if temperature > 0 else None
+        q_t = torch.stack(qs, 1) if temperature >= SAMPLING_EPS else None
         n, nxt = _accept(drafts_t, q_t, target, temperature, gen)
         for b, (nb, drafted, y) in enumerate(zip(n.tolist(), drafts_t.tolist(), nxt.tolist())):
             cache.key_mask[b, col + nb + 1: col + k + 1] = False    # roll back rejected columns

@@ -1,11 +1,15 @@
-"""Versioned in-place weight updates.
+"""Versioned, atomic weight updates.
 
-Lifecycle: start(version) -> update(chunk) ... -> finish(). Each chunk is validated as a whole
-(known name, no duplicate, same shape, floating dtype, finite values) before any parameter is
-touched; accepted tensors are copied in place with param.data.copy_ (same storage, so captured
-CUDA graphs stay valid; dtype/device are converted by the copy). A rejected chunk, or finish()
-with parameters that were never sent, marks the update failed: the engine then refuses to
-generate until a complete update succeeds.
+Lifecycle: start(version) -> update(chunk) ... -> finish(). The version must exceed the one
+being served (versions never go backwards). Each chunk is validated as a whole (known name, no
+duplicate, same shape, floating dtype, finite values, no overflow when cast) and then STAGED: a
+private copy in the parameter's dtype and on its device, so the sender may reuse its tensors at
+once. Nothing reaches the model before finish(), which checks that every parameter was sent and
+then copies all staged tensors in place with param.data.copy_ (same storage, so captured CUDA
+graphs stay valid). So an update is all or nothing: a rejected chunk, or finish() with
+parameters never sent, abandons the update (the staged tensors are dropped) and the previous
+version keeps serving; an update that is started and never finished changes nothing either.
+Staging holds up to one extra copy of the weights until finish().
 """
 from __future__ import annotations
 
@@ -20,62 +24,76 @@ class WeightUpdateError(ValueError):
 
 
 class WeightUpdater:
-    READY, UPDATING, FAILED = "ready", "updating", "failed"
+    READY, UPDATING = "ready", "updating"
 
     def __init__(self, model: nn.Module, version: int = 0):
+        if not _is_int(version):
+            raise WeightUpdateError(f"weight version must be an int, got {version!r}")
         self.params = dict(model.named_parameters())
         self.version = version
         self.state = self.READY
         self.target_version: int | None = None
-        self.received: set[str] = set()
-        self.error: str | None = None
+        self.staged: dict[str, torch.Tensor] = {}
+        self.error: str | None = None   # why the last update was abandoned
 
     def start(self, version: int) -> None:
-        if not isinstance(version, int) or isinstance(version, bool):
+        """Begin an update to `version` (> the served version). A start during an unfinished
+        update drops that update's staged chunks."""
+        if not _is_int(version):
             raise WeightUpdateError(f"weight version must be an int, got {version!r}")
-        self.state, self.target_version, self.received, self.error = \
-            self.UPDATING, version, set(), None
+        if version <= self.version:
+            raise WeightUpdateError(f"weight version {version} does not exceed the served "
+                                    f"version {self.version}: versions only increase")
+        self.state, self.target_version, self.staged, self.error = \
+            self.UPDATING, version, {}, None
 
     def update(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Validate then copy one chunk; returns how many tensors it held."""
-        if self.state != self.UPDATING:
-            raise RuntimeError("update_weights() outside an update: call "
-                               "start_weight_update(version) first")
+        """Validate then stage one chunk; returns how many tensors it held."""
+        self._check_updating("update_weights()")
         chunk = list(named_tensors)
         try:
             self._validate(chunk)
+            staged = {name: self._stage(name, tensor) for name, tensor in chunk}
         except WeightUpdateError as err:
-            self._fail(str(err))
-            raise
-        with torch.no_grad():
-            for name, tensor in chunk:
-                self.params[name].data.copy_(tensor)
-        self.received.update(name for name, _ in chunk)
+            raise self._abandon(str(err)) from err
+        self.staged.update(staged)
         return len(chunk)
 
     def finish(self) -> int:
-        if self.state != self.UPDATING:
-            raise RuntimeError(f"finish_weight_update() without an update in progress "
-                               f"(state {self.state})")
-        missing = sorted(set(self.params) - self.received)
+        """Apply every staged tensor at once; -> the new version."""
+        self._check_updating("finish_weight_update()")
+        missing = sorted(set(self.params) - set(self.staged))
         if missing:
-            self._fail(f"update to version {self.target_version} finished with {len(missing)} "
-                       f"of {len(self.params)} parameters missing: {_names(missing)}")
-            raise WeightUpdateError(self.error)
-        self.state, self.version = self.READY, self.target_version
+            raise self._abandon(f"update to version {self.target_version} finished with "
+                                f"{len(missing)} of {len(self.params)} parameters missing: "
+                                f"{_names(missing)}")
+        with torch.no_grad():
+            for name, tensor in self.staged.items():
+                self.params[name].data.copy_(tensor)
+        self.state, self.version, self.staged = self.READY, self.target_version, {}
         return self.version
 
-    def check_ready(self) -> None:
+    def _check_updating(self, call: str) -> None:
         if self.state == self.UPDATING:
-            raise RuntimeError(f"weight update to version {self.target_version} in progress: "
-                               "finish_weight_update() before generating")
-        if self.state == self.FAILED:
-            raise RuntimeError(f"the last weight update failed ({self.error}); the weights are "
-                               "inconsistent, so generation is refused until a complete "
-                               "update (start/update/finish) succeeds")
+            return
+        why = (f" (the update to version {self.target_version} was abandoned: {self.error})"
+               if self.error else "")
+        raise RuntimeError(f"{call} without an update in progress{why}; version "
+                           f"{self.version} is serving: call start_weight_update(version) first")
 
-    def _fail(self, why: str) -> None:
-        self.state, self.error = self.FAILED, why
+    def _abandon(self, why: str) -> WeightUpdateError:
+        """Drop the staged chunks; -> the error to raise (it says what keeps serving)."""
+        self.state, self.staged, self.error = self.READY, {}, why
+        return WeightUpdateError(f"{why}; the update to version {self.target_version} is "
+                                 f"abandoned and version {self.version} keeps serving")
+
+    def _stage(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        param = self.params[name]
+        staged = tensor.detach().to(device=param.device, dtype=param.dtype, copy=True)
+        if tensor.dtype != param.dtype and not bool(torch.isfinite(staged).all()):
+            raise WeightUpdateError(f"{name}: overflows when cast {tensor.dtype} -> "
+                                    f"{param.dtype}")
+        return staged
 
     def _validate(self, chunk: list) -> None:
         seen: set[str] = set()
@@ -98,10 +116,10 @@ class WeightUpdater:
                 raise WeightUpdateError(f"{name}: dtype {tensor.dtype} is not floating point")
             if not bool(torch.isfinite(tensor).all()):
                 raise WeightUpdateError(f"{name}: holds NaN or Inf values")
-            if tensor.dtype != param.dtype and not bool(torch.isfinite(
-                    tensor.to(param.dtype)).all()):
-                raise WeightUpdateError(f"{name}: overflows when cast {tensor.dtype} -> "
-                                        f"{param.dtype}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _names(names: list[str], limit: int = 5) -> str:
