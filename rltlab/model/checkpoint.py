@@ -23,8 +23,9 @@ from safetensors import safe_open
 
 from rltlab.model.config import OuroConfig
 from rltlab.model.architecture import OuroForCausalLM
+from rltlab.common.json_fields import read_json_object
 from rltlab.model.checkpoint_checks import (INDEX_FILE, ExpectedTensors, check_tokenizer_files,
-                                            read_json_object, validate_headers)
+                                            validate_headers)
 
 SINGLE_FILE = "model.safetensors"
 _SHARD_NAME = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")

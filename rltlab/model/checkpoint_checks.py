@@ -14,10 +14,11 @@ import json
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from safetensors import SafetensorError, safe_open
 
+from rltlab.common.json_fields import read_json_object
 from rltlab.model.config import OuroConfig
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -131,8 +132,9 @@ def validate_headers(root: Path, files: list[Path], weight_map: dict[str, str] |
     lines = [f"  - {count} tensor(s) {label}: {_names(names, count)}"
              for label, names, count in problems if count]
     if num_missing:
-        lines.append(f"  - config.json implies {len(expected):,} tensors ({config.num_hidden_layers:,}"
-                     f" layers, {config.num_parameters():,} parameters); the files hold "
+        lines.append(f"  - config.json implies {len(expected):,} tensors "
+                     f"({config.num_hidden_layers:,} layers, "
+                     f"{config.num_parameters():,} parameters); the files hold "
                      f"{len(found):,} tensors ({stored_params:,} parameters of known names)")
     if lines:
         raise ValueError(f"checkpoint {root} does not match the OuroForCausalLM of its "
@@ -162,17 +164,6 @@ _SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_toke
                    "cls_token", "mask_token")
 _BOOL_KEYS = ("add_bos_token", "add_eos_token", "clean_up_tokenization_spaces",
               "add_prefix_space", "legacy")
-
-
-def read_json_object(path: Path) -> dict[str, Any]:
-    """A JSON file that must hold an object; errors name the file."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is not valid JSON (truncated?): {err}") from err
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
-    return data
 
 
 def check_tokenizer_files(root: Path) -> None:
