@@ -121,7 +121,8 @@ def test_missing_rope_theta_is_refused(saved):
 
 @pytest.mark.parametrize("key, value", [("rope_theta", float("inf")), ("rope_theta", float("nan")),
                                         ("rms_norm_eps", float("nan")),
-                                        ("rms_norm_eps", float("inf"))])
+                                        ("rms_norm_eps", float("inf")),
+                                        ("initializer_range", float("nan"))])
 def test_non_finite_config_floats_are_refused(saved, key, value):
     edit_config(saved, **{key: value})     # json writes NaN / Infinity and reads them back
     with pytest.raises(ValueError, match=f"config.json: OuroConfig.{key} must be finite"):

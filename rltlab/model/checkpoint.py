@@ -114,11 +114,9 @@ def _resolve_dir(path_or_id: str | os.PathLike) -> Path:
 
 
 def _looks_like_path(text: str) -> bool:
-    """"org/name" is a hub id unless its first part exists here (then it is a relative path
-    whose last part is missing) or it is written as a path (./x, ~/x, x/, a\\b)."""
-    return (text.startswith((".", "~", os.sep)) or text.endswith(os.sep)
-            or (os.altsep is not None and os.altsep in text) or "\\" in text
-            or Path(text.split("/", 1)[0]).exists())
+    """"org/name" (the only form _HUB_ID lets through) is a hub id unless its first part exists
+    here: then it is a relative path whose last part is missing."""
+    return Path(text.split("/", 1)[0]).exists()
 
 
 def _hub_offline() -> bool:

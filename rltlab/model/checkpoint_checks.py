@@ -98,7 +98,8 @@ def validate_headers(root: Path, files: list[Path], weight_map: dict[str, str] |
                     header = handle.get_slice(name)
                     shape, stored_dtype = tuple(header.get_shape()), header.get_dtype()
                     if name in found or name in rotary:
-                        duplicated.append(f"{name} ({file.name})")
+                        first = found[name][0].name if name in found else "another shard"
+                        duplicated.append(f"{name} ({first}, {file.name})")
                         continue
                     if weight_map is not None and weight_map.get(name) != file.name:
                         misplaced.append(f"{name} (index: {weight_map.get(name)}, "

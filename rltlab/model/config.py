@@ -82,7 +82,11 @@ class OuroConfig:
 
     def _refuse_unimplemented(self) -> None:
         """Config keys that change the computation in the HF code but not here: refused rather
-        than silently ignored (null means unset and is fine)."""
+        than silently ignored (null means unset and is fine). A NaN / Infinity in any other
+        top-level key (initializer_range, ...) marks a broken file: refused too."""
+        for key, value in self.extra.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"OuroConfig.{key} must be finite, got {value!r}")
         if self.extra.get("rope_scaling") is not None:
             raise ValueError(f"OuroConfig.rope_scaling={self.extra['rope_scaling']!r} is not "
                              "implemented: rltlab computes plain RoPE from rope_theta, so this "
