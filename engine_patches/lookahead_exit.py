@@ -30,15 +30,23 @@ state is unknown (e.g. tokens appended by speculative decoding) is not scored: i
 A checkpoint whose base-model hash, hidden size or number of rounds differs from the model is
 refused with PredictorMismatchError (a ValueError) naming every mismatch; an N = 0 checkpoint
 must also list valid round-0 feature blocks whose width matches the predictor.
+
+Re-installing under a name that engines already use: an engine keeps the policy object its
+factory returned, so `install` registers one InstalledPolicy per name and swaps the predictor
+inside it; every live engine serves the new checkpoint from its next decision on (answers
+already computed by the old one are still read). The new checkpoint is first checked against
+the model config of every engine that uses the name, and refused if it does not fit one.
 """
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 import torch
 
-from rltlab.engine.exit_policies import ExitPolicy, RoundInfo, register_exit_policy
+from rltlab.engine.exit_policies import (ExitPolicy, RoundInfo, available_exit_policies,
+                                         register_exit_policy)
 from rltlab.exit_predictor.features import (build_features, build_round0_features,
                                             check_round0_blocks, feature_names, prob_stats)
 from rltlab.exit_predictor.model import ExitPredictor, load_predictor
@@ -226,18 +234,65 @@ def load_policy(checkpoint: str | os.PathLike, model, *, name: str = DEFAULT_NAM
     return LookaheadExitPolicy(predictor, manifest, model.lm_head.weight, name)
 
 
+class InstalledPolicy(ExitPolicy):
+    """The policy engines get for an installed name: delegates to the current
+    LookaheadExitPolicy, which a re-install replaces (see the module docstring)."""
+
+    def __init__(self, name: str, current: LookaheadExitPolicy):
+        self._name, self.current = name, current
+        self._configs: list[weakref.ref] = []   # model configs of the engines using it
+
+    def add_engine_config(self, model_config) -> None:
+        self._configs = [ref for ref in self._configs if ref() is not None]
+        self._configs.append(weakref.ref(model_config))
+
+    name = property(lambda self: self._name)
+    decision_lag = property(lambda self: self.current.decision_lag)
+    asks_before_round1 = property(lambda self: self.current.asks_before_round1)
+
+    def replace(self, policy: LookaheadExitPolicy) -> None:
+        for ref in self._configs:   # validate for every engine's model before switching
+            if ref() is not None:
+                check_compatible(policy.manifest, model_config=ref())
+        self.current = policy
+
+    def validate(self, params, num_rounds):
+        self.current.validate(params, num_rounds)
+
+    def decide(self, info):
+        return self.current.decide(info)
+
+    def __getattr__(self, attr):   # manifest, threshold, score, decisions, ...
+        if attr == "current":      # not set yet (copy / unpickle): no recursion
+            raise AttributeError(attr)
+        return getattr(self.current, attr)
+
+
+_INSTALLED: dict[str, InstalledPolicy] = {}
+
+
 def install(model, checkpoint: str | os.PathLike, *, name: str = DEFAULT_NAME,
             model_hash: str | None = None, overwrite: bool = True,
             then: str | os.PathLike | None = None) -> str:
     """Load + check the checkpoint and register the policy under `name` (returned). The
     factory re-checks hidden size and R against the engine's model config. `then`: an N >= 1
-    checkpoint that decides for tokens a round-0 checkpoint let continue."""
+    checkpoint that decides for tokens a round-0 checkpoint let continue. Installing again
+    under a name in use switches every engine that uses it to the new checkpoint."""
+    if not overwrite and name in available_exit_policies():
+        raise ValueError(f"exit policy {name!r} is already registered (pass overwrite=True)")
     policy = load_policy(checkpoint, model, name=name, model_hash=model_hash)
     if then is not None:
         policy.set_then(load_policy(then, model, name=name, model_hash=model_hash))
+    installed = _INSTALLED.get(name)
+    if installed is None:
+        installed = InstalledPolicy(name, policy)
+    else:
+        installed.replace(policy)
 
     def factory(model_config, **_kwargs):
-        check_compatible(policy.manifest, model_config=model_config)
-        return policy
+        check_compatible(installed.current.manifest, model_config=model_config)
+        installed.add_engine_config(model_config)
+        return installed
     register_exit_policy(name, factory, overwrite=overwrite)
+    _INSTALLED[name] = installed
     return name

@@ -1,6 +1,8 @@
 """Load a trained loop-aware draft component (rltlab.draft_heads) onto a base model, checking that
 it was trained for THIS model: base model hash (rltlab.model.checkpoint.model_hash: names, shapes,
-dtype and bytes), hidden size, vocabulary and draft depth d.
+dtype and bytes), hidden size, vocabulary and draft depth d. The metadata is checked field by
+field, every weight file against the sha256 the metadata records, and the loaded tensors for
+NaN/Inf; errors name the file, field or tensor and the component.
 
     from rltlab.engine_patches.loop_draft import load_draft_component, speculative_kwargs
     comp = load_draft_component("runs/.../draft", model)            # raises on a mismatch
@@ -8,10 +10,14 @@ dtype and bytes), hidden size, vocabulary and draft depth d.
 """
 from __future__ import annotations
 
-import json
+import hashlib
 from pathlib import Path
 
-from rltlab.draft_heads.heads import META_FILE, build_component, component_kwargs
+import torch
+
+from rltlab.common.json_fields import field, read_json_object
+from rltlab.draft_heads.heads import (KINDS, META_FILE, build_component, component_kwargs,
+                                      component_settings, saved_tensors)
 from rltlab.model.architecture import OuroForCausalLM
 
 
@@ -20,10 +26,27 @@ class IncompatibleDraftComponent(ValueError):
 
 
 def read_metadata(path) -> dict:
+    """The component's metadata, its fields checked (ValueError naming file and field)."""
     meta_path = Path(path) / META_FILE
     if not meta_path.is_file():
         raise FileNotFoundError(f"{path} holds no {META_FILE}: not a draft component")
-    return json.loads(meta_path.read_text())
+    meta = read_json_object(meta_path)
+    kind = field(meta, "kind", meta_path, "str")
+    if kind not in KINDS:
+        raise ValueError(f"{meta_path}: field 'kind' must be one of {sorted(KINDS)}, "
+                         f"got {kind!r}")
+    field(meta, "draft_rounds", meta_path, "int")
+    settings = field(meta, "config", meta_path, "object", optional=True) or {}
+    unknown = sorted(set(settings) - set(component_settings(kind)))
+    if unknown:
+        raise ValueError(f"{meta_path}: field 'config.{unknown[0]}' is not a setting of kind "
+                         f"{kind!r} (its settings: {', '.join(component_settings(kind))})")
+    files = field(meta, "files", meta_path, "object", optional=True) or {}
+    for rel, digest in files.items():
+        if not isinstance(digest, str) or Path(rel).is_absolute() or ".." in Path(rel).parts:
+            raise ValueError(f"{meta_path}: field 'files.{rel}' must map a file inside the "
+                             f"component to its sha256, got {digest!r:.80}")
+    return meta
 
 
 def check_compatible(meta: dict, model: OuroForCausalLM, draft_rounds: int | None = None,
@@ -54,9 +77,24 @@ def load_draft_component(path, model: OuroForCausalLM, draft_rounds: int | None 
     the model's device and in its dtype (the hash check already pins the dtype)."""
     meta = read_metadata(path)
     check_compatible(meta, model, draft_rounds, check_hash)
+    name = f"draft component {meta['kind']!r} at {path}"
+    for rel, digest in meta.get("files", {}).items():   # recorded by save_component
+        file = Path(path) / rel
+        if not file.is_file():
+            raise FileNotFoundError(f"{name}: {file} (listed in {META_FILE}) does not exist")
+        if hashlib.sha256(file.read_bytes()).hexdigest() != digest:
+            raise ValueError(f"{name}: {file} does not match the sha256 recorded in "
+                             f"{META_FILE}: truncated, corrupt or replaced")
     component = build_component(meta["kind"], model, meta["draft_rounds"],
                                 **meta.get("config", {}))
-    component.load_weights(Path(path))
+    try:
+        component.load_weights(Path(path))
+    except Exception as err:   # safetensors / PEFT: unreadable or mismatched weight files
+        raise ValueError(f"{name}: cannot load its weights: {err}") from err
+    bad = [n for n, t in saved_tensors(component).items() if not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ValueError(f"{name}: tensor(s) {', '.join(sorted(bad)[:5])} hold NaN/Inf values; "
+                         "refusing the head")
     param = next(model.parameters())
     return component.to(device=param.device, dtype=param.dtype).eval()
 

@@ -78,7 +78,8 @@ def test_metrics_calibration_threshold():
 def test_checkpoint_round_trip(tmp_path):
     p = ExitPredictor(7, "mlp", 8)
     p.set_normalization(torch.randn(20, 7))
-    save_predictor(p, tmp_path, {"threshold": 0.5})
+    save_predictor(p, tmp_path, {"num_rounds": 4, "hidden_size": 4, "decision_round": 1,
+                                 "exit_round": 3, "temperature": 1.0, "threshold": 0.5})
     q, manifest = load_predictor(tmp_path)
     x = torch.randn(3, 7)
     assert torch.equal(p(x), q(x)) and manifest["model"]["kind"] == "mlp"

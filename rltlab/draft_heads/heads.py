@@ -163,11 +163,33 @@ class LayerLoraDrafter(nn.Module):
 KINDS = {cls.kind: cls for cls in (ResidualMLPHead, LoraLMHead, LayerLoraDrafter)}
 
 
+def component_settings(kind: str) -> tuple[str, ...]:
+    """The keyword settings of a component kind (its constructor's, after model and
+    draft_rounds): what draft_component.json's "config" may hold."""
+    import inspect
+
+    params = list(inspect.signature(KINDS[kind].__init__).parameters)
+    return tuple(p for p in params if p not in ("self", "model", "draft_rounds"))
+
+
+def saved_tensors(component) -> dict[str, torch.Tensor]:
+    """The tensors a component's weight files hold (the LoRA kinds: only the adapters; the
+    frozen base weights they share are the model's)."""
+    state = component.state_dict()
+    if isinstance(component, ResidualMLPHead):
+        return state
+    return {name: tensor for name, tensor in state.items() if "lora_" in name}
+
+
 def build_component(kind: str, model: OuroForCausalLM, draft_rounds: int = 1, **kwargs):
     if kind not in KINDS:
         raise ValueError(f"unknown draft component {kind!r}; known: {sorted(KINDS)}")
     if not 1 <= draft_rounds < model.config.num_rounds:
         raise ValueError(f"draft_rounds must lie in [1, {model.config.num_rounds - 1}]")
+    unknown = sorted(set(kwargs) - set(component_settings(kind)))
+    if unknown:
+        raise ValueError(f"{unknown} are not settings of draft component {kind!r} (its "
+                         f"settings: {', '.join(component_settings(kind))})")
     return KINDS[kind](model, draft_rounds, **kwargs)
 
 
@@ -212,11 +234,16 @@ def save_component(component, model: OuroForCausalLM, out_dir, extra: dict | Non
 def component_files_ok(path) -> bool:
     """Whether <path> holds a finished component: its metadata and every weight file it lists,
     with the recorded sha256 (metadata written before the digests were recorded: False)."""
+    from rltlab.common.json_fields import read_json_object
+
     meta_path = Path(path) / META_FILE
     if not meta_path.is_file():
         return False
-    files = json.loads(meta_path.read_text()).get("files")
-    if not files:
+    try:
+        files = read_json_object(meta_path).get("files")
+    except ValueError:   # truncated or not an object: not a finished component
+        return False
+    if not files or not isinstance(files, dict):
         return False
     for rel, digest in files.items():
         f = Path(path) / rel

@@ -72,8 +72,11 @@ class LLMEngine:
                                   small_batch_kernels=config.small_batch_kernels)
         self.weights = WeightUpdater(self.model, weight_version)
         self.eos_token_id = getattr(tokenizer, "eos_token_id", None)
+        # every id of a list-valued config eos_token_id stops too (as in HF generate)
+        self.eos_token_ids = set(self.model_config.eos_token_ids) | (
+            set() if self.eos_token_id is None else {self.eos_token_id})
         if self.eos_token_id is None:
-            self.eos_token_id = self.model_config.eos_token_id
+            self.eos_token_id = next(iter(self.model_config.eos_token_ids), None)
         self.policies = {config.exit_policy: create_exit_policy(
             config.exit_policy, self.model_config, **config.exit_policy_args)}
         self.select_only = config.exit_semantics == SELECT_ONLY
@@ -271,7 +274,7 @@ class LLMEngine:
             self._check_stop(seq, token)
 
     def _check_stop(self, seq: Sequence, token: int) -> None:
-        if token == self.eos_token_id and not seq.params.ignore_eos:
+        if token in self.eos_token_ids and not seq.params.ignore_eos:
             self._finish(seq, "stop")
         elif token in seq.params.stop_token_ids:
             self._finish(seq, "stop")

@@ -161,7 +161,8 @@ def speculative_generate(model: OuroForCausalLM, prompt_ids, max_tokens: int, k:
     param = next(model.parameters())
     device, dtype = param.device, param.dtype
     bsz, width = len(prompts), max(len(p) for p in prompts)
-    ids, key_mask, positions = left_pad(prompts, model.config.eos_token_id or 0, device)
+    ids, key_mask, positions = left_pad(prompts, next(iter(model.config.eos_token_ids), 0),
+                                        device)
     # Worst case: every verification emits one token and leaves K rejected columns behind.
     cache = LoopedKVCache(model.config, bsz, width + (max_tokens + 1) * (k + 1), dtype, device)
     gen = torch.Generator(device=device).manual_seed(seed)

@@ -112,18 +112,33 @@ def gsm8k_is_correct(prediction: str, answer: str) -> bool:
 
 
 def load_gsm8k_jsonl(path: str | os.PathLike, limit: int | None = None) -> list[dict[str, str]]:
-    """Records {question, answer} from a local JSONL (the HF openai/gsm8k test split layout)."""
+    """Records {question, answer} from a local JSONL (the HF openai/gsm8k test split layout).
+    A bad line raises ValueError naming the file, the line number and the field; a file without
+    records is refused (its exact match would be NaN)."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be a positive int or None, got {limit!r}")
     records = []
     with open(path, encoding="utf-8") as handle:
         for lineno, line in enumerate(handle, 1):
             if not line.strip():
                 continue
-            rec = json.loads(line)
-            if "question" not in rec or "answer" not in rec:
-                raise ValueError(f"{path}:{lineno}: a GSM8K record needs 'question' and 'answer'")
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: not valid JSON (truncated line?): {err}") \
+                    from err
+            if not isinstance(rec, dict):
+                raise ValueError(f"{path}:{lineno}: a GSM8K record must be a JSON object, got "
+                                 f"{type(rec).__name__}")
+            for key in ("question", "answer"):
+                if not isinstance(rec.get(key), str) or not rec[key].strip():
+                    raise ValueError(f"{path}:{lineno}: field {key!r} must be a non-empty "
+                                     f"string, got {rec.get(key)!r:.80}")
             records.append({"question": rec["question"], "answer": rec["answer"]})
             if limit is not None and len(records) >= limit:
                 break
+    if not records:
+        raise ValueError(f"{path} holds no GSM8K records (an empty file scores NaN, not 0)")
     return records
 
 
@@ -141,6 +156,8 @@ def evaluate_gsm8k(generate_fn: GenerateFn, tokenizer, records: Sequence[dict[st
     if not isinstance(records, (list, tuple)):
         records = load_gsm8k_jsonl(records, limit)
     records = list(records)[:limit] if limit is not None else list(records)
+    if not records:
+        raise ValueError("evaluate_gsm8k got no records (exact match of nothing is NaN)")
     prompts = [list(bos_ids) + _encode(tokenizer, gsm8k_cot_prompt(r["question"], num_fewshot))
                for r in records]
     outs = _run(generate_fn, prompts, batch_size, progress)

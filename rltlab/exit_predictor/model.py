@@ -14,7 +14,6 @@ to exit at N + k when that probability >= threshold.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -79,11 +78,13 @@ def save_predictor(predictor: ExitPredictor, out_dir: str | os.PathLike,
 
 
 def read_predictor_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    from rltlab.common.json_fields import read_json_object
+
     root = Path(path)
     file = root / MANIFEST
     if not file.is_file():
         raise FileNotFoundError(f"{root} has no {MANIFEST}: not an exit-predictor checkpoint")
-    manifest = json.loads(file.read_text())
+    manifest = read_json_object(file)
     if manifest.get("format") != FORMAT:
         raise ValueError(f"{file}: format {manifest.get('format')!r}, expected {FORMAT!r}")
     if manifest.get("schema_version") != SCHEMA_VERSION:
@@ -92,16 +93,67 @@ def read_predictor_manifest(path: str | os.PathLike) -> dict[str, Any]:
     return manifest
 
 
+def check_manifest_values(manifest: dict[str, Any], file: Path) -> None:
+    """Raise ValueError naming the file and the field unless the rounds, calibration and model
+    description can work: rounds 0 <= N < exit round <= R (k = exit round - N when given),
+    temperature > 0, threshold in [0, 1], positive sizes, a known model kind."""
+    from rltlab.common.json_fields import field
+
+    def bad(key: str, want: str, value: Any):
+        return ValueError(f"{file}: field {key!r} must be {want}, got {value!r:.80}")
+
+    R = field(manifest, "num_rounds", file, "int")
+    for key in ("num_rounds", "hidden_size"):
+        if field(manifest, key, file, "int") < 1:
+            raise bad(key, "an integer >= 1", manifest[key])
+    n = field(manifest, "decision_round", file, "int")
+    if not 0 <= n < R:
+        raise bad("decision_round", f"a round in 0..{R - 1} (R = {R})", n)
+    exit_round = field(manifest, "exit_round", file, "int")
+    if not n < exit_round <= R:
+        raise bad("exit_round", f"a round in {n + 1}..{R} (after decision round {n}, R = {R})",
+                  exit_round)
+    if field(manifest, "k", file, "int", optional=True) not in (None, exit_round - n):
+        raise bad("k", f"exit_round - decision_round = {exit_round - n}", manifest["k"])
+    temperature = field(manifest, "temperature", file, "number")
+    if not temperature > 0:
+        raise bad("temperature", "a finite number > 0", temperature)
+    if not 0 <= field(manifest, "threshold", file, "number") <= 1:
+        raise bad("threshold", "a number in [0, 1]", manifest["threshold"])
+    spec = field(manifest, "model", file, "object")
+    if field(spec, "kind", file, "str", where="model.") not in MODEL_KINDS:
+        raise bad("model.kind", f"one of {MODEL_KINDS}", spec["kind"])
+    for key in ("in_dim", "hidden"):
+        if field(spec, key, file, "int", where="model.") < 1:
+            raise bad(f"model.{key}", "an integer >= 1", spec[key])
+    weights = field(manifest, "weights", file, "object")
+    for key in ("file", "sha256"):
+        field(weights, key, file, "str", where="weights.")
+
+
 def load_predictor(path: str | os.PathLike) -> tuple[ExitPredictor, dict[str, Any]]:
-    """(predictor in eval mode, manifest); the weights' sha256 is checked."""
+    """(predictor in eval mode, manifest); the manifest's values, the weights' sha256 and their
+    finiteness are checked (errors name the file and the field or tensor)."""
     root = Path(path)
     manifest = read_predictor_manifest(root)
+    check_manifest_values(manifest, root / MANIFEST)
     weights = root / manifest["weights"]["file"]
     if Path(manifest["weights"]["file"]).name != manifest["weights"]["file"]:
         raise ValueError(f"{root / MANIFEST} names weights outside the directory")
+    if not weights.is_file():
+        raise FileNotFoundError(f"{weights} (named in {root / MANIFEST}) does not exist")
     if sha256_file(weights) != manifest["weights"]["sha256"]:
         raise ValueError(f"{weights} does not match the sha256 in its manifest: corrupt")
     spec = manifest["model"]
     predictor = ExitPredictor(spec["in_dim"], spec["kind"], spec["hidden"])
-    predictor.load_state_dict(safetensors.torch.load_file(weights))
+    try:
+        state = safetensors.torch.load_file(weights)
+        predictor.load_state_dict(state)
+    except Exception as err:   # safetensors / load_state_dict: the file's tensors do not fit
+        raise ValueError(f"{weights} does not hold the {spec['kind']} predictor its manifest "
+                         f"describes: {err}") from err
+    bad = [name for name, tensor in state.items() if not bool(torch.isfinite(tensor).all())]
+    if bad:
+        raise ValueError(f"{weights}: tensor(s) {', '.join(sorted(bad))} hold NaN/Inf values; "
+                         "refusing the predictor")
     return predictor.eval(), manifest

@@ -1,8 +1,9 @@
 """Load and save Ouro checkpoints in the Hugging Face layout (config.json + safetensors).
 
-Checkpoints come from outside, so loading is defensive: the model is built on the meta device,
-every tensor header is checked against it before anything is allocated, every tensor is checked
-for NaN/Inf before it goes in, pickle files are refused, and no half-loaded model is returned.
+Checkpoints come from outside, so loading is defensive: every tensor header is checked against
+the tensors the config implies before any module is built or anything is allocated
+(rltlab.model.checkpoint_checks), every tensor is checked for NaN/Inf before it goes in, pickle
+files are refused, and no half-loaded model is returned.
 Saving is atomic (temporary sibling directory renamed into place): a crash never mixes versions.
 """
 from __future__ import annotations
@@ -18,13 +19,15 @@ from pathlib import Path
 
 import safetensors.torch
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import safe_open
 
 from rltlab.model.config import OuroConfig
 from rltlab.model.architecture import OuroForCausalLM
+from rltlab.common.json_fields import read_json_object
+from rltlab.model.checkpoint_checks import (INDEX_FILE, ExpectedTensors, check_tokenizer_files,
+                                            validate_headers)
 
 SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
 _SHARD_NAME = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -40,10 +43,13 @@ def from_pretrained(path_or_id: str | os.PathLike, dtype: torch.dtype | str | No
     root = _resolve_dir(path_or_id)
     config = OuroConfig.from_json_file(root / "config.json")  # FileNotFoundError names it
     files, weight_map = _weight_files(root)
+    headers = validate_headers(root, files, weight_map, config)  # before building anything
     with torch.device("meta"):
         model = OuroForCausalLM(config)
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    headers = _validate_headers(root, files, weight_map, expected)
+    expected = ExpectedTensors(config)   # a cheap guard that the two descriptions agree
+    if manifest(model) != {name: list(expected.shape(name)) for name in expected.names()}:
+        raise RuntimeError("internal: checkpoint_checks.ExpectedTensors disagrees with "
+                           "OuroForCausalLM's state_dict")
     stored = {_STORED_DTYPES[d] for _, d in headers.values()}  # if several, float32 holds all
     target = (_parse_dtype(dtype)
               or _parse_dtype(config.extra.get("torch_dtype") or config.extra.get("dtype"))
@@ -54,6 +60,8 @@ def from_pretrained(path_or_id: str | os.PathLike, dtype: torch.dtype | str | No
     for file in files:
         with safe_open(file, framework="pt") as handle:
             for name in handle.keys():
+                if name not in headers:
+                    continue   # a rotary inv_freq buffer (validate_headers warned)
                 source = handle.get_tensor(name)
                 tensor = source.to(device=device, dtype=target)
                 if not bool(torch.isfinite(tensor).all()):
@@ -71,6 +79,7 @@ def load_tokenizer(path_or_id: str | os.PathLike):
     root = _resolve_dir(path_or_id)
     if not (root / "tokenizer.json").is_file():
         raise FileNotFoundError(f"{root} has no tokenizer.json")
+    check_tokenizer_files(root)
     return PreTrainedTokenizerFast.from_pretrained(str(root))
 
 
@@ -87,15 +96,34 @@ def _resolve_dir(path_or_id: str | os.PathLike) -> Path:
         return path
     if path.exists():
         raise NotADirectoryError(f"{path} is a file; pass the checkpoint directory")
-    if isinstance(path_or_id, str) and _HUB_ID.match(path_or_id):
-        from huggingface_hub import snapshot_download
+    missing = f"no such directory: checkpoint directory {path} does not exist"
+    if not isinstance(path_or_id, str) or not _HUB_ID.match(path_or_id) \
+            or _looks_like_path(path_or_id):
+        raise FileNotFoundError(f"{missing} (from {Path.cwd()})")
+    from huggingface_hub import snapshot_download
 
-        try:
-            return Path(snapshot_download(path_or_id, allow_patterns=["*.json", "*.safetensors"]))
-        except Exception as err:
-            raise FileNotFoundError(f"{path_or_id!r} is not a local directory and the hub "
-                                    f"could not be reached: {err}") from err
-    raise FileNotFoundError(f"checkpoint directory {path} does not exist")
+    offline = _hub_offline()
+    try:
+        return Path(snapshot_download(path_or_id, allow_patterns=["*.json", "*.safetensors"]))
+    except Exception as err:
+        if offline:   # only the local cache was asked
+            raise FileNotFoundError(f"{missing} (from {Path.cwd()}), and as a hub id it is not "
+                                    f"in the local cache (HF_HUB_OFFLINE is set): {err}") from err
+        raise FileNotFoundError(f"{path_or_id!r} is not a local directory and the hub "
+                                f"could not be reached: {err}") from err
+
+
+def _looks_like_path(text: str) -> bool:
+    """"org/name" (the only form _HUB_ID lets through) is a hub id unless its first part exists
+    here: then it is a relative path whose last part is missing."""
+    return Path(text.split("/", 1)[0]).exists()
+
+
+def _hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    flag = os.environ.get("HF_HUB_OFFLINE", "").strip().upper()
+    return flag in {"1", "ON", "YES", "TRUE"} or bool(getattr(constants, "HF_HUB_OFFLINE", False))
 
 
 def _weight_files(root: Path) -> tuple[list[Path], dict[str, str] | None]:
@@ -114,10 +142,7 @@ def _weight_files(root: Path) -> tuple[list[Path], dict[str, str] | None]:
                 "safetensors.torch.save_file({k: v.contiguous().clone() for k, v in sd.items()}, "
                 f"'{SINGLE_FILE}', metadata={{'format': 'pt'}})")
         raise FileNotFoundError(f"{root} has neither {SINGLE_FILE} nor {INDEX_FILE}")
-    try:
-        weight_map = json.loads(index.read_text()).get("weight_map")
-    except (json.JSONDecodeError, AttributeError) as err:
-        raise ValueError(f"{index} is not a JSON object: {err}") from err
+    weight_map = read_json_object(index).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise ValueError(f"{index} has no weight_map of tensor name -> shard file")
     shard_names = sorted(set(weight_map.values()))
@@ -128,44 +153,6 @@ def _weight_files(root: Path) -> tuple[list[Path], dict[str, str] | None]:
     if missing:
         raise FileNotFoundError(f"{index} lists shards that do not exist: {missing}")
     return [root / s for s in shard_names], weight_map
-
-
-def _validate_headers(root: Path, files: list[Path], weight_map: dict[str, str] | None,
-                      expected: dict[str, tuple[int, ...]]) -> dict[str, tuple[Path, str]]:
-    """Check names, shapes and dtypes from the headers alone; returns name -> (file, dtype)."""
-    found: dict[str, tuple[Path, str]] = {}
-    duplicated, misplaced, wrong_shape, bad_dtype = [], [], [], []
-    for file in files:
-        try:
-            with safe_open(file, framework="pt") as handle:
-                for name in handle.keys():
-                    header = handle.get_slice(name)
-                    shape, stored_dtype = tuple(header.get_shape()), header.get_dtype()
-                    if name in found:
-                        duplicated.append(f"{name} ({found[name][0].name}, {file.name})")
-                        continue
-                    found[name] = (file, stored_dtype)
-                    if weight_map is not None and weight_map.get(name) != file.name:
-                        misplaced.append(f"{name} (index: {weight_map.get(name)}, "
-                                         f"actual: {file.name})")
-                    if name in expected and shape != expected[name]:
-                        wrong_shape.append(f"{name} {list(shape)} != {list(expected[name])}")
-                    if stored_dtype not in _STORED_DTYPES:
-                        bad_dtype.append(f"{name} ({stored_dtype})")
-        except SafetensorError as err:
-            raise ValueError(f"{file} is not a valid safetensors file: {err}") from err
-    problems = [
-        ("duplicated across shards", duplicated), (f"not where {INDEX_FILE} says", misplaced),
-        (f"listed in {INDEX_FILE} but in no shard", sorted(set(weight_map or ()) - set(found))),
-        ("missing", sorted(set(expected) - set(found))),
-        ("unexpected", sorted(set(found) - set(expected))), ("with the wrong shape", wrong_shape),
-        (f"with an unsupported dtype (need one of {sorted(_STORED_DTYPES)})", bad_dtype)]
-    lines = [f"  - {len(names)} tensor(s) {label}: {_names(names)}"
-             for label, names in problems if names]
-    if lines:
-        raise ValueError(f"checkpoint {root} does not match the OuroForCausalLM of its "
-                         "config.json:\n" + "\n".join(lines))
-    return found
 
 
 def _names(names: list[str], limit: int = 5) -> str:
@@ -318,5 +305,6 @@ def load_model(model_dir: str | os.PathLike | None = None, dtype: str = "float32
         from tokenizers import Tokenizer
         if not (path / "tokenizer.json").is_file():
             raise FileNotFoundError(f"{path} has no tokenizer.json")
+        check_tokenizer_files(path)
         tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
     return from_pretrained(path, dtype=dtype, device=device), tokenizer, path

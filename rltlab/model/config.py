@@ -3,9 +3,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+
+_REQUIRED_KEYS = ("rope_theta",)
+
+
+def _is_token_id(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool))
 
 
 @dataclass
@@ -24,7 +32,7 @@ class OuroConfig:
     early_exit_threshold: float = 1.0
     tie_word_embeddings: bool = False
     bos_token_id: int = 0
-    eos_token_id: int = 0
+    eos_token_id: int | list[int] | None = 0   # HF configs may list several stop ids
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -41,10 +49,16 @@ class OuroConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise ValueError(f"OuroConfig.{name} must be a number, got {value!r}")
-        for name in ("bos_token_id", "eos_token_id"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-                raise ValueError(f"OuroConfig.{name} must be an int or null, got {value!r}")
+            if not math.isfinite(value):   # json reads NaN / Infinity without complaint
+                raise ValueError(f"OuroConfig.{name} must be finite, got {value!r}")
+        if not _is_token_id(self.bos_token_id):
+            raise ValueError(f"OuroConfig.bos_token_id must be an int or null, got "
+                             f"{self.bos_token_id!r}")
+        eos = self.eos_token_id
+        if not (_is_token_id(eos) or (isinstance(eos, list) and eos
+                                      and all(_is_token_id(t) and t is not None for t in eos))):
+            raise ValueError("OuroConfig.eos_token_id must be an int, a non-empty list of ints "
+                             f"or null, got {eos!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("OuroConfig.num_attention_heads must be a multiple of "
                              f"num_key_value_heads ({self.num_attention_heads} vs "
@@ -59,10 +73,39 @@ class OuroConfig:
         if self.tie_word_embeddings:
             raise ValueError("OuroConfig.tie_word_embeddings=True is not an Ouro model "
                              "(Ouro's lm_head is untied)")
-        for token in ("bos_token_id", "eos_token_id"):
-            value = getattr(self, token)
-            if value is not None and not 0 <= value < self.vocab_size:
-                raise ValueError(f"OuroConfig.{token}={value} is outside the vocabulary")
+        for token, values in (("bos_token_id", [self.bos_token_id]),
+                              ("eos_token_id", list(self.eos_token_ids))):
+            if any(v is not None and not 0 <= v < self.vocab_size for v in values):
+                raise ValueError(f"OuroConfig.{token}={getattr(self, token)} is outside the "
+                                 "vocabulary")
+        self._refuse_unimplemented()
+
+    def _refuse_unimplemented(self) -> None:
+        """Config keys that change the computation in the HF code but not here: refused rather
+        than silently ignored (null means unset and is fine). A NaN / Infinity in any other
+        top-level key (initializer_range, ...) marks a broken file: refused too."""
+        for key, value in self.extra.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"OuroConfig.{key} must be finite, got {value!r}")
+        if self.extra.get("rope_scaling") is not None:
+            raise ValueError(f"OuroConfig.rope_scaling={self.extra['rope_scaling']!r} is not "
+                             "implemented: rltlab computes plain RoPE from rope_theta, so this "
+                             "checkpoint would run with other positions than it was trained "
+                             "with. Remove the key (or set it to null) only if that is intended")
+        step = self.extra.get("early_exit_step")
+        if step is not None:
+            hint = (f" (for depth {step + 1} use SamplingParams(exit_policy='fixed', "
+                    f"exit_policy_args={{'depth': {step + 1}}}))" if _is_token_id(step) else "")
+            raise ValueError(f"OuroConfig.early_exit_step={step!r} is not implemented: the HF "
+                             "code then emits every token from that round, rltlab chooses "
+                             "exits per token through the engine's exit policies" + hint +
+                             "; remove the key or set it to null")
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Every id that ends generation (eos_token_id as a tuple; empty when null)."""
+        eos = self.eos_token_id
+        return () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
 
     @property
     def num_rounds(self) -> int:
@@ -70,6 +113,15 @@ class OuroConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "OuroConfig":
+        """From a config.json's content. Keys that a checkpoint must state are required: the
+        dataclass defaults are Ouro-1.4B's, while Qwen2-style config classes default a missing
+        rope_theta to 10000.0, so guessing either could silently change every position's
+        rotation."""
+        missing = [k for k in _REQUIRED_KEYS if k not in data]
+        if missing:
+            raise ValueError(f"config has no {', '.join(missing)}: state it explicitly (Ouro "
+                             "checkpoints use rope_theta 1000000.0, Qwen2-style config classes "
+                             "default to 10000.0; rltlab does not guess)")
         known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         kwargs = {k: v for k, v in data.items() if k in known}
         extra = {k: v for k, v in data.items() if k not in known}
@@ -84,7 +136,10 @@ class OuroConfig:
             raise ValueError(f"{path} is not valid JSON: {err}") from err
         if not isinstance(data, dict):
             raise ValueError(f"{path} must hold a JSON object")
-        return cls.from_dict(data)
+        try:
+            return cls.from_dict(data)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{path}: {err}") from err
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"architectures": ["OuroForCausalLM"], "model_type": "ouro"}

@@ -52,7 +52,10 @@ def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tenso
 def generate_plain(model: OuroForCausalLM, prompts: list[list[int]], max_new_tokens: int, *,
                    depth: int | None = None, threshold: float = 1.0, min_loops: int = 1,
                    max_loops: int | None = None, temperature: float = 0.0,
-                   eos_token_id: int | None = None, seed: int = 0) -> PlainGeneration:
+                   eos_token_id: int | list[int] | None = None, seed: int = 0
+                   ) -> PlainGeneration:
+    """eos_token_id: one id or several (a list-valued config eos_token_id); a row stops at the
+    first of them it emits. None: no stop."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate_plain needs at least one non-empty prompt")
     if max_new_tokens < 1:
@@ -62,7 +65,9 @@ def generate_plain(model: OuroForCausalLM, prompts: list[list[int]], max_new_tok
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     bsz, width = len(prompts), max(len(p) for p in prompts)
-    ids, key_mask, positions = left_pad(prompts, model.config.eos_token_id or 0, device)
+    stop_ids = _stop_ids(eos_token_id)
+    pad_id = next(iter(model.config.eos_token_ids), 0)   # any id: padding is masked out
+    ids, key_mask, positions = left_pad(prompts, pad_id, device)
     next_pos = positions[:, -1] + 1
 
     cache = LoopedKVCache(model.config, bsz, width + max_new_tokens, dtype, device)
@@ -81,25 +86,32 @@ def generate_plain(model: OuroForCausalLM, prompts: list[list[int]], max_new_tok
         tokens.append(token)
         rounds.append(exit_round)
         logps.append(logp.gather(-1, token[:, None]).squeeze(-1))
-        if eos_token_id is not None:
-            done = done | (token == eos_token_id)
+        if stop_ids:
+            done = done | torch.isin(token, torch.tensor(stop_ids, device=device))
         if bool(done.all()) or step == max_new_tokens - 1:
             break
         out = model(token[:, None], positions=(next_pos + step)[:, None], cache=cache,
                     exit_fn=exit_fn)
         logits, exit_round = out.final_logits[:, -1], out.exit_rounds[:, -1]
-    return _collect(tokens, rounds, logps, eos_token_id)
+    return _collect(tokens, rounds, logps, stop_ids)
 
 
-def _collect(tokens, rounds, logps, eos_token_id) -> PlainGeneration:
+def _stop_ids(eos_token_id: int | list[int] | None) -> list[int]:
+    ids = [] if eos_token_id is None else list(eos_token_id) \
+        if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]
+    if any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+        raise ValueError(f"eos_token_id must be an int, a list of ints or None, got "
+                         f"{eos_token_id!r}")
+    return ids
+
+
+def _collect(tokens, rounds, logps, stop_ids: list[int]) -> PlainGeneration:
     tok = torch.stack(tokens, 1).tolist()
     rnd = torch.stack(rounds, 1).tolist()
     lp = torch.stack(logps, 1).tolist()
     result = PlainGeneration([], [], [])
     for t, r, p in zip(tok, rnd, lp):
-        end = len(t)
-        if eos_token_id is not None and eos_token_id in t:
-            end = t.index(eos_token_id) + 1
+        end = next((i + 1 for i, token in enumerate(t) if token in stop_ids), len(t))
         result.token_ids.append(t[:end])
         result.exit_rounds.append([int(x) for x in r[:end]])
         result.logprobs.append(p[:end])

@@ -17,6 +17,12 @@ wrapped by a policy that asks it after each round and always answers "continue".
 text is then the full-depth rollout (its tokens come from round R). Without teacher mode the
 policy acts for real (LAST_EXITED); tokens have `executed` = selected rounds and the reference
 statistics refer to the exit round.
+
+A directory's manifest maps each weight version to one model hash (info.model_hashes): a
+collector refuses to add traces of weights whose hash differs from the one recorded for the
+engine's weight version (another model appended "at version 0" would otherwise be recorded
+under the first model's hash). Two collectors cannot write one manifest at once
+(storage.TraceDirectoryLocked).
 """
 from __future__ import annotations
 
@@ -130,6 +136,12 @@ class TraceCollector:
         self.out_dir = self.writer.dir
         self.model_hashes: dict[str, str] = dict(self.writer.manifest["info"].get(
             "model_hashes", {}))
+        self._checked_versions: set[str] = set()
+        try:    # before anything is traced: the directory may hold another model's version
+            self._check_hash(self.engine.get_weight_version())
+        except BaseException:
+            self.writer.close()
+            raise
         self._pending: dict[tuple, _Pending] = {}
         self._done: dict[str, list[dict[str, Any]]] = {}
         self._requests: dict[str, dict[str, Any]] = {}
@@ -159,7 +171,7 @@ class TraceCollector:
         engine = self.engine
         if engine.has_unfinished_requests():
             raise RuntimeError("TraceCollector.generate needs an idle engine")
-        self._ensure_hash(engine.get_weight_version())
+        self._check_hash(engine.get_weight_version())
         params_list = [params] * len(prompts) if isinstance(params, SamplingParams) \
             else list(params)
         if len(params_list) != len(prompts):
@@ -191,10 +203,13 @@ class TraceCollector:
         return [results[rid] for rid in ids]
 
     def close(self) -> dict[str, Any]:
-        """Flush the last shard, detach from the engine; returns the manifest."""
+        """Flush the last shard, detach from the engine, release the directory; returns the
+        manifest (again, without writing, on a second call)."""
         if self._handle is not None:
             self.engine.remove_round_observer(self._handle)
             self._handle = None
+        if self.writer.closed:
+            return self.writer.manifest
         self.writer.update_info(model_hashes=self.model_hashes,
                                 collection_stats={k: round(v, 4) if isinstance(v, float) else v
                                                   for k, v in self.stats.items()})
@@ -207,6 +222,26 @@ class TraceCollector:
         self.close()
 
     # ----------------------------------------------------------------------------- internals
+    def _check_hash(self, version: int) -> None:
+        """Record the engine's model hash for `version`, or refuse if the directory recorded
+        another one for it (checked once per version and collector)."""
+        key = str(version)
+        if key in self._checked_versions:
+            return
+        from rltlab.model.checkpoint import model_hash
+        digest = model_hash(self.engine.model)
+        recorded = self.model_hashes.get(key)
+        if recorded is not None and recorded != digest:
+            raise ValueError(
+                f"{self.out_dir} holds traces of weight version {version} from model {recorded}, "
+                f"but this engine's weights at version {version} hash to {digest}: traces of "
+                "other weights cannot share the version; use a new directory (or an engine "
+                "weight_version that the directory does not hold)")
+        self._checked_versions.add(key)
+        if recorded is None:
+            self.model_hashes[key] = digest
+            self.writer.update_info(model_hashes=self.model_hashes)
+
     def _ensure_hash(self, version: int) -> None:
         if str(version) not in self.model_hashes:
             from rltlab.model.checkpoint import model_hash

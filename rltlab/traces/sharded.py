@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rltlab.common.distributed import gather_indexed, get_state, prompt_seed, shard_blocks
-from rltlab.common.atomic import read_json, write_json_atomic
-from rltlab.traces.storage import MANIFEST, _check_manifest
+from rltlab.common.atomic import write_json_atomic
+from rltlab.traces.manifest import MANIFEST, read_manifest, read_manifest_file
 
 RANK_MANIFEST = "manifest-rank{rank:05d}.json"
 # info keys that describe a collection run (timings, ranks), not the traces themselves
@@ -105,7 +105,7 @@ def collect_sharded(llm, prompts: Sequence[Sequence[int]], params, out_dir: str 
     if state.is_main_process:
         merge_rank_manifests(out, world)
     state.wait_for_everyone()
-    return outputs, read_json(out / MANIFEST)
+    return outputs, read_manifest(out)
 
 
 def merge_rank_manifests(out_dir: str | Path, world: int) -> dict[str, Any]:
@@ -116,10 +116,9 @@ def merge_rank_manifests(out_dir: str | Path, world: int) -> dict[str, Any]:
     parts = []
     for rank in range(world):
         path = out / RANK_MANIFEST.format(rank=rank)
-        manifest = read_json(path)
-        if manifest is None:
+        if not path.is_file():
             raise FileNotFoundError(f"rank {rank} left no {path.name} in {out}")
-        _check_manifest(manifest, path)
+        manifest = read_manifest_file(path)
         parts.append(manifest)
     first = parts[0]
     for rank, manifest in enumerate(parts[1:], 1):

@@ -7,7 +7,10 @@
 Every file is written to a temporary sibling, fsynced and renamed into place; the manifest is
 rewritten (atomically) after each shard, so a killed collection leaves a valid dataset of the
 shards finished so far. Readers check every shard's size and sha256 against the manifest
-before using it: a truncated or corrupt shard raises TraceCorruptError naming it.
+before using it: a truncated or corrupt shard raises TraceCorruptError naming it, and so does a
+manifest that is not valid JSON or lacks a field (the message names the file and the field).
+A writer holds an OS lock (flock on `.<manifest>.lock`) from its creation to close(): a second
+writer of the same manifest gets TraceDirectoryLocked instead of corrupting it.
 
 Fields per token (N tokens in a shard, R = rounds, D = stored hidden dim):
 
@@ -42,11 +45,12 @@ import safetensors.torch
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from rltlab.common.atomic import read_json, write_bytes_atomic, write_json_atomic
+from rltlab.common.atomic import write_bytes_atomic, write_json_atomic
+# re-exported: storage is where readers and writers have always found these names
+from rltlab.traces.manifest import (FORMAT, MANIFEST, SCHEMA_VERSION, TraceCorruptError,
+                                    TraceDirectoryLocked, check_fields, lock_manifest,
+                                    read_manifest, read_manifest_file)
 
-FORMAT = "rltlab-traces"
-SCHEMA_VERSION = 1
-MANIFEST = "manifest.json"
 PROJECTION_FILE = "projection.safetensors"
 ROUND_FIELDS_F32 = ("gate_logit", "hazard", "cdf", "top1_prob", "margin", "entropy",
                     "logprob_ref", "kl_ref")
@@ -56,10 +60,6 @@ TOKEN_FIELDS_I64 = ("prompt_id", "weight_version", "seed")
 ALL_FIELDS = ("hidden", "round_mask", "top1_id", *ROUND_FIELDS_F32, *TOKEN_FIELDS_I32,
               *TOKEN_FIELDS_I64)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class TraceCorruptError(RuntimeError):
-    """A shard is missing, truncated, or does not match its manifest checksum."""
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
@@ -117,18 +117,25 @@ class TraceWriter:
                  projection: torch.Tensor | None = None, projection_seed: int | None = None,
                  info: dict[str, Any] | None = None, manifest_name: str = MANIFEST):
         self.dir = Path(out_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.manifest_path = self.dir / manifest_name
         self.dtype = hidden_dtype(dtype)
         if shard_tokens < 1:
             raise ValueError("shard_tokens must be >= 1")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.manifest_path = self.dir / manifest_name
+        self._lock = lock_manifest(self.dir, manifest_name)
+        try:
+            self._open(num_rounds, hidden_dim, shard_tokens, projection, projection_seed, info)
+        except BaseException:
+            self._release()
+            raise
+
+    def _open(self, num_rounds, hidden_dim, shard_tokens, projection, projection_seed, info):
         self.shard_tokens = shard_tokens
         self.pending: list[dict[str, Any]] = []
-        old = read_json(self.manifest_path)
+        old = read_manifest_file(self.manifest_path) if self.manifest_path.exists() else None
         settings = {"num_rounds": num_rounds, "hidden_dim": hidden_dim,
                     "hidden_dtype": dtype_name(self.dtype)}
         if old is not None:
-            _check_manifest(old, self.manifest_path)
             clash = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
             if clash:
                 raise ValueError(f"{self.dir} holds traces with other settings {clash}; "
@@ -160,14 +167,33 @@ class TraceWriter:
             self.pending = self.pending[self.shard_tokens:]
 
     def update_info(self, **info: Any) -> None:
+        self._check_open()
         self.manifest["info"].update(info)
         write_json_atomic(self.manifest_path, self.manifest)
 
     def close(self) -> dict[str, Any]:
-        if self.pending:
-            self._write(self.pending)
-            self.pending = []
+        """Write the pending records and release the directory (a second close does nothing)."""
+        if self._lock is not None:
+            try:
+                if self.pending:
+                    self._write(self.pending)
+                    self.pending = []
+            finally:
+                self._release()
         return self.manifest
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.close()   # closing the lock file drops the flock
+            self._lock = None
+
+    @property
+    def closed(self) -> bool:
+        return self._lock is None
+
+    def _check_open(self) -> None:
+        if self._lock is None:
+            raise RuntimeError(f"the TraceWriter of {self.manifest_path} is closed")
 
     def write_group(self, records: Sequence[dict[str, Any]], group: str) -> None:
         """Write `records` (in the given order) as their own shards `shard-<group>-<part>`, of
@@ -182,6 +208,7 @@ class TraceWriter:
                         f"shard-{group}-{part:03d}.safetensors")
 
     def _write(self, records: list[dict[str, Any]], name: str | None = None) -> None:
+        self._check_open()
         tensors = stack_records(records, self.dtype)
         name = name or f"shard-{len(self.manifest['shards']):05d}.safetensors"
         if any(entry["file"] == name for entry in self.manifest["shards"]):
@@ -214,24 +241,6 @@ def stack_records(records: list[dict[str, Any]], dtype: torch.dtype) -> dict[str
 
 
 # ----------------------------------------------------------------------------- reading
-
-def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
-    root = Path(path)
-    manifest = read_json(root / MANIFEST)
-    if manifest is None:
-        raise FileNotFoundError(f"{root} has no {MANIFEST}: not a trace directory")
-    _check_manifest(manifest, root / MANIFEST)
-    return manifest
-
-
-def _check_manifest(manifest: dict[str, Any], path: Path) -> None:
-    if manifest.get("format") != FORMAT:
-        raise TraceCorruptError(f"{path}: format {manifest.get('format')!r}, "
-                                f"expected {FORMAT!r}")
-    if manifest.get("schema_version") != SCHEMA_VERSION:
-        raise TraceCorruptError(f"{path}: schema version "
-                                f"{manifest.get('schema_version')} is not {SCHEMA_VERSION}")
-
 
 def load_shard(root: str | os.PathLike, entry: dict[str, Any], verify: bool = True
                ) -> dict[str, torch.Tensor]:
@@ -275,6 +284,7 @@ def load_projection(root: str | os.PathLike, verify: bool = True) -> torch.Tenso
 def iter_shards(root: str | os.PathLike, fields: Sequence[str] | None = None,
                 verify: bool = True) -> Iterator[dict[str, torch.Tensor]]:
     manifest = read_manifest(root)
+    check_fields(fields, manifest)
     for entry in manifest["shards"]:
         tensors = load_shard(root, entry, verify)
         yield {k: v for k, v in tensors.items() if fields is None or k in fields}
@@ -282,7 +292,8 @@ def iter_shards(root: str | os.PathLike, fields: Sequence[str] | None = None,
 
 def load_traces(root: str | os.PathLike, fields: Sequence[str] | None = None,
                 verify: bool = True) -> dict[str, torch.Tensor]:
-    """Every shard concatenated (verified): field -> tensor with all tokens on axis 0."""
+    """Every shard concatenated (verified): field -> tensor with all tokens on axis 0. An
+    unknown name in `fields` raises ValueError naming it and the available fields."""
     parts: dict[str, list[torch.Tensor]] = {}
     for shard in iter_shards(root, fields, verify):
         for k, v in shard.items():
@@ -323,10 +334,7 @@ class TraceDataset(IterableDataset):
         self.root, self.fields, self.shuffle, self.seed, self.verify = (
             Path(root), tuple(fields) if fields else None, shuffle, seed, verify)
         self.manifest = read_manifest(self.root)
-        unknown = set(self.fields or ()) - set(self.manifest["fields"])
-        if unknown:
-            raise ValueError(f"unknown trace fields {sorted(unknown)}; "
-                             f"available: {self.manifest['fields']}")
+        check_fields(self.fields, self.manifest)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
