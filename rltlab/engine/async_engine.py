@@ -19,6 +19,7 @@ from rltlab.engine.llm import build_engine
 from rltlab.engine.llm_engine import LLMEngine
 from rltlab.engine.outputs import RequestOutput
 from rltlab.engine.sampling import SamplingParams
+from rltlab.engine.tokenize import encode_prompt
 
 
 class AsyncLLM:
@@ -37,10 +38,7 @@ class AsyncLLM:
         """Yields RequestOutputs as tokens arrive (only the final one if stream=False)."""
         tokens = prompt["prompt_token_ids"] if isinstance(prompt, dict) else prompt
         if isinstance(tokens, str):
-            tok = self.engine.tokenizer
-            if tok is None:
-                raise ValueError("text prompts need a tokenizer; pass token ids instead")
-            tokens = tok.encode(tokens)
+            tokens = encode_prompt(self.engine.tokenizer, tokens)
         rid = self.engine.add_request(request_id, list(tokens), sampling_params, stream=stream)
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[rid] = queue

@@ -12,6 +12,7 @@ from rltlab.engine.config import EngineConfig
 from rltlab.engine.llm_engine import LLMEngine
 from rltlab.engine.outputs import RequestOutput
 from rltlab.engine.sampling import SamplingParams
+from rltlab.engine.tokenize import encode_prompt
 from rltlab.model.architecture import OuroForCausalLM
 
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
@@ -95,10 +96,7 @@ class LLM:
         tokens, texts = [], []
         for prompt in prompts:
             if isinstance(prompt, str):
-                tok = self.get_tokenizer()
-                if tok is None:
-                    raise ValueError("text prompts need a tokenizer; pass token ids instead")
-                tokens.append(list(tok.encode(prompt)))
+                tokens.append(encode_prompt(self.get_tokenizer(), prompt))
                 texts.append(prompt)
             elif isinstance(prompt, dict):
                 tokens.append(list(prompt["prompt_token_ids"]))
