@@ -35,12 +35,16 @@ Checkpoints: everything of iteration k is built in RUN_DIR/.iter_k.tmp-*/ and re
 RUN_DIR/iter_k/ once complete (result.json, gate.safetensors, traces/, exit_predictor/,
 draft_head/). A finished iteration is never recomputed: a re-run (same RUN_DIR) loads
 iter_0..iter_{j} and resumes at j + 1 after pushing the last finished gate into the engine. A
-crash leaves only a temporary directory, removed on the next run.
+crash leaves only a temporary directory, removed on the next run. A resume must use the
+finished iterations' parameters and model (rltlab.loop.resume: only RESUMABLE_FIELDS, the
+update steps' optimisation budget, may change); their result.json files are checked first.
 """
 from rltlab.loop.addons import draft_head_step, exit_predictor_step
-from rltlab.loop.config import GATE_BIAS, GATE_WEIGHT, LoopConfig, LoopState, SimulatedCrash
+from rltlab.loop.config import (GATE_BIAS, GATE_WEIGHT, RESUMABLE_FIELDS, LoopConfig, LoopState,
+                                ResumeMismatch, SimulatedCrash)
 from rltlab.loop.iteration import (describe_iteration, evaluate, finished_iterations,
                                    iteration_dir, run_iteration, setup)
+from rltlab.loop.resume import check_resume, read_result
 from rltlab.loop.metrics import (compare_evaluations, curves, depth_histograms,
                                  gate_curve_report, loop_metrics)
 from rltlab.loop.stage2 import (gate_state_of, load_gate, push_weights, save_gate,
@@ -48,10 +52,11 @@ from rltlab.loop.stage2 import (gate_state_of, load_gate, push_weights, save_gat
                                 train_gate_on_traces)
 
 __all__ = [
-    "GATE_BIAS", "GATE_WEIGHT", "LoopConfig", "LoopState", "SimulatedCrash",
-    "compare_evaluations", "curves", "depth_histograms", "describe_iteration",
-    "draft_head_step", "evaluate", "exit_predictor_step", "finished_iterations",
+    "GATE_BIAS", "GATE_WEIGHT", "LoopConfig", "LoopState", "RESUMABLE_FIELDS", "ResumeMismatch",
+    "SimulatedCrash", "check_resume", "compare_evaluations", "curves", "depth_histograms",
+    "describe_iteration", "draft_head_step", "evaluate", "exit_predictor_step",
+    "finished_iterations",
     "gate_curve_report", "gate_state_of", "iteration_dir", "load_gate", "loop_metrics",
-    "push_weights", "run_iteration", "save_gate", "setup", "stage2_targets",
+    "push_weights", "read_result", "run_iteration", "save_gate", "setup", "stage2_targets",
     "trace_gate_curve", "train_gate", "train_gate_on_traces",
 ]

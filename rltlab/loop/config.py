@@ -57,8 +57,20 @@ class LoopConfig:
     extra: dict = field(default_factory=dict)
 
 
+# What a resumed run may change: the optimisation budget of the update steps (each iteration's
+# result.json records the config it ran with). Every other field defines what the iterations
+# measure (rollout, Stage II labels, evaluation, add-ons) and must equal the finished ones'.
+RESUMABLE_FIELDS = frozenset({
+    "iterations", "crash_at_iteration", "gate_steps", "gate_lr", "gate_batch", "gate_eval_every",
+    "gate_patience", "gate_keep_worse", "predictor_epochs", "draft_steps", "draft_lr"})
+
+
 class SimulatedCrash(RuntimeError):
     pass
+
+
+class ResumeMismatch(ValueError):
+    """A resumed loop whose parameters differ from its finished iterations' (by name)."""
 
 
 @dataclass

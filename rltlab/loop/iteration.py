@@ -12,10 +12,11 @@ from typing import Any, Sequence
 
 
 from rltlab import workbench as W
-from rltlab.common.atomic import read_json, write_json_atomic
+from rltlab.common.atomic import write_json_atomic
 from rltlab.loop.addons import draft_head_step, exit_predictor_step
 from rltlab.loop.config import LoopConfig, LoopState, SimulatedCrash
 from rltlab.loop.metrics import compare_evaluations
+from rltlab.loop.resume import RESULT_FILE, check_resume, read_result
 from rltlab.loop.stage2 import load_gate, push_weights, save_gate, train_gate_on_traces
 
 
@@ -27,7 +28,7 @@ def finished_iterations(run_dir: str | os.PathLike) -> list[int]:
     """Indices k with a complete iter_k/ (result.json present), contiguous from 0."""
     done = []
     k = 0
-    while (iteration_dir(run_dir, k) / "result.json").is_file():
+    while (iteration_dir(run_dir, k) / RESULT_FILE).is_file():
         done.append(k)
         k += 1
     return done
@@ -36,18 +37,27 @@ def finished_iterations(run_dir: str | os.PathLike) -> list[int]:
 def setup(run_dir: str | os.PathLike, model, tokenizer, cfg: LoopConfig,
           model_dir: str | os.PathLike | None = None, **engine_kwargs) -> LoopState:
     """Engine at version 0 over `model`, then resume: load finished iterations and push the
-    last finished gate as its version. Stale temporary iteration dirs are removed."""
+    last finished gate as its version. Stale temporary iteration dirs are removed.
+
+    Before anything is written: every finished iteration's result.json is checked (a damaged
+    one raises JSONFileError naming the file and the field) and `cfg` and `model` must match
+    the ones they were made with (ResumeMismatch names each differing parameter; only
+    RESUMABLE_FIELDS may change). loop_config.json records the settings of the run's first
+    iteration and is kept on resume."""
     run_dir = Path(run_dir)
+    done = finished_iterations(run_dir)
+    results = [read_result(run_dir, k) for k in done]
+    check_resume(run_dir, cfg, results, model)
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in run_dir.glob(".iter_*.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
-    write_json_atomic(run_dir / "loop_config.json", asdict(cfg))
+    if not results or not (run_dir / "loop_config.json").is_file():
+        write_json_atomic(run_dir / "loop_config.json", asdict(cfg))
     llm = W.make_llm(model, tokenizer, **engine_kwargs)
     state = LoopState(run_dir, cfg, model, tokenizer, llm,
                       Path(model_dir) if model_dir else None)
     state.problems = W.eval_problems(state.model_dir, cfg.eval_problems)
-    done = finished_iterations(run_dir)
-    state.results = [read_json(iteration_dir(run_dir, k) / "result.json") for k in done]
+    state.results = results
     state.resumed_from = len(done)
     if done:
         last = done[-1]
@@ -169,7 +179,7 @@ def run_iteration(state: LoopState, k: int) -> dict[str, Any]:
             "trace_mean_selected": summary["mean_selected"],
             "config": asdict(cfg), "before": before, "after": after,
             "gate_curve": compare_evaluations(before, after, cfg.curve_z), **addons}
-        write_json_atomic(tmp / "result.json", result)
+        write_json_atomic(tmp / RESULT_FILE, result)
         os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -13,11 +13,12 @@ from rltlab.model.checkpoint import load_model
 from rltlab.traces.rollout import trace_summary
 from rltlab.common.environment import environment
 from rltlab.eval.plots import frame
-from rltlab.workbench.notebook import (collect_rollout_traces, ensure_run_dir,
-                                       evaluate_policies, make_llm, save_metrics)
+from rltlab.workbench.notebook import (collect_rollout_traces, collect_traces_once,
+                                       ensure_run_dir, evaluate_policies, make_llm, save_metrics)
 
 __all__ = [
-    "collect_rollout_traces", "encode", "engine_gsm8k_fn", "ensure_run_dir", "environment",
+    "collect_rollout_traces", "collect_traces_once", "encode", "engine_gsm8k_fn",
+    "ensure_run_dir", "environment",
     "eval_problems", "evaluate_policies", "fixed_params", "frame", "heldout_text_rows",
     "load_model", "make_llm", "paired_table", "q_exit_params", "rollout_prompts", "save_metrics",
     "text_perplexity_table", "trace_summary",

@@ -10,14 +10,18 @@ $RLTLAB_NUM_PROCESSES (rltlab.workbench.scale); otherwise they run in-process.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
-from rltlab.common.atomic import write_json_atomic
+from rltlab.common.atomic import _jsonable, read_json, write_json_atomic
 from rltlab.common.environment import environment
 from rltlab.eval import policies
 from rltlab.traces import rollout
@@ -67,6 +71,63 @@ def collect_rollout_traces(llm, prompts: Sequence[Sequence[int]], out_dir: str |
     if scale.num_processes() > 1:
         return scale.delegate_collect(llm, prompts, out_dir, model_dir=model_dir, **kwargs)
     return rollout.collect_rollout_traces(llm, prompts, out_dir, **kwargs)
+
+
+COLLECTION_FILE = "collection.json"
+
+
+def collect_traces_once(llm, prompts: Sequence[Sequence[int]], trace_dir: str | os.PathLike,
+                        *, model_dir: str | os.PathLike | None = None,
+                        **collect_kwargs) -> tuple[dict[str, Any], bool]:
+    """The traces of a rollout of `prompts` in trace_dir, collected once: (manifest, reused).
+
+    Re-running a notebook into its run directory must not append a second copy of every
+    trace. A finished collection (trace_dir/collection.json) made with the same prompts,
+    settings (collect_rollout_traces' keyword arguments) and model weights, whose checksums
+    verify, is reused as it is. Otherwise the traces are collected into a temporary sibling
+    (.NAME.tmp-*) that replaces trace_dir only once complete: until then the old traces stay,
+    and a killed collection leaves only the temporary directory (removed by the next call).
+    """
+    from rltlab.model.checkpoint import model_hash
+    from rltlab.traces import TraceCorruptError, read_manifest, verify_traces
+
+    trace_dir = Path(trace_dir)
+    key = {"prompts_sha256": hashlib.sha256(json.dumps(
+               [list(map(int, p)) for p in prompts]).encode()).hexdigest(),
+           "settings": json.loads(json.dumps(_jsonable(collect_kwargs))),
+           "model_hash": model_hash(getattr(llm, "llm_engine", llm).model),
+           "weight_version": llm.get_weight_version()}
+    try:
+        if read_json(trace_dir / COLLECTION_FILE, {}).get("key") == key:
+            verify_traces(trace_dir)
+            return read_manifest(trace_dir), True
+    except (ValueError, AttributeError, OSError, TraceCorruptError):
+        pass    # damaged or partial: collect again
+    trace_dir.parent.mkdir(parents=True, exist_ok=True)
+    for stale in trace_dir.parent.glob(f".{trace_dir.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{trace_dir.name}.tmp-", dir=trace_dir.parent))
+    try:
+        _, manifest = collect_rollout_traces(llm, prompts, tmp, model_dir=model_dir,
+                                             **collect_kwargs)
+        write_json_atomic(tmp / COLLECTION_FILE, {"key": key, "finished": time.strftime(
+            "%Y-%m-%dT%H:%M:%S"), "num_tokens": manifest["num_tokens"]})
+        _replace_dir(tmp, trace_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return read_manifest(trace_dir), False
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    """Put directory `new` in `target`'s place (two renames; the old one is deleted after)."""
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}-{time.time_ns()}")
+        os.rename(target, old)
+    os.rename(new, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def save_metrics(run_dir: str | os.PathLike, metrics: dict[str, Any]) -> Path:

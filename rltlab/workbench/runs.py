@@ -2,42 +2,52 @@
 
 A run is a directory ``artifacts/runs/<YYYY-MM-DD>-<name>[-N]`` holding:
 
-    run.json          status (running / finished / failed), notebook, timestamps, attempts
+    run.json          status (running / finished / failed / interrupted), notebook, timestamps,
+                      attempts (one per execution)
     parameters.json   the effective notebook parameters (RUN_DIR included)
     <notebook>.ipynb  the executed notebook (outputs included)
     metrics.json      written by the notebook's last cell (headline numbers)
     *.png / *.svg     plots the notebook saved
     iter_k/ ...       whatever the notebook checkpoints (the loop notebook: one dir per iteration)
+    .rltlab-run.lock  the lock an execution holds (rltlab.workbench.run_files)
 
 Passing an existing run directory re-executes the notebook with the same RUN_DIR (the stored
 parameters are the base, new ones override them); notebooks that checkpoint their progress in
-RUN_DIR (the loop notebook) skip what is already done, so a killed run resumes.
+RUN_DIR (the loop notebook) skip what is already done, so a killed run resumes. Only a new or
+empty directory or a run directory of the same notebook is accepted, and one execution at a
+time holds it (run_files.check_run_dir, run_files.run_dir_lock).
 
 Parameter values given as strings (from the CLI) are coerced to the type of the default in the
-notebook's ``parameters`` cell; unknown names are rejected with the list of known ones.
+notebook's ``parameters`` cell and checked against its bounds (rltlab.workbench.notebook_params).
 """
 from __future__ import annotations
 
-import ast
 import datetime as _dt
-import io
-import json
 import os
 import re
 import socket
 import time
-import tokenize
 from pathlib import Path
 from typing import Any
 
-from rltlab.common.atomic import _jsonable, read_json, write_json_atomic, write_text_atomic
+from rltlab.common.atomic import read_json, write_json_atomic
+from rltlab.common.json_files import JSONFileError
 from rltlab.common.paths import ARTIFACTS_DIR, REPO_ROOT
+from rltlab.workbench.notebook_params import (check_bounds, coerce_parameters,
+                                              notebook_parameters)
+from rltlab.workbench.run_files import (LOCK_FILE, METRICS_FILE, PARAMS_FILE, RUN_FILE,
+                                        RunDirBusy, RunRefused, check_run_dir, clear_run_dir,
+                                        file_stamp, notebook_of, read_metrics, read_parameters,
+                                        read_run_record, run_dir_lock, run_is_alive)
+
+__all__ = ["LOCK_FILE", "METRICS_FILE", "NOTEBOOKS_DIR", "PARAMS_FILE", "RUN_FILE", "RunDirBusy",
+           "RunRefused", "coerce_parameters", "execute_notebook", "headline_metrics",
+           "list_runs", "new_run_dir", "notebook_parameters", "read_json", "resolve_notebook",
+           "run_artifacts", "runs_root", "short_error", "write_json_atomic"]
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
-RUN_FILE = "run.json"
-PARAMS_FILE = "parameters.json"
-METRICS_FILE = "metrics.json"
 _NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
+ERROR_CHARS = 2000      # run.json keeps this much of an error message: its head and its tail
 
 
 # ----------------------------------------------------------------------------- small helpers
@@ -91,114 +101,25 @@ def resolve_notebook(spec: str | os.PathLike) -> Path:
     raise FileNotFoundError(f"notebook {text!r} {why}; pass a path or one of: {names}")
 
 
-def notebook_parameters(notebook_path: str | os.PathLike) -> dict[str, dict[str, Any]]:
-    """The ``parameters`` cell of a notebook: name -> {default, type, help}.
-
-    Parsed with `ast` (papermill's own inspection trips over '=' inside comments): every
-    top-level ``NAME = <literal>`` assignment is a parameter; `type` is the default's type
-    name (an annotation wins), `help` the trailing comment.
-    """
-    import nbformat
-
-    nb = nbformat.read(str(notebook_path), as_version=4)
-    cells = [c for c in nb.cells if c.cell_type == "code" and "parameters" in
-             c.get("metadata", {}).get("tags", [])]
-    if not cells:
-        return {}
-    source = cells[0].source
-    comments = {}
-    try:
-        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-            if tok.type == tokenize.COMMENT:
-                comments[tok.start[0]] = tok.string.lstrip("#").strip()
-    except tokenize.TokenError:
-        pass
-    params: dict[str, dict[str, Any]] = {}
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(
-                node.targets[0], ast.Name):
-            name, value, annotation = node.targets[0].id, node.value, None
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value:
-            name, value, annotation = node.target.id, node.value, ast.unparse(node.annotation)
-        else:
-            continue
-        try:
-            default = ast.literal_eval(value)
-            literal = True
-        except ValueError:
-            default, literal = ast.unparse(value), False
-        type_name = annotation or (type(default).__name__ if literal else "expr")
-        params[name] = {"default": default, "type": type_name,
-                        "help": comments.get(node.lineno, "")}
-    return params
-
-
-_TRUE, _FALSE = {"true", "1", "yes", "y", "on"}, {"false", "0", "no", "n", "off"}
-
-
-def coerce_parameters(notebook_path: str | os.PathLike, parameters: dict[str, Any]
-                      ) -> dict[str, Any]:
-    """Check names against the parameters cell and convert string values to the defaults' types.
-
-    Non-string values pass through unchanged. "None"/"null" give None for any parameter.
-    """
-    known = notebook_parameters(notebook_path)
-    unknown = sorted(set(parameters) - set(known))
-    if unknown:
-        names = ", ".join(sorted(known)) or "(the notebook has no parameters cell)"
-        raise ValueError(f"unknown parameter(s) {', '.join(unknown)} for "
-                         f"{Path(notebook_path).name}; known: {names}")
-    out = {}
-    for name, value in parameters.items():
-        out[name] = _coerce(name, value, known[name]) if isinstance(value, str) else value
-    return out
-
-
-def _coerce(name: str, text: str, spec: dict[str, Any]) -> Any:
-    type_name, default = spec["type"], spec["default"]
-    if text.strip() in ("None", "null") and type_name != "str":
-        return None
-    try:
-        if type_name in ("bool",):
-            low = text.strip().lower()
-            if low in _TRUE:
-                return True
-            if low in _FALSE:
-                return False
-            raise ValueError("expected true/false")
-        if type_name == "int":
-            return int(text)
-        if type_name == "float":
-            return float(text)
-        if type_name == "str":
-            return text
-        if type_name in ("list", "tuple", "dict"):
-            value = ast.literal_eval(text)
-            if type_name == "tuple" and isinstance(value, list):
-                value = tuple(value)
-            if type(value).__name__ != type_name:
-                raise ValueError(f"expected a {type_name} literal")
-            return value
-        # default None / expression / annotation: a Python literal if it parses, else the string
-        try:
-            return ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            return text
-    except (ValueError, SyntaxError) as err:
-        raise ValueError(f"parameter {name}={text!r}: cannot convert to {type_name} "
-                         f"(default {default!r}): {err}") from None
-
-
 def execute_notebook(notebook_path: str | os.PathLike, parameters: dict[str, Any] | None = None,
                      run_dir: str | os.PathLike | None = None, kernel_name: str = "python3",
                      progress: bool = True, name: str | None = None,
-                     timeout: float | None = None) -> Path:
+                     timeout: float | None = None, start_over: bool = False) -> Path:
     """Execute a notebook with papermill into a run directory; returns the run directory.
 
     run_dir None: a new ``runs_root()/<date>-<name or notebook stem>`` is created. An existing
     run_dir is resumed: its stored parameters are the base, `parameters` override them, and the
-    notebook sees the same RUN_DIR. The executed notebook is written even when it fails
-    (papermill marks the failing cell); the error is re-raised after run.json says "failed".
+    notebook sees the same RUN_DIR. start_over: delete what earlier executions left in run_dir
+    (run.json's attempts stay) and start from the notebook's defaults plus `parameters`.
+
+    Refused with RunRefused (a ValueError), before anything in run_dir changes: a directory
+    that is neither new, empty, nor a run of this notebook; a damaged run.json or
+    parameters.json (the message names the file and the field); a parameter out of its
+    bounds; and, as RunDirBusy, a run directory another execution holds.
+
+    The executed notebook is written even when it fails (papermill marks the failing cell);
+    the error is re-raised after run.json says "failed", or "interrupted" for a
+    KeyboardInterrupt (SIGINT). The kernel is killed at once when the execution ends early.
     """
     import papermill
 
@@ -206,53 +127,90 @@ def execute_notebook(notebook_path: str | os.PathLike, parameters: dict[str, Any
     parameters = coerce_parameters(notebook_path, dict(parameters or {}))
     if "RUN_DIR" in parameters and parameters["RUN_DIR"] is not None and run_dir is None:
         run_dir = parameters["RUN_DIR"]
-    if run_dir is None:
+    if run_dir is not None:
+        check_run_dir(Path(run_dir).resolve(), notebook_path.stem)  # before creating anything
+    else:
         run_dir = new_run_dir(name or notebook_path.stem)
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    previous = read_json(run_dir / PARAMS_FILE, {}) or {}
-    effective = {**previous, **parameters, "RUN_DIR": str(run_dir)}
-    known = notebook_parameters(notebook_path)
-    if "RUN_DIR" not in known:
-        effective.pop("RUN_DIR")
-    effective = {k: v for k, v in effective.items() if k in known}
-    write_json_atomic(run_dir / PARAMS_FILE, effective)
-
-    record = read_json(run_dir / RUN_FILE, {}) or {}
-    attempts = record.get("attempts", [])
-    attempts.append({"started": _now(), "overrides": parameters})
-    record.update({"name": run_dir.name, "notebook": str(notebook_path),
-                   "notebook_name": notebook_path.stem, "status": "running",
-                   "pid": os.getpid(), "host": socket.gethostname(), "attempts": attempts})
-    record.setdefault("created", attempts[0]["started"])
-    write_json_atomic(run_dir / RUN_FILE, record)
-
-    output = run_dir / notebook_path.name
-    start = time.time()
-    try:
-        papermill.execute_notebook(
-            str(notebook_path), str(output), parameters=effective, kernel_name=kernel_name,
-            progress_bar=progress, cwd=str(REPO_ROOT), execution_timeout=timeout)
-    except BaseException as err:
-        record.update({"status": "failed", "finished": _now(), "error": _short_error(err),
-                       "seconds": round(time.time() - start, 3)})
-        attempts[-1].update(status="failed", finished=record["finished"])
+    with run_dir_lock(run_dir):
+        record, effective = _prepare(notebook_path, parameters, run_dir, start_over)
+        if start_over:
+            clear_run_dir(run_dir)
+        write_json_atomic(run_dir / PARAMS_FILE, effective)
+        attempt = {"started": _now(), "overrides": parameters,
+                   "metrics_before": file_stamp(run_dir / METRICS_FILE)}
+        if start_over:
+            attempt["start_over"] = True
+        attempts = record.get("attempts", [])
+        attempts.append(attempt)
+        record.update({"name": run_dir.name, "notebook": str(notebook_path),
+                       "notebook_name": notebook_path.stem, "status": "running",
+                       "pid": os.getpid(), "host": socket.gethostname(), "attempts": attempts,
+                       "finished": None, "error": None, "seconds": None})
+        record.setdefault("created", attempts[0]["started"])
         write_json_atomic(run_dir / RUN_FILE, record)
-        raise
-    record.update({"status": "finished", "finished": _now(), "error": None,
-                   "seconds": round(time.time() - start, 3)})
-    attempts[-1].update(status="finished", finished=record["finished"])
-    write_json_atomic(run_dir / RUN_FILE, record)
+        start = time.time()
+        try:
+            papermill.execute_notebook(
+                str(notebook_path), str(run_dir / notebook_path.name), parameters=effective,
+                kernel_name=kernel_name, progress_bar=progress, cwd=str(REPO_ROOT),
+                execution_timeout=timeout, shutdown_kernel="immediate")
+        except BaseException as err:
+            status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+            _record_end(run_dir, record, status, start, short_error(err))
+            raise
+        _record_end(run_dir, record, "finished", start, None)
     return run_dir
+
+
+def _prepare(notebook_path: Path, parameters: dict[str, Any], run_dir: Path,
+             start_over: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Under the lock, before any write: the run record (an attempt a killed process left
+    "running" closed as interrupted) and the effective parameters, checked."""
+    record = check_run_dir(run_dir, notebook_path.stem)   # again: it may have changed
+    try:
+        previous = {} if start_over else read_parameters(run_dir)
+    except JSONFileError as err:
+        raise RunRefused(f"{err}; fix or remove it (or start over) to resume") from err
+    known = notebook_parameters(notebook_path)
+    effective = {k: v for k, v in {**previous, **parameters, "RUN_DIR": str(run_dir)}.items()
+                 if k in known}
+    try:
+        check_bounds(known, {k: v for k, v in previous.items() if k not in parameters},
+                     source=str(run_dir / PARAMS_FILE))
+    except ValueError as err:
+        raise RunRefused(str(err)) from None
+    attempts = record.get("attempts", [])
+    if record.get("status") == "running" and attempts:   # its process died without a word
+        attempts[-1].setdefault("status", "interrupted")
+        attempts[-1].setdefault("note", "the process ended without recording (killed)")
+    return record, effective
+
+
+def _record_end(run_dir: Path, record: dict[str, Any], status: str, start: float,
+                error: str | None) -> None:
+    record.update({"status": status, "finished": _now(), "error": error,
+                   "seconds": round(time.time() - start, 3)})
+    record["attempts"][-1].update(status=status, finished=record["finished"])
+    write_json_atomic(run_dir / RUN_FILE, record)
 
 
 def _now() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
-def _short_error(err: BaseException) -> str:
-    text = f"{type(err).__name__}: {err}"
-    return text if len(text) < 2000 else text[:2000] + " ..."
+def short_error(err: BaseException, limit: int = ERROR_CHARS) -> str:
+    """`Type: message`, at most `limit` characters: the head and the tail, where a papermill
+    error names the exception, with the middle cut."""
+    if isinstance(err, KeyboardInterrupt):
+        return f"KeyboardInterrupt: interrupted ({err or 'SIGINT'})"
+    text = f"{type(err).__name__}: {err}".strip()
+    if len(text) <= limit:
+        return text
+    head = limit // 4
+    cut = f"\n[... {len(text) - limit} characters cut ...]\n"
+    return text[:head] + cut + text[-(limit - head):]
 
 
 # ----------------------------------------------------------------------------- listing
@@ -264,35 +222,58 @@ def list_runs(root: str | os.PathLike | None = None) -> list[dict[str, Any]]:
     """Every run directory under root (default runs_root()), newest first.
 
     Each entry: name, date, path, notebook, status, seconds, metrics (the flat numeric
-    top-level values of metrics.json, the "headline"). A run whose run.json still says
-    "running" but whose process is gone on this host shows as "interrupted".
+    top-level values of metrics.json, the "headline"), metrics_stale (True when metrics.json
+    predates the last attempt: that attempt did not write it), problem (why a run is
+    "unreadable", else None). A run whose run.json still says "running" but whose lock no
+    process holds (killed, e.g. SIGKILL) shows as "interrupted". A damaged run.json or
+    metrics.json marks that run "unreadable"; the others are listed as usual.
     """
     root = Path(root) if root is not None else runs_root()
     if not root.is_dir():
         return []
     runs = []
     for path in sorted(root.iterdir()):
-        if not path.is_dir() or path.name.startswith("."):
-            continue
-        try:
-            record = read_json(path / RUN_FILE, {}) or {}
-            metrics = read_json(path / METRICS_FILE, {}) or {}
-        except (json.JSONDecodeError, OSError):
-            record, metrics = {"status": "unreadable"}, {}
-        if not record and not metrics:
-            continue  # not a notebook run (e.g. a benchmark's output folder)
-        match = _DATE_RE.match(path.name)
-        status = record.get("status", "unknown" if not metrics else "finished")
-        if status == "running" and record.get("host") == socket.gethostname() and \
-                not _pid_alive(record.get("pid")):
-            status = "interrupted"
-        runs.append({
-            "name": path.name, "date": match.group(1) if match else None, "path": str(path),
-            "notebook": record.get("notebook_name") or Path(record.get("notebook", "")).stem,
-            "status": status, "seconds": record.get("seconds"),
-            "metrics": headline_metrics(metrics)})
+        if path.is_dir() and not path.name.startswith("."):
+            entry = _describe_run(path)
+            if entry is not None:
+                runs.append(entry)
     runs.sort(key=lambda r: (r["date"] or "", r["name"]), reverse=True)
     return runs
+
+
+def _describe_run(path: Path) -> dict[str, Any] | None:
+    if not (path / RUN_FILE).exists() and not (path / METRICS_FILE).exists():
+        return None  # not a notebook run (e.g. a benchmark's output folder)
+    record, metrics, problems = {}, {}, []
+    try:
+        record = read_run_record(path)
+    except JSONFileError as err:
+        problems.append(str(err))
+    try:
+        metrics = read_metrics(path)
+    except JSONFileError as err:
+        problems.append(str(err))
+    status = record.get("status") or ("finished" if metrics else "unknown")
+    if status == "running" and not _still_running(path, record):
+        status = "interrupted"
+    attempts = record.get("attempts") or [{}]
+    stamp = attempts[-1].get("metrics_before")
+    match = _DATE_RE.match(path.name)
+    return {"name": path.name, "date": match.group(1) if match else None, "path": str(path),
+            "notebook": notebook_of(record), "status": "unreadable" if problems else status,
+            "seconds": record.get("seconds"), "metrics": headline_metrics(metrics),
+            "metrics_stale": bool(metrics) and stamp is not None
+            and stamp == file_stamp(path / METRICS_FILE),
+            "problem": "; ".join(problems) or None}
+
+
+def _still_running(path: Path, record: dict[str, Any]) -> bool:
+    """The lock says it (held only while the process lives); without a lock file (a run made
+    before locking), a live pid on this host."""
+    alive = run_is_alive(path)
+    if alive is not None:
+        return alive
+    return record.get("host") != socket.gethostname() or _pid_alive(record.get("pid"))
 
 
 def headline_metrics(metrics: dict[str, Any], limit: int = 6) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -29,6 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the type of the default in the notebook's parameters cell")
     parser.add_argument("--run-dir", default=None,
                         help="run directory; an existing one is resumed with the same RUN_DIR")
+    parser.add_argument("--start-over", action="store_true",
+                        help="with an existing --run-dir: delete what earlier executions left "
+                             "in it (finished iterations, traces, metrics; run.json's history "
+                             "stays) and run with the notebook's defaults plus -p values")
     parser.add_argument("--name", default=None,
                         help="run name (default: the notebook's name)")
     parser.add_argument("--kernel", default="python3", help="Jupyter kernel name")
@@ -69,27 +74,48 @@ def main(args: argparse.Namespace) -> int:
     if run_dir is None:
         run_dir = runs.new_run_dir(args.name or notebook.stem)
     print(f"run dir: {run_dir}", flush=True)
+    # SIGTERM is recorded like Ctrl-C (status interrupted, the kernel killed)
+    previous_handler = signal.signal(signal.SIGTERM, _interrupt)
     failed = None
     try:
         runs.execute_notebook(notebook, params, run_dir=run_dir, kernel_name=args.kernel,
-                              progress=not args.no_progress)
+                              progress=not args.no_progress, start_over=args.start_over)
+    except runs.RunRefused as err:      # nothing was changed
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; the run's finished work is kept in {run_dir} (status in "
+              f"run.json: interrupted). Resume: rltlab run {args.notebook} --run-dir "
+              f"{run_dir}", file=sys.stderr)
+        return 130
     except Exception as err:  # the executed notebook (with the failing cell) is still written
         failed = err
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
     run_dir = Path(run_dir)
     plots = runs.run_artifacts(run_dir)
     if plots:
         print("plots:")
         for path in plots:
             print(f"  {path}")
-    metrics = runs.headline_metrics(runs.read_json(run_dir / runs.METRICS_FILE, {}) or {})
-    if metrics:
-        print("metrics: " + ", ".join(f"{k}={_fmt(v)}" for k, v in metrics.items()))
+    if failed is None:   # after a failure metrics.json, if any, is an earlier attempt's
+        try:
+            metrics = runs.headline_metrics(runs.read_metrics(run_dir))
+        except ValueError as err:
+            print(f"warning: {err}", file=sys.stderr)
+            metrics = {}
+        if metrics:
+            print("metrics: " + ", ".join(f"{k}={_fmt(v)}" for k, v in metrics.items()))
     print(f"run dir: {run_dir}")
     if failed is not None:
-        print(f"error: notebook failed: {runs._short_error(failed)}", file=sys.stderr)
+        print(f"error: notebook failed: {runs.short_error(failed)}", file=sys.stderr)
         print(f"see {run_dir / notebook.name}", file=sys.stderr)
         return 1
     return 0
+
+
+def _interrupt(signum, _frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def _fmt(value) -> str:
@@ -108,9 +134,13 @@ def _list(args: argparse.Namespace) -> int:
         metrics = entry["metrics"]
         items = list(metrics.items()) if args.all_metrics else list(metrics.items())[:4]
         seconds = entry["seconds"]
+        headline = ", ".join(f"{k}={_fmt(v)}" for k, v in items) or "-"
+        if entry["problem"]:
+            headline = entry["problem"]
+        elif entry["metrics_stale"]:    # the last attempt did not write them
+            headline = f"(stale: from an earlier attempt) {headline}"
         rows.append([entry["name"], entry["notebook"] or "-", entry["status"],
-                     f"{seconds:.0f}" if isinstance(seconds, (int, float)) else "-",
-                     ", ".join(f"{k}={_fmt(v)}" for k, v in items) or "-"])
+                     f"{seconds:.0f}" if isinstance(seconds, (int, float)) else "-", headline])
     header = ["RUN", "NOTEBOOK", "STATUS", "SECONDS", "HEADLINE METRICS"]
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header) - 1)]
     for row in [header] + rows:

@@ -1,0 +1,147 @@
+"""The ``parameters`` cell of a workbench notebook: names, defaults, types, help and bounds.
+
+Every top-level ``NAME = <literal>  # help`` line of the cell is a parameter. A help comment may
+end with bounds in brackets, which every value must meet (each element of a list):
+
+    NUM_PROMPTS = 64  # training-split arithmetic prompts [>= 1]
+    THRESHOLDS = [0.3, 0.5, 1.0]  # Q-exit threshold sweep [>= 0, <= 1]
+
+Values given as strings (from the CLI) are converted to the type of the default; unknown names
+are rejected with the list of known ones; a value out of bounds is rejected naming the
+parameter and the bound. None is accepted for a bounded parameter only when its default is None.
+"""
+from __future__ import annotations
+
+import ast
+import io
+import operator
+import os
+import re
+import tokenize
+from pathlib import Path
+from typing import Any
+
+_BOUNDS_RE = re.compile(r"\s*\[((?:\s*[<>]=?\s*-?[0-9.eE+-]+\s*,?)+)\]\s*$")
+_BOUND_RE = re.compile(r"([<>]=?)\s*(-?[0-9.eE+-]+)")
+_OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
+_TRUE, _FALSE = {"true", "1", "yes", "y", "on"}, {"false", "0", "no", "n", "off"}
+
+
+def notebook_parameters(notebook_path: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """The ``parameters`` cell of a notebook: name -> {default, type, help, bounds}.
+
+    Parsed with `ast` (papermill's own inspection trips over '=' inside comments): every
+    top-level ``NAME = <literal>`` assignment is a parameter; `type` is the default's type
+    name (an annotation wins), `help` the trailing comment, `bounds` the [(op, number)] pairs
+    at the end of the help comment.
+    """
+    import nbformat
+
+    nb = nbformat.read(str(notebook_path), as_version=4)
+    cells = [c for c in nb.cells if c.cell_type == "code" and "parameters" in
+             c.get("metadata", {}).get("tags", [])]
+    if not cells:
+        return {}
+    source = cells[0].source
+    comments = {}
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    except tokenize.TokenError:
+        pass
+    params: dict[str, dict[str, Any]] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(
+                node.targets[0], ast.Name):
+            name, value, annotation = node.targets[0].id, node.value, None
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value:
+            name, value, annotation = node.target.id, node.value, ast.unparse(node.annotation)
+        else:
+            continue
+        try:
+            default = ast.literal_eval(value)
+            literal = True
+        except ValueError:
+            default, literal = ast.unparse(value), False
+        type_name = annotation or (type(default).__name__ if literal else "expr")
+        help_text = comments.get(node.lineno, "")
+        match = _BOUNDS_RE.search(help_text)
+        bounds = [(op, float(num)) for op, num in _BOUND_RE.findall(match.group(1))] \
+            if match else []
+        params[name] = {"default": default, "type": type_name, "help": help_text,
+                        "bounds": bounds}
+    return params
+
+
+def coerce_parameters(notebook_path: str | os.PathLike, parameters: dict[str, Any]
+                      ) -> dict[str, Any]:
+    """Check names against the parameters cell, convert string values to the defaults' types
+    and check the bounds. "None"/"null" give None for any parameter."""
+    known = notebook_parameters(notebook_path)
+    unknown = sorted(set(parameters) - set(known))
+    if unknown:
+        names = ", ".join(sorted(known)) or "(the notebook has no parameters cell)"
+        raise ValueError(f"unknown parameter(s) {', '.join(unknown)} for "
+                         f"{Path(notebook_path).name}; known: {names}")
+    out = {}
+    for name, value in parameters.items():
+        out[name] = _coerce(name, value, known[name]) if isinstance(value, str) else value
+    check_bounds(known, out)
+    return out
+
+
+def check_bounds(known: dict[str, dict[str, Any]], values: dict[str, Any],
+                 source: str | None = None) -> None:
+    """Raise ValueError naming the first parameter whose value breaks its declared bounds
+    (`source`, e.g. a parameters.json, is named as where the value came from)."""
+    for name, value in values.items():
+        spec = known.get(name, {})
+        bounds = spec.get("bounds")
+        if not bounds or (value is None and spec["default"] is None):
+            continue
+        items = value if isinstance(value, (list, tuple)) else [value]
+        for item in items:
+            ok = isinstance(item, (int, float)) and not isinstance(item, bool) and all(
+                _OPS[op](item, limit) for op, limit in bounds)
+            if not ok:
+                rule = ", ".join(f"{op} {limit:g}" for op, limit in bounds)
+                what = f"every element of {name}" if items is value else name
+                origin = f" (from {source})" if source else ""
+                raise ValueError(f"parameter {name}={value!r}{origin}: {what} must be a "
+                                 f"number {rule}")
+
+
+def _coerce(name: str, text: str, spec: dict[str, Any]) -> Any:
+    type_name, default = spec["type"], spec["default"]
+    if text.strip() in ("None", "null") and type_name != "str":
+        return None
+    try:
+        if type_name in ("bool",):
+            low = text.strip().lower()
+            if low in _TRUE:
+                return True
+            if low in _FALSE:
+                return False
+            raise ValueError("expected true/false")
+        if type_name == "int":
+            return int(text)
+        if type_name == "float":
+            return float(text)
+        if type_name == "str":
+            return text
+        if type_name in ("list", "tuple", "dict"):
+            value = ast.literal_eval(text)
+            if type_name == "tuple" and isinstance(value, list):
+                value = tuple(value)
+            if type(value).__name__ != type_name:
+                raise ValueError(f"expected a {type_name} literal")
+            return value
+        # default None / expression / annotation: a Python literal if it parses, else the string
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return text
+    except (ValueError, SyntaxError) as err:
+        raise ValueError(f"parameter {name}={text!r}: cannot convert to {type_name} "
+                         f"(default {default!r}): {err}") from None

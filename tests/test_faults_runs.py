@@ -1,0 +1,444 @@
+"""Fault suite, run directories (issue 18, sections C and E): re-runs that duplicated traces,
+`--run-dir` into foreign directories, concurrent executions, resumes with other parameters,
+interrupts and kills, damaged run files. docs/reliability.md lists each fault with its test."""
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from rltlab.workbench import runs, runs_cli
+
+DATA = Path(__file__).parent / "data"
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+TINY = DATA / "tiny_notebook.ipynb"
+LONG_ERROR = "x" * 3000 + " THE REAL CAUSE"
+
+
+# ----------------------------------------------------------------------------- helpers
+
+@pytest.fixture(scope="module")
+def probe_notebook(tmp_path_factory):
+    """tiny_notebook plus HOLD (wait until that file exists, after writing RUN_DIR/started and
+    a loop-style temporary dir) and FAIL_MESSAGE (raise with it)."""
+    nb = nbformat.read(str(TINY), as_version=4)
+    nb.cells[1].source += ('\nHOLD = ""  # wait (up to 120 s) until this file exists\n'
+                           'FAIL_MESSAGE = ""  # raise a RuntimeError with it\n')
+    nb.cells.insert(2, nbformat.v4.new_code_cell(
+        "import time\nfrom pathlib import Path\n"
+        "(Path(RUN_DIR) / '.iter_0.tmp-probe').mkdir(exist_ok=True)\n"
+        "(Path(RUN_DIR) / 'started').write_text('1')\nt0 = time.time()\n"
+        "while HOLD and not Path(HOLD).exists() and time.time() - t0 < 120:\n"
+        "    time.sleep(0.05)\nif FAIL_MESSAGE:\n    raise RuntimeError(FAIL_MESSAGE)"))
+    path = tmp_path_factory.mktemp("nb") / "probe.ipynb"
+    nbformat.write(nb, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    from rltlab.model.architecture import OuroForCausalLM
+    from rltlab.model.checkpoint import save_pretrained
+    from rltlab.model.config import OuroConfig
+    from rltlab.pretrain.data import save_tokenizer, train_tokenizer
+
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    tok = train_tokenizer(vocab_size=300, max_bytes=150_000)
+    cfg = OuroConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
+                     num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                     total_ut_steps=4, max_position_embeddings=1024, bos_token_id=0,
+                     eos_token_id=0)
+    save_pretrained(OuroForCausalLM(cfg).init_weights(0, std=0.1), out)
+    save_tokenizer(tok, out)
+    return out
+
+
+def _cli(*argv):
+    """(exit code) of `rltlab run|runs ...` in this process."""
+    from rltlab.workbench.cli import build_parser
+    return runs_cli.main(build_parser(argv[0]).parse_args(list(argv)))
+
+
+def _spawn_cli(*argv):
+    """`rltlab run ...` as a real process; SIGINT at its default, as in a terminal."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "rltlab.workbench.cli", *argv], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def _wait_for(path, proc, timeout=120):
+    t0 = time.time()
+    while not Path(path).exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() - t0 < timeout, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def _snapshot(directory):
+    """{relative path: bytes} of every file under directory (None for a directory)."""
+    root = Path(directory)
+    return {str(p.relative_to(root)): None if p.is_dir() else p.read_bytes()
+            for p in sorted(root.rglob("*"))}
+
+
+def _record(run_dir):
+    return json.loads((Path(run_dir) / "run.json").read_text())
+
+
+# ----------------------------------------------------------------------------- C1
+
+def test_collect_notebook_rerun_reuses_the_traces(tiny_model_dir, tmp_path):
+    """C1: re-running notebook 01 into its run dir appended a second copy of every trace."""
+    from rltlab.traces import load_traces, verify_traces
+    run_dir = tmp_path / "collect"
+    params = {"MODEL_DIR": str(tiny_model_dir), "NUM_PROMPTS": 3, "MAX_TOKENS": 5,
+              "SHARD_TOKENS": 4, "MEASURE_OVERHEAD": False, "THREADS": 1}
+    runs.execute_notebook(NOTEBOOKS / "01_collect_traces.ipynb", params, run_dir=run_dir,
+                          progress=False)
+    first = _snapshot(run_dir / "traces")
+    assert verify_traces(run_dir / "traces")["num_tokens"] == 3 * 4
+    runs.execute_notebook(NOTEBOOKS / "01_collect_traces.ipynb", {}, run_dir=run_dir,
+                          progress=False)   # a resume: the stored parameters
+    assert verify_traces(run_dir / "traces")["num_tokens"] == 3 * 4
+    assert _snapshot(run_dir / "traces") == first     # reused, not collected again
+    tr = load_traces(run_dir / "traces", fields=["prompt_id", "position"])
+    keys = set(zip(tr["prompt_id"].tolist(), tr["position"].tolist()))
+    assert len(keys) == 3 * 4
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["headline"]["traced_tokens"] == 12
+    assert "checksums verified (a finished collection of an earlier execution, reused)" in \
+        (run_dir / "01_collect_traces.ipynb").read_text()
+
+
+def test_collect_traces_once_replaces_a_changed_collection(tmp_path):
+    """C1: other settings or another model replace the traces once the new ones are complete;
+    a partial directory (killed collection) is replaced, never appended to."""
+    from rltlab.engine import LLM
+    from rltlab.traces import load_traces, verify_traces
+    from rltlab.workbench import collect_traces_once
+    from tiny_models import tiny_engine_model
+
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, 61, (5,), generator=gen).tolist() for _ in range(3)]
+    llm = LLM(tiny_engine_model(0))
+    trace_dir = tmp_path / "run" / "traces"
+    kwargs = dict(threshold=0.5, max_tokens=4, teacher=True, seed=0, shard_tokens=5)
+
+    _, reused = collect_traces_once(llm, prompts, trace_dir, **kwargs)
+    n = verify_traces(trace_dir)["num_tokens"]
+    assert not reused and n > 0
+    _, reused = collect_traces_once(llm, prompts, trace_dir, **kwargs)
+    assert reused and verify_traces(trace_dir)["num_tokens"] == n
+
+    manifest, reused = collect_traces_once(llm, prompts, trace_dir, **{**kwargs,
+                                                                       "max_tokens": 6})
+    m = verify_traces(trace_dir)["num_tokens"]
+    assert not reused and m == manifest["num_tokens"] and m > n
+    tr = load_traces(trace_dir, fields=["prompt_id", "position"])
+    assert len(set(zip(tr["prompt_id"].tolist(), tr["position"].tolist()))) == m  # no copies
+
+    _, reused = collect_traces_once(LLM(tiny_engine_model(1)), prompts, trace_dir,
+                                    **{**kwargs, "max_tokens": 6})
+    assert not reused and verify_traces(trace_dir)["num_tokens"] == m   # other weights
+
+    (trace_dir / "collection.json").unlink()          # as a killed old-style collection
+    (trace_dir.parent / ".traces.tmp-killed").mkdir()
+    _, reused = collect_traces_once(llm, prompts, trace_dir, **{**kwargs, "max_tokens": 6})
+    assert not reused and verify_traces(trace_dir)["num_tokens"] == m
+    assert sorted(p.name for p in trace_dir.parent.iterdir()) == ["traces"]
+
+
+# ----------------------------------------------------------------------------- C2
+
+def test_run_dir_refuses_foreign_directories(tmp_path):
+    """C2: --run-dir wrote into any directory (a model directory lost its metrics.json)."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"hidden_size": 8}')
+    (model_dir / "metrics.json").write_text('{"loss": 1.5}')
+    other = tmp_path / "other-run"
+    other.mkdir()
+    (other / "run.json").write_text(json.dumps({"notebook_name": "01_collect_traces",
+                                                "status": "finished"}))
+    odd = tmp_path / "odd-run"
+    odd.mkdir()
+    (odd / "run.json").write_text('{"notebook": 5}')
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    cases = [(model_dir, "not a run directory.*config.json"),
+             (other, "run of notebook '01_collect_traces', not 'tiny_notebook'"),
+             (odd, r"run.json: field 'notebook'"), (a_file, "is a file")]
+    for target, message in cases:
+        before = _snapshot(tmp_path)
+        with pytest.raises(ValueError, match=message) as err:
+            runs.execute_notebook(TINY, {}, run_dir=target, progress=False)
+        assert type(err.value).__name__ == "RunRefused"
+        assert _snapshot(tmp_path) == before, target      # not even a lock file
+    assert _cli("run", str(TINY), "--run-dir", str(model_dir), "--no-progress") == 2
+    assert _snapshot(tmp_path) == before
+
+
+# ----------------------------------------------------------------------------- C3
+
+def test_second_execution_on_a_run_dir_is_refused(probe_notebook, tmp_path, capsys):
+    """C3: two `rltlab run --run-dir D` at once: the second deleted the first's temporary
+    iteration dirs and marked the finished run failed. Now it is refused, changing nothing."""
+    run_dir, go = tmp_path / "run", tmp_path / "go"
+    winner = _spawn_cli("run", str(probe_notebook), "--run-dir", str(run_dir), "-p", "HOLD",
+                        str(go), "--no-progress")
+    try:
+        _wait_for(run_dir / "started", winner)
+        held = _snapshot(run_dir)
+        assert ".iter_0.tmp-probe" in held and _record(run_dir)["status"] == "running"
+        with pytest.raises(ValueError, match="in use by another execution.*pid") as busy:
+            runs.execute_notebook(probe_notebook, {"STEPS": 2, "HOLD": ""}, run_dir=run_dir,
+                                  progress=False)
+        assert type(busy.value).__name__ == "RunDirBusy"
+        assert _cli("run", str(probe_notebook), "--run-dir", str(run_dir), "--no-progress",
+                    "-p", "HOLD", "") == 2
+        assert "in use by another execution" in capsys.readouterr().err
+        assert _snapshot(run_dir) == held
+        listed = runs.list_runs(tmp_path)
+        assert [r["status"] for r in listed] == ["running"]
+        go.write_text("1")
+        out, err = winner.communicate(timeout=120)
+    finally:
+        go.write_text("1")
+        if winner.poll() is None:
+            winner.kill()
+            winner.wait()
+    assert winner.returncode == 0, err
+    assert _record(run_dir)["status"] == "finished"
+    assert (run_dir / ".iter_0.tmp-probe").is_dir()
+    assert [a["status"] for a in _record(run_dir)["attempts"]] == ["finished"]
+
+
+# ----------------------------------------------------------------------------- C5
+
+def test_kill_and_interrupt_are_recorded(probe_notebook, tmp_path):
+    """C5: SIGKILL left "running" for as long as the pid looked alive (here: a zombie nobody
+    reaped); SIGINT left a raw traceback and recorded "failed"."""
+    run_dir, never = tmp_path / "run", tmp_path / "never"
+    argv = ("run", str(probe_notebook), "--run-dir", str(run_dir), "-p", "HOLD", str(never),
+            "--no-progress")
+    killed = _spawn_cli(*argv)
+    _wait_for(run_dir / "started", killed)
+    killed.kill()      # and not reaped before the listing: its pid stays (a zombie)
+    time.sleep(0.5)
+    [entry] = runs.list_runs(tmp_path)
+    assert entry["status"] == "interrupted"
+    killed.communicate(timeout=60)
+
+    (run_dir / "started").unlink()
+    interrupted = _spawn_cli(*argv)
+    _wait_for(run_dir / "started", interrupted)
+    interrupted.send_signal(signal.SIGINT)
+    out, err = interrupted.communicate(timeout=60)
+    assert interrupted.returncode == 130
+    assert "Traceback" not in err and "interrupted" in err and "--run-dir" in err
+    record = _record(run_dir)
+    assert record["status"] == "interrupted" and "KeyboardInterrupt" in record["error"]
+    assert [a["status"] for a in record["attempts"]] == ["interrupted", "interrupted"]
+    assert "killed" in record["attempts"][0]["note"]
+    assert [r["status"] for r in runs.list_runs(tmp_path)] == ["interrupted"]
+
+
+def test_failed_rerun_marks_the_headline_stale_and_keeps_the_error_tail(
+        probe_notebook, tmp_path, capsys, monkeypatch):
+    """C5: after a failed re-run `rltlab runs` showed the old headline beside "failed", and
+    the error was cut at 2,000 characters from the start, hiding the exception. Also
+    --start-over: the run dir is cleared, the stored parameters are not the base."""
+    monkeypatch.setenv("RLTLAB_RUNS_DIR", str(tmp_path))
+    run_dir = tmp_path / "2026-12-01-probe"
+    runs.execute_notebook(probe_notebook, {"STEPS": 4}, run_dir=run_dir, progress=False)
+    assert _cli("run", str(probe_notebook), "--run-dir", str(run_dir), "--no-progress",
+                "-p", "FAIL_MESSAGE", LONG_ERROR) == 1
+    assert "THE REAL CAUSE" in capsys.readouterr().err
+    record = _record(run_dir)
+    assert record["status"] == "failed" and record["error"].endswith("THE REAL CAUSE")
+    assert len(record["error"]) < 2100
+    [entry] = runs.list_runs()
+    assert entry["status"] == "failed" and entry["metrics_stale"] is True
+    assert _cli("runs") == 0
+    assert "(stale: from an earlier attempt) steps=4" in capsys.readouterr().out
+
+    (run_dir / "leftover.txt").write_text("from an earlier execution")
+    runs.execute_notebook(probe_notebook, {"STEPS": 2}, run_dir=run_dir, progress=False,
+                          start_over=True)
+    assert not (run_dir / "leftover.txt").exists()
+    assert json.loads((run_dir / "parameters.json").read_text()).get("FAIL_MESSAGE") is None
+    record = _record(run_dir)
+    assert record["status"] == "finished" and record["attempts"][-1]["start_over"] is True
+    assert len(record["attempts"]) == 3
+    [entry] = runs.list_runs()
+    assert entry["metrics"] == {"steps": 2, "total": 1.5} and entry["metrics_stale"] is False
+
+
+# ----------------------------------------------------------------------------- C6
+
+def test_runs_listing_survives_damaged_runs(tmp_path, capsys):
+    """C6: one bad metrics.json or run.json crashed the whole `rltlab runs` listing."""
+    def make(name, run=None, metrics=None):
+        d = tmp_path / name
+        d.mkdir()
+        for file, content in (("run.json", run), ("metrics.json", metrics)):
+            if content is not None:
+                (d / file).write_bytes(content if isinstance(content, bytes)
+                                       else content.encode())
+    good = json.dumps({"notebook_name": "04_evaluate", "status": "finished", "seconds": 3})
+    make("2026-12-01-good", good, json.dumps({"headline": {"quality": 97.5}}))
+    make("2026-12-01-binary-metrics", good, b"\x89PNG\r\n\x1a\n\x00\xff")
+    make("2026-12-01-list-metrics", good, "[1, 2]")
+    make("2026-12-01-list-headline", good, '{"headline": [1]}')
+    make("2026-12-01-list-run", "[]")
+    make("2026-12-01-notebook-5", '{"notebook": 5, "status": "finished"}')
+    make("2026-12-01-truncated-run", '{"notebook_name": "04_evaluate", "sta')
+    make("2026-12-01-attempts", '{"notebook_name": "x", "attempts": [3]}')
+    listed = {r["name"][11:]: r for r in runs.list_runs(tmp_path)}
+    assert len(listed) == 8
+    assert listed["good"]["status"] == "finished" and listed["good"]["metrics"] == {
+        "quality": 97.5}
+    problems = {"binary-metrics": "metrics.json: not text", "list-metrics": "metrics.json: "
+                "holds a list", "list-headline": "metrics.json: field 'headline'",
+                "list-run": "run.json: holds a list", "notebook-5": "run.json: field 'notebook'",
+                "truncated-run": "run.json: truncated", "attempts": "field 'attempts[0]'"}
+    for name, message in problems.items():
+        assert listed[name]["status"] == "unreadable", name
+        assert message in listed[name]["problem"], (name, listed[name]["problem"])
+    assert _cli("runs", "--root", str(tmp_path)) == 0
+    table = capsys.readouterr().out
+    assert "quality=97.5" in table and table.count("unreadable") == 7
+
+
+# ----------------------------------------------------------------------------- E
+
+def test_damaged_run_files_are_named_and_left_alone(tmp_path):
+    """E: a truncated or odd run.json / parameters.json raised a bare JSONDecodeError (or an
+    AttributeError after parameters.json was rewritten)."""
+    good_run = json.dumps({"notebook_name": "tiny_notebook", "status": "finished",
+                           "attempts": []})
+    cases = [({"run.json": '{"notebook_name": "tiny_notebook", "attem'}, "run.json: truncated"),
+             ({"run.json": '{"notebook_name": "tiny_notebook", "attempts": 5}'},
+              r"run.json: field 'attempts': is an integer \(5\), expected a list"),
+             ({"run.json": good_run, "parameters.json": '{"STEPS": 4,'},
+              "parameters.json: truncated"),
+             ({"run.json": good_run, "parameters.json": '["STEPS"]'},
+              "parameters.json: holds a list"),
+             ({"run.json": good_run, "parameters.json": '{"STEPS": -3}'},
+              r"STEPS=-3 \(from .*parameters.json\): STEPS must be a number >= 0")]
+    for i, (files, message) in enumerate(cases):
+        run_dir = tmp_path / f"run{i}"
+        run_dir.mkdir()
+        for name, text in files.items():
+            (run_dir / name).write_text(text)
+        before = _snapshot(run_dir)
+        with pytest.raises(ValueError, match=message):
+            runs.execute_notebook(TINY, {"LABEL": "x"}, run_dir=run_dir, progress=False)
+        assert {k: v for k, v in _snapshot(run_dir).items() if k != runs.LOCK_FILE} == before
+
+
+def test_damaged_iteration_result_is_named(tmp_path):
+    """E: a truncated or odd iter_k/result.json failed deep in the loop without its name."""
+    from rltlab.loop import LoopConfig, setup
+    from tiny_models import tiny_engine_model
+
+    for text, message in [('{"iteration": 0, "new_weight', "result.json: truncated"),
+                          ('{"iteration": 0, "new_weight_version": 1, "after": []}',
+                           "result.json: field 'config': missing"),
+                          ('[]', "result.json: holds a list"),
+                          (json.dumps(_result_fields(after={"version": 1, "rows": {},
+                                                            "scores": {}})),
+                           r"result.json: field 'after.rows': is an object")]:
+        run_dir = tmp_path / "run"
+        (run_dir / "iter_0").mkdir(parents=True, exist_ok=True)
+        (run_dir / "iter_0" / "result.json").write_text(text)
+        before = _snapshot(run_dir)
+        with pytest.raises(ValueError, match=message):      # a JSONFileError
+            setup(run_dir, tiny_engine_model(), None, LoopConfig())
+        assert _snapshot(run_dir) == before        # no loop_config.json written
+
+
+def _result_fields(**over):
+    ev = {"version": 0, "rows": [], "scores": {}}
+    return {"iteration": 0, "new_weight_version": 1, "config": {}, "gate_training": {},
+            "rollout_weight_versions": [0], "trace_weight_versions": [0], "trace_tokens": 1,
+            "started": "now", "seconds": 1.0, "before": ev, "after": {**ev, "version": 1},
+            **over}
+
+
+def test_nonpositive_counts_are_refused(tmp_path, monkeypatch, capsys):
+    """E: `rltlab run 01 -p NUM_PROMPTS 0` / `-3` started the notebook."""
+    nb01 = NOTEBOOKS / "01_collect_traces.ipynb"
+    nb10 = NOTEBOOKS / "10_rollout_update_evaluate.ipynb"
+    for value in ("0", "-3"):
+        with pytest.raises(ValueError, match=f"NUM_PROMPTS={value}: NUM_PROMPTS must be a "
+                                             "number >= 1"):
+            runs.coerce_parameters(nb01, {"NUM_PROMPTS": value})
+    with pytest.raises(ValueError, match="every element of THRESHOLDS must be a number >= 0, "
+                                         "<= 1"):
+        runs.coerce_parameters(nb10, {"THRESHOLDS": "[0.5, 2.0]"})
+    with pytest.raises(ValueError, match="GATE_VAL_FRACTION"):
+        runs.coerce_parameters(nb10, {"GATE_VAL_FRACTION": 1.0})
+    with pytest.raises(ValueError, match="MAX_TOKENS=None"):
+        runs.coerce_parameters(nb01, {"MAX_TOKENS": "None"})
+    assert runs.coerce_parameters(nb01, {"NUM_PROMPTS": "1", "PROJECTION_DIM": "None"}) == {
+        "NUM_PROMPTS": 1, "PROJECTION_DIM": None}
+    monkeypatch.setenv("RLTLAB_RUNS_DIR", str(tmp_path))
+    assert _cli("run", "01", "-p", "NUM_PROMPTS", "-3", "--no-progress") == 2
+    assert "NUM_PROMPTS=-3" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="NUM_PROMPTS=0"):
+        runs.execute_notebook(nb01, {"NUM_PROMPTS": 0}, progress=False)
+    assert list(tmp_path.iterdir()) == []          # no run directory was made
+
+
+# ----------------------------------------------------------------------------- C4
+
+def test_loop_resume_with_other_parameters_is_refused_by_name(tiny_model_dir, tmp_path):
+    """C4: resuming the loop with other THRESHOLDS / EVAL_PROBLEMS crashed deep in
+    compare_curves (and loop_config.json was overwritten). Now the mismatch is named before
+    anything changes; the update steps' budget may change; another model is refused too."""
+    from rltlab.loop import LoopConfig, run_iteration, setup
+    from rltlab.model.checkpoint import load_model
+
+    cfg = LoopConfig(iterations=1, rollout_prompts=3, max_tokens=6, eval_problems=3,
+                     thresholds=(0.3, 1.0), gate_steps=4, train_exit_predictor=False,
+                     train_draft_head=False)
+    run_dir = tmp_path / "loop"
+
+    def load():
+        model, tok, _ = load_model(tiny_model_dir, threads=1)
+        return model, tok
+    model, tok = load()
+    run_iteration(setup(run_dir, model, tok, cfg, model_dir=tiny_model_dir), 0)
+    (run_dir / ".iter_1.tmp-other").mkdir()          # as another execution's work in progress
+    before = _snapshot(run_dir)
+
+    changed = LoopConfig(**{**cfg.__dict__, "thresholds": (0.5, 1.0), "eval_problems": 4,
+                            "gate_lr": 0.0, "iterations": 2})
+    model, tok = load()
+    with pytest.raises(ValueError) as err:       # rltlab.loop.ResumeMismatch
+        setup(run_dir, model, tok, changed, model_dir=tiny_model_dir)
+    message = str(err.value)
+    assert "THRESHOLDS: [0.3, 1.0] in iteration(s) 0, [0.5, 1.0] now" in message
+    assert "EVAL_PROBLEMS: 3 in iteration(s) 0, 4 now" in message
+    assert "GATE_LR" not in message and "ITERATIONS" not in message
+    assert f"--run-dir {run_dir} --start-over" in message
+    assert _snapshot(run_dir) == before
+
+    other = LoopConfig(**{**cfg.__dict__, "gate_lr": 0.0, "iterations": 2})
+    model, tok = load()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.5)
+    with pytest.raises(ValueError, match="MODEL_DIR: the model .* is not the one"):
+        setup(run_dir, model, tok, other, model_dir=tiny_model_dir)
+
+    model, tok = load()
+    state = setup(run_dir, model, tok, other, model_dir=tiny_model_dir)
+    assert state.resumed_from == 1 and state.llm.get_weight_version() == 1
+    assert (run_dir / "loop_config.json").read_bytes() == before["loop_config.json"]
