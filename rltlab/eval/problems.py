@@ -1,5 +1,6 @@
-"""Prompt and problem sets shared by the stages: held-out arithmetic problems, training-split
-rollout prompts, held-out text rows. Prompts are [EOT] + encode(text)."""
+"""Prompt and problem sets shared by the stages: the mixed held-out problem set (k-hop binding and
+word problems), training-split rollout prompts, held-out text rows. Prompts are [EOT] +
+encode(text)."""
 from __future__ import annotations
 
 import json
@@ -16,27 +17,59 @@ def encode(tokenizer, text: str) -> list[int]:
     return _encode(tokenizer, text)
 
 
-def eval_problems(model_dir: str | os.PathLike | None, n: int, seed: int = 1234
-                  ) -> list[dict[str, Any]]:
-    """Held-out arithmetic problems: <model_dir>/eval/arithmetic_heldout.jsonl when it exists
-    (the checkpoint's own eval set), else make_arithmetic_problems(n, seed, "heldout")."""
-    from rltlab.pretrain.data import make_arithmetic_problems
-
-    path = Path(model_dir) / "eval" / "arithmetic_heldout.jsonl" if model_dir else None
-    if path is not None and path.is_file():
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        if len(rows) >= n:
-            return rows[:n]
-    return [{"question": p.question, "answer_text": p.answer_text, "answer": p.answer}
-            for p in make_arithmetic_problems(n, seed, "heldout")]
+KINDS = ("hops", "arith")  # the mixed set: k-hop binding (depth-graded) and word problems
 
 
-def rollout_prompts(tokenizer, n: int, seed: int) -> tuple[list[list[int]], list[dict]]:
-    """Training-split arithmetic prompts ([EOT] + question) for rollouts, and their problems."""
-    from rltlab.pretrain.data import EOT_ID, make_arithmetic_problems
+def _interleave(groups: list[list[dict]]) -> list[dict]:
+    """One item of each group in turn (the mixed set's order; any prefix stays mixed)."""
+    out = []
+    for i in range(max((len(g) for g in groups), default=0)):
+        out += [g[i] for g in groups if i < len(g)]
+    return out
 
-    problems = [{"question": p.question, "answer": p.answer}
-                for p in make_arithmetic_problems(n, seed, "train")]
+
+def _split_counts(n: int, kinds: tuple[str, ...]) -> dict[str, int]:
+    if not kinds or any(k not in KINDS for k in kinds):
+        raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {kinds!r}")
+    return {k: n // len(kinds) + (i < n % len(kinds)) for i, k in enumerate(kinds)}
+
+
+def eval_problems(model_dir: str | os.PathLike | None, n: int, seed: int = 1234,
+                  kinds: tuple[str, ...] = KINDS) -> list[dict[str, Any]]:
+    """The mixed held-out problem set: n problems, k-hop and word problems in turn (`kinds`
+    picks one or both). Each kind comes from <model_dir>/eval/ (hops_heldout.jsonl,
+    arithmetic_heldout.jsonl: the checkpoint's own eval set) when it holds enough, else it is
+    generated (make_hop_problems(.., 4321, "heldout"), make_arithmetic_problems(.., seed,
+    "heldout")). k-hop problems carry `hops` (their depth label)."""
+    from rltlab.pretrain.data import make_arithmetic_problems, make_hop_problems
+
+    files = {"hops": "hops_heldout.jsonl", "arith": "arithmetic_heldout.jsonl"}
+    groups = []
+    for kind, count in _split_counts(n, kinds).items():
+        path = Path(model_dir) / "eval" / files[kind] if model_dir else None
+        rows = ([json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+                if path is not None and path.is_file() else [])
+        if len(rows) < count:
+            made = (make_hop_problems(count, 4321, "heldout") if kind == "hops"
+                    else make_arithmetic_problems(count, seed, "heldout"))
+            rows = [{k: v for k, v in vars(p).items()} for p in made]
+        groups.append([{**r, "kind": kind} for r in rows[:count]])
+    return _interleave(groups)
+
+
+def rollout_prompts(tokenizer, n: int, seed: int, kinds: tuple[str, ...] = KINDS
+                    ) -> tuple[list[list[int]], list[dict]]:
+    """Training-split prompts ([EOT] + question) for rollouts, k-hop and word problems in turn,
+    and their problems (never the held-out eval set: the question spaces are split by hash)."""
+    from rltlab.pretrain.data import EOT_ID, make_arithmetic_problems, make_hop_problems
+
+    groups = []
+    for kind, count in _split_counts(n, kinds).items():
+        made = (make_hop_problems(count, seed, "train") if kind == "hops"
+                else make_arithmetic_problems(count, seed, "train"))
+        groups.append([{"question": p.question, "answer": p.answer, "kind": kind,
+                        **({"hops": p.hops} if kind == "hops" else {})} for p in made])
+    problems = _interleave(groups)
     return [[EOT_ID] + encode(tokenizer, p["question"]) for p in problems], problems
 
 

@@ -181,20 +181,21 @@ def arithmetic_prompt(tokenizer, question: str, bos_id: int | None = 0) -> list[
 def evaluate_arithmetic(generate_fn: GenerateFn, tokenizer, problems: Sequence[Any], *,
                         num_rounds: int = 4, batch_size: int | None = None, bos_id: int | None = 0,
                         eos_token_id: int | None = 0, keep_text: bool = False) -> dict[str, Any]:
-    """Exact match on arithmetic word problems (ArithmeticProblem or dicts with question/answer):
-    rltlab.pretrain.data.extract_answer(decoded output) == answer; unparseable counts as wrong.
+    """Exact match on the embedded model's problems (word problems and k-hop problems, as
+    dataclasses or dicts with question/answer[/hops]): rltlab.pretrain.tasks.answer_of(problem,
+    decoded output) == answer; unparseable counts as wrong.
 
     Returns exact_match (+ se), per-example `scores` (0/1, in problem order, for paired
     differences), depth statistics (first output token excluded) and optionally the texts.
     """
-    from rltlab.pretrain.data import extract_answer
+    from rltlab.pretrain.tasks import answer_of
 
     questions = [p["question"] if isinstance(p, dict) else p.question for p in problems]
     answers = [p["answer"] if isinstance(p, dict) else p.answer for p in problems]
     prompts = [arithmetic_prompt(tokenizer, q, bos_id) for q in questions]
     outs = _run(generate_fn, prompts, batch_size)
     texts = [_decode(tokenizer, _strip_eos(o.token_ids, eos_token_id)) for o in outs]
-    preds = [extract_answer(t) for t in texts]
+    preds = [answer_of(p, t) for p, t in zip(problems, texts)]
     scores = [float(p is not None and p == int(a)) for p, a in zip(preds, answers)]
     result = {**_summary(scores, outs, num_rounds), "scores": scores, "predictions": preds}
     if keep_text:

@@ -30,7 +30,8 @@ from rltlab.pretrain.corpus import (TEXT_HELDOUT_PERCENT, load_package_documents
                                     load_text_corpus, load_text_documents, stdlib_manifest,
                                     stdlib_source_files)
 from rltlab.pretrain.tasks import (ARITH_HELDOUT_PERCENT, ArithmeticProblem,  # noqa: F401
-                                   HopProblem, _in_split, extract_answer, extract_hop_answer,
+                                   HopProblem, _in_split, answer_of, extract_answer,
+                                   extract_hop_answer,
                                    make_arithmetic_problems, make_hop_problems)
 
 EOT = "<|endoftext|>"

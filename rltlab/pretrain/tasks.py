@@ -190,3 +190,10 @@ def extract_hop_answer(text: str) -> int | None:
     """The digit a k-hop answer starts with (" 5" -> 5), None if it does not start with one."""
     m = _HOP_ANSWER_RE.match(text)
     return int(m.group(1)) if m else None
+
+
+def answer_of(problem, text: str) -> int | None:
+    """The answer a continuation gives to `problem` (a dict or dataclass): the first digit for a
+    k-hop problem (one with `hops`), the number after '#### ' for a word problem."""
+    hops = problem.get("hops") if isinstance(problem, dict) else getattr(problem, "hops", None)
+    return extract_hop_answer(text) if hops is not None else extract_answer(text)
