@@ -255,6 +255,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--text-bytes", type=int, default=400_000)
     ap.add_argument("--head-inner", type=int, default=512)
+    ap.add_argument("--big-head-inner", type=int, default=2048,
+                    help="(a) time t_iter with a residual-MLP head of this inner width at the "
+                         "big shape (the shipped heads' width); 0: only the shallow drafter")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (CPU: 1)")
     ap.add_argument("--decode-path", default=None,
                     help="engine decode path (EngineConfig.decode_path; default: the engine's)")

@@ -9,6 +9,7 @@ import time
 import torch
 
 from rltlab.bench.__main__ import build_model, prompts_for
+from rltlab.draft_heads.heads import build_component
 from rltlab.engine import LLM, DraftProposer, SamplingParams
 from rltlab.engine.sequence import Span
 from rltlab.engine.spec_decode import SpecDecoder, _View
@@ -84,6 +85,13 @@ def engine_costs(model, args, ks, ds) -> dict:
             graph = SpecGraph(eng.runner, DraftProposer(max(ks), d))
             out[d]["t_iter"] = {k: timed(lambda: iteration(graph, k), device, args.warmup,
                                          args.repeats) for k in ks}
+            if args.big_head_inner:   # a trained head's own cost: the same shape, random values
+                head = build_component("residual_mlp", eng.model, draft_rounds=d,
+                                       inner=args.big_head_inner).to(
+                    device=device, dtype=next(eng.model.parameters()).dtype)
+                graph = SpecGraph(eng.runner, DraftProposer(max(ks), d, head))
+                out[d]["t_iter_head"] = {k: timed(lambda: iteration(graph, k), device,
+                                                  args.warmup, args.repeats) for k in ks}
     out["decode_path"] = "static" if static else "gather"
     eng.abort_request("a")
     eng._drain_outputs()
@@ -125,14 +133,17 @@ def _target_time(costs) -> float:
     return min(t for t in (costs["t_target"], costs.get("t_token")) if t)
 
 
-def speedups_at_tau(costs: dict, k: int, tau: float) -> dict:
+def speedups_at_tau(costs: dict, k: int, tau: float, head: bool = False) -> dict:
     """Speedup of the host-driven loop and of the one-program iteration at this tau, both
-    against the faster target-only step (round by round or whole-token)."""
+    against the faster target-only step (round by round or whole-token). head=True: the
+    one-program iteration with a residual-MLP head drafting (t_iter_head: the head's own cost
+    included), where it was measured."""
     target = _target_time(costs)
     host = (k + 1) * costs["t_draft"] + costs["t_verify"][k]
+    t_iter = costs.get("t_iter_head" if head and costs.get("t_iter_head") else "t_iter")
     return {"tau": tau, "speedup_host_loop": tau * target / host,
-            "speedup_one_program": (tau * target / costs["t_iter"][k] if costs.get("t_iter")
-                                    else None)}
+            "speedup_one_program": tau * target / t_iter[k] if t_iter else None,
+            "t_iter_includes_head": bool(head and costs.get("t_iter_head"))}
 
 
 def implied(costs, k, alpha) -> tuple[float, float, float | None]:
@@ -180,7 +191,9 @@ def part_a(args) -> dict:
 
 def implied_at_measured_tau(a: dict, b: dict) -> list[dict]:
     """(a)'s big-shape costs at the tau each engine drafter reached in (b) at c = 1:
-    speedup = tau * t_target / t_iter (one program) and / ((K+1) t_draft + t_verify)."""
+    speedup = tau * t_target / t_iter (one program) and / ((K+1) t_draft + t_verify). A COST
+    MODEL: big-shape costs of random weights times the embedded model's tau. For trained heads
+    t_iter is t_iter_head (a residual-MLP head of --big-head-inner drafting: its cost counted)."""
     costs, k, out = a["impl"]["engine"], b["k"], []
     for run in b["runs"]:
         if run["concurrency"] != 1:
@@ -189,9 +202,11 @@ def implied_at_measured_tau(a: dict, b: dict) -> list[dict]:
             c = costs.get(row.get("draft_rounds"))
             if row["impl"] != "engine" or c is None or k not in c["t_verify"]:
                 continue
+            head = not row["config"].startswith("shallow")   # a head drafts: its cost counts
             out.append({"temperature": run["temperature"], "config": row["config"],
-                        "d": row["draft_rounds"], "k": k, **speedups_at_tau(c, k, row["tau"]),
-                        "by_kind": {kind: speedups_at_tau(c, k, tau)
+                        "d": row["draft_rounds"], "k": k,
+                        **speedups_at_tau(c, k, row["tau"], head),
+                        "by_kind": {kind: speedups_at_tau(c, k, tau, head)
                                     for kind, tau in row.get("tau_by_kind", {}).items()}})
     print(f"\n(c) {a['model']} costs from (a) at the tau measured in (b), c=1, K={k}; per "
           "workload: one program")
