@@ -10,7 +10,8 @@ from rltlab.engine import LLM, SamplingParams
 from rltlab.engine.exit_policies import ExitPolicy, register_exit_policy
 from rltlab.engine.static_decode import GEMV_ROWS, StaticDecoder
 from test_engine_exactness import (MIXED, POLICIES, assert_same_rollouts,
-                                   check_against_recompute, params_list, random_prompts)
+                                   check_against_recompute, check_exit_oracle, params_list,
+                                   random_prompts)
 from tiny_models import tiny_engine_model
 
 torch.set_num_threads(1)
@@ -31,6 +32,8 @@ def test_static_path_equals_gather_path_and_recompute(name):
     static = static_llm.generate(prompts, params)
     assert_same_rollouts(gather, static)
     check_against_recompute(model, prompts, static, greedy_rows=range(2, 8, 3))
+    # both paths share the exit decisions' code: the exit rounds come from a separate oracle
+    check_exit_oracle(model, prompts, static, name)
 
 
 def test_static_engine_owns_fused_weights_and_updates_reach_them():
