@@ -56,6 +56,25 @@ def test_labels_and_oracle():
         feat.label_spec("nope")
 
 
+
+def test_stage2_label_sees_non_adjacent_later_rounds():
+    """Only a round two or more after the exit round improves: the label must be 0. (In
+    _fake_traces every improving round is also the next one, so a label that looked only at
+    the next round passed there.) CE_r = -logprob_ref[r - 1]; margin 0.005 nats."""
+    ce = torch.tensor([[2.0, 1.0, 1.0, 0.5],     # round 4 improves by 0.5 after a flat round 3
+                       [1.0, 1.0, 1.0, 0.9],     # flat, flat, then 0.1 better at round 4
+                       [1.0, 1.0, 1.0, 1.0],     # never improves
+                       [1.0, 1.0, 1.0, 0.996],   # a later gain within the margin
+                       [1.0, 0.5, 0.5, 0.5]])    # only the next round (2) improves
+    tr = {"logprob_ref": -ce, "round_mask": torch.ones(5, R, dtype=torch.bool)}
+    spec = feat.label_spec("stage2")
+    # N = 0 -> exit 2: rounds 3 and 4 must not improve (round 4 is non-adjacent)
+    assert feat.make_labels(tr, 2, spec).tolist() == [0, 0, 1, 1, 1]
+    # exit 1: rounds 2, 3, 4 (rows 0, 1: the gain sits two or three rounds later)
+    assert feat.make_labels(tr, 1, spec).tolist() == [0, 0, 1, 1, 0]
+    # N = 1 -> exit 3: round 4 is the only later round
+    assert feat.make_labels(tr, 3, spec).tolist() == [0, 0, 1, 1, 1]
+
 def test_metrics_calibration_threshold():
     assert roc_auc([0.1, 0.2, 0.8, 0.9], [0, 0, 1, 1]) == 1.0
     assert roc_auc([0.5, 0.5], [0, 1]) == 0.5
