@@ -107,6 +107,11 @@ def test_engine_benchmark_reports_every_mode_and_the_w4_gain():
     gain = res["w4_gain"]["eager"]
     assert gain["mean_executed_rounds"] < 4 and gain["ideal"] == round(
         4 / gain["mean_executed_rounds"], 3)
+    w3, w4 = (res["workloads"][w]["modes"]["eager"]["decode"] for w in ("W3", "W4"))
+    ratio = w4["decode_tok_s"] / w3["decode_tok_s"]   # formulas on known inputs:
+    assert gain["gain"] == pytest.approx(ratio, abs=5e-4)   # test_bench_formulas
+    assert gain["pct_of_ideal"] == pytest.approx(
+        100 * ratio * w4["mean_executed_rounds"] / 4, abs=0.05 + 1e-9)
     assert res["workloads"]["W3"]["modes"]["eager"]["closed_loop"]["tokens"] > 0
 
 
