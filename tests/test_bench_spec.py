@@ -1,5 +1,6 @@
 """The speculative benchmark script runs end to end on CPU and reports what the write-up quotes
 (a smoke test of the script, not a timing test)."""
+import pytest
 import torch
 
 from rltlab.bench.spec import main
@@ -18,24 +19,48 @@ def test_spec_benchmark_reports_costs_tau_and_identity():
         assert costs["t_draft"] > 0 and costs["t_target"] > 0
         assert set(map(str, costs["t_verify"])) == {"1", "2"}
         assert costs["t_token"] > 0 and set(map(str, costs["t_iter"])) == {"1", "2"}
-        assert all(cell["speedup_one_program"] > 0 for cell in costs["implied"][2].values())
+        for alpha, cell in costs["implied"][2].items():   # the formulas, written out
+            tau = 1 + float(alpha) + float(alpha) ** 2
+            assert cell["tau"] == pytest.approx(tau)
+            assert cell["speedup_one_program"] == pytest.approx(tau * _target(costs)
+                                                                / costs["t_iter"][2])
+            assert cell["speedup"] == pytest.approx(
+                tau * _target(costs) / (3 * costs["t_draft"] + costs["t_verify"][2]))
     rows = res["b"]["runs"][0]["rows"]
     configs = {(r["impl"], r["config"]) for r in rows}
     assert ("engine", "trained d=1") in configs and ("reference", "shallow d=2") in configs
     assert ("engine", "trained d=1 host loop") in configs
     implied = {r["config"]: r for r in res["c"]}   # (a)'s costs at (b)'s measured tau
     assert {"shallow d=1", "trained d=2 host loop"} <= set(implied)
-    assert all(r["speedup_one_program"] > 0 and r["d"] in (1, 2) for r in implied.values())
+    for r in implied.values():   # (a)'s costs at the tau (b) measured for that config
+        costs = engine[r["d"]]
+        measured = next(x for x in rows if x["impl"] == "engine" and x["config"] == r["config"])
+        assert r["tau"] == measured["tau"]
+        assert r["speedup_one_program"] == pytest.approx(r["tau"] * _target(costs)
+                                                         / costs["t_iter"][2])
     for row in rows:   # greedy speculation never changes the output
         assert row["identical"] == "2/2", row
-        assert row["tau"] >= 1.0
+        target = next(x for x in rows if x["impl"] == row["impl"]
+                      and x["config"] == "target only")
+        assert row["speedup"] == pytest.approx(row["tok_s"] / target["tok_s"])
+        if row["config"] == "target only":
+            assert row["tau"] == 1.0
+        elif row["impl"] == "reference":   # K = 2 drafts every step: tau = 1 + K * acceptance
+            assert row["tau"] == pytest.approx(1 + 2 * row["acceptance"])
+        else:   # the engine drafts fewer near max_tokens: tau - 1 <= K * acceptance
+            assert row["tau"] <= 1 + 2 * row["acceptance"] + 1e-9
     for row in rows:   # per-workload tau (1 arithmetic + 1 text prompt): overall is between
         if row["impl"] == "engine" and row["config"] != "target only":
             by = row["tau_by_kind"]
-            assert set(by) == {"arithmetic", "text"} and all(t >= 1.0 for t in by.values())
+            assert set(by) == {"arithmetic", "text"}
             assert min(by.values()) - 1e-9 <= row["tau"] <= max(by.values()) + 1e-9
     for r in implied.values():   # per workload: the same costs at that workload's tau
         assert set(r["by_kind"]) == {"arithmetic", "text"}
         for v in r["by_kind"].values():
             for loop in ("speedup_host_loop", "speedup_one_program"):
                 assert abs(v[loop] / v["tau"] - r[loop] / r["tau"]) < 1e-9
+
+
+def _target(costs) -> float:
+    """Target-only step time: the faster of round by round and whole token."""
+    return min(costs["t_target"], costs["t_token"])

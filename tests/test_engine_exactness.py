@@ -7,11 +7,11 @@ rounds; the log-prob of token i is read at position P - 1 + i.
 """
 import copy
 import dataclasses
+import math
 
 import pytest
 import torch
 
-from rltlab.model import gates
 from rltlab.engine import LLM, SamplingParams
 from rltlab.model.generate import generate_plain
 from rltlab.model.architecture import OuroForCausalLM
@@ -116,23 +116,56 @@ def test_full_depth_matches_plain_forward():
         assert (got - torch.tensor(out.logprobs)).abs().max() < TOL
 
 
-def _q_rounds(g, threshold, min_loops, max_loops):
-    return int(gates.q_exit_rounds(g[None], threshold, min_loops, max_loops)[0])
+def stock_cdf(g) -> list[float]:
+    """CDF_r = 1 - S_r with S_r = prod_{j<=r} (1 - sigmoid(g_j)) for r = 1..R, written out
+    from REFERENCE section 1 (float64 on the host) so that the oracle shares no code with the
+    engine's rltlab.model.gates."""
+    cdf, surviving = [], 1.0
+    for logit in g.tolist():
+        surviving *= 1.0 - 1.0 / (1.0 + math.exp(-logit))
+        cdf.append(1.0 - surviving)
+    return cdf
 
 
-def expected_exit(name, g, sp):
-    """The policy's exit round from a position's true gate logits g (fp32 [R])."""
+def stock_q_exit_round(g, threshold, min_loops, max_loops) -> int:
+    """Exit after the first round r with r >= max_loops, or threshold < 1, r >= min_loops and
+    CDF_r >= threshold (rounds before min_loops still count in the survival product)."""
+    cdf = stock_cdf(g)
+    for r in range(1, max_loops):
+        if threshold < 1.0 and r >= min_loops and cdf[r - 1] >= threshold:
+            return r
+    return max_loops
+
+
+def expected_exit(name, g, sp, index):
+    """The policy's exit round for output token `index` from the true gate logits g (fp32 [R])
+    of the position that produced it."""
     if name == "fixed":
         return sp.exit_policy_args["depth"]
+    if name == "trace":
+        return sp.exit_policy_args["depths"][index]
     if name == "q_exit":
-        return _q_rounds(g, sp.exit_threshold, sp.min_loops, sp.max_loops)
+        return stock_q_exit_round(g, sp.exit_threshold, sp.min_loops, sp.max_loops)
     if name == "q_exit_delayed":   # fires at r (by threshold, r < max_loops) -> exits at r + 1
-        r = _q_rounds(g, sp.exit_threshold, sp.min_loops, sp.max_loops)
+        r = stock_q_exit_round(g, sp.exit_threshold, sp.min_loops, sp.max_loops)
         return r + 1 if r < sp.max_loops else r
-    if name == "lookahead":
+    if name == "lookahead":        # the placeholder predictor: the stock CDF after round 1
         n, k, thr = 1, sp.exit_policy_args["k"], sp.exit_policy_args["threshold"]
-        return min(n + k, sp.max_loops) if gates.exit_cdf(g)[n - 1] >= thr else sp.max_loops
+        return min(n + k, sp.max_loops) if stock_cdf(g)[n - 1] >= thr else sp.max_loops
     raise AssertionError(name)
+
+
+def check_exit_oracle(model, prompts, outs, name):
+    """Every decode token's exit round equals the oracle's answer from the teacher-forced gates
+    of its producing position; the rollouts must exit at more than one depth."""
+    seen = set()
+    for prompt, out in zip(prompts, outs):
+        _, _, gate_rows = recompute(model, prompt, out)
+        for i in range(1, len(out.token_ids)):
+            assert out.exit_depths[i] == expected_exit(name, gate_rows[i], out.sampling_params,
+                                                       i), (i, out)
+            seen.add(out.exit_depths[i])
+    assert len(seen) > 1, f"{name}: all decode tokens exited at {seen}; the test is too weak"
 
 
 POLICIES = {
@@ -153,15 +186,7 @@ def test_every_policy_matches_recompute_and_solo_runs(name):
     params = params_list(prompts, POLICIES[name], seed0=10)
     outs = LLM(model, **MIXED).generate(prompts, params)
     check_against_recompute(model, prompts, outs, greedy_rows=range(2, 8, 3))
-    seen = set()
-    for prompt, out in zip(prompts, outs):
-        _, _, gate_rows = recompute(model, prompt, out)
-        sp = out.sampling_params
-        for i in range(1, len(out.token_ids)):
-            # the policy's answer from the teacher-forced gates of the producing position
-            assert out.exit_depths[i] == expected_exit(name, gate_rows[i], sp), (i, out)
-            seen.add(out.exit_depths[i])
-    assert len(seen) > 1, f"{name}: all decode tokens exited at {seen}; the test is too weak"
+    check_exit_oracle(model, prompts, outs, name)
     assert_same_rollouts(outs, one_at_a_time(model, prompts, params))
 
 

@@ -10,7 +10,8 @@ from rltlab.engine import LLM, SamplingParams
 from rltlab.engine.exit_policies import ExitPolicy, register_exit_policy
 from rltlab.engine.static_decode import GEMV_ROWS, StaticDecoder
 from test_engine_exactness import (MIXED, POLICIES, assert_same_rollouts,
-                                   check_against_recompute, params_list, random_prompts)
+                                   check_against_recompute, check_exit_oracle, params_list,
+                                   random_prompts)
 from tiny_models import tiny_engine_model
 
 torch.set_num_threads(1)
@@ -31,6 +32,8 @@ def test_static_path_equals_gather_path_and_recompute(name):
     static = static_llm.generate(prompts, params)
     assert_same_rollouts(gather, static)
     check_against_recompute(model, prompts, static, greedy_rows=range(2, 8, 3))
+    # both paths share the exit decisions' code: the exit rounds come from a separate oracle
+    check_exit_oracle(model, prompts, static, name)
 
 
 def test_static_engine_owns_fused_weights_and_updates_reach_them():
@@ -104,6 +107,11 @@ def test_engine_benchmark_reports_every_mode_and_the_w4_gain():
     gain = res["w4_gain"]["eager"]
     assert gain["mean_executed_rounds"] < 4 and gain["ideal"] == round(
         4 / gain["mean_executed_rounds"], 3)
+    w3, w4 = (res["workloads"][w]["modes"]["eager"]["decode"] for w in ("W3", "W4"))
+    ratio = w4["decode_tok_s"] / w3["decode_tok_s"]   # formulas on known inputs:
+    assert gain["gain"] == pytest.approx(ratio, abs=5e-4)   # test_bench_formulas
+    assert gain["pct_of_ideal"] == pytest.approx(
+        100 * ratio * w4["mean_executed_rounds"] / 4, abs=0.05 + 1e-9)
     assert res["workloads"]["W3"]["modes"]["eager"]["closed_loop"]["tokens"] > 0
 
 

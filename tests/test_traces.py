@@ -183,5 +183,6 @@ def test_collection_overhead_report(model, tmp_path):
     llm = LLM(model)
     report = collection_overhead(llm, PROMPTS[:2], params(max_tokens=4), tmp_path / "ovh")
     assert report["output_tokens"] == 8 and report["plain_s"] > 0 and report["traced_s"] > 0
-    assert report["overhead_x"] > 0 and not any(tmp_path.iterdir())   # nothing left behind
+    assert report["overhead_x"] == pytest.approx(report["traced_s"] / report["plain_s"])
+    assert not any(tmp_path.iterdir())   # nothing left behind
     assert read_manifest  # exported

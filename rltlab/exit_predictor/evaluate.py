@@ -302,7 +302,7 @@ def run(model_dir: str | None, predictors: dict[str, str], out_dir: str | Path, 
     paths += plots.plot_depth_histogram(hist, figdir, num_rounds=R,
                                         title="Executed rounds per decode token (arithmetic)",
                                         stem="n_plus_2_depth_hist")
-    accept = {label: acceptance(rows, label, R) for label in lookahead}
+    accept = {label: acceptance(rows, scores, label, R) for label in lookahead}
     tp = []
     if concurrency:
         pols = {f"fixed depth={R}": {"name": "fixed", "args": {"depth": R}},
@@ -315,6 +315,7 @@ def run(model_dir: str | None, predictors: dict[str, str], out_dir: str | Path, 
                         max_tokens=throughput_tokens, requests_per_slot=requests_per_slot)
     results = {"model_dir": str(mdir), "model_hash": mhash, "problems": len(probs),
                "max_tokens": max_tokens, "reference": ref, "arithmetic": rows, "text": text,
+               "scores": scores,   # per-problem, by row key: the paired comparisons' inputs
                "throughput": tp, "acceptance": accept,
                "predictors": {k: {"checkpoint": v["checkpoint"], "threshold": v["threshold"],
                                   "temperature": v["manifest"]["temperature"],

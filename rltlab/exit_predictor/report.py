@@ -1,5 +1,6 @@
-"""The N+2 experiment's verdict and tables from evaluate.run's rows / results.json: the issue's
-acceptance targets per lookahead policy, and markdown tables for the write-up."""
+"""The N+2 experiment's verdict and tables from evaluate.run's rows and per-problem scores
+(results.json "arithmetic" and "scores"): the issue's acceptance targets per lookahead policy,
+and markdown tables for the write-up."""
 from __future__ import annotations
 
 import math
@@ -8,12 +9,19 @@ from typing import Any
 import numpy as np
 
 
-def acceptance(rows: list[dict], label: str, R: int, max_loss_pp: float = 0.5
-               ) -> dict[str, Any]:
+BEATS_Z = 2.0   # "beats Q-exit": the paired difference is at least this many SEs above 0
+
+
+def acceptance(rows: list[dict], scores: dict[str, list[float]], label: str, R: int,
+               max_loss_pp: float = 0.5, z: float = BEATS_Z) -> dict[str, Any]:
     """The issue's targets for policy `label`: at <= max_loss_pp EM loss vs depth R (paired
     mean difference), >= 20% fewer rounds than depth R, >= 80% of the oracle's savings, and
-    better than stock Q-exit at equal mean rounds (Q-exit quality interpolated on its Pareto
-    front at the same mean rounds)."""
+    better than stock Q-exit at equal mean rounds. scores: row key -> per-problem scores (the
+    same problems in the same order for every row).
+
+    "Better than Q-exit": against the best Q-exit point (on its Pareto front, depth R
+    included) with at most the same mean rounds, the paired difference of per-problem scores
+    is > 0 and >= z paired standard errors. No such Q-exit point, or a NaN, is "not met"."""
     from rltlab.eval.plots import pareto_front
 
     ok = [r for r in rows if r["policy"] == label and r["diff_pp"] >= -max_loss_pp]
@@ -25,26 +33,29 @@ def acceptance(rows: list[dict], label: str, R: int, max_loss_pp: float = 0.5
     best = min(ok, key=lambda r: r["mean_rounds"])
     saved = (R - best["mean_rounds"]) / R
     oracle_saved = (R - oracle["mean_rounds"]) / R if oracle else math.nan
-    q = [r for r in rows if r["policy"] == "q_exit"] + \
-        [r for r in rows if r["policy"] == "fixed" and r["setting"] == f"depth={R}"]
-    x = np.array([r["mean_rounds"] for r in q])
-    y = np.array([r["quality"] for r in q])
-    front = pareto_front(x, y)
-    qx, qy = x[front], y[front]
-    # best Q-exit quality reachable with at most the same mean rounds (step interpolation)
-    reach = qy[qx <= best["mean_rounds"] + 1e-9]
-    q_at = float(reach.max()) if reach.size else math.nan
+    q = [r for r in rows if (r["policy"] == "q_exit" or (r["policy"] == "fixed"
+                                                         and r["setting"] == f"depth={R}"))
+         and math.isfinite(r["mean_rounds"]) and math.isfinite(r["quality"])]
+    front = [q[i] for i in pareto_front([r["mean_rounds"] for r in q],
+                                        [r["quality"] for r in q])] if q else []
+    # the best Q-exit point reachable with at most the same mean rounds (step interpolation)
+    reach = [r for r in front if r["mean_rounds"] <= best["mean_rounds"] + 1e-9]
+    q_row = max(reach, key=lambda r: r["quality"]) if reach else None
+    vs_q = _versus(scores, best, q_row, z)
     res.update({
         "setting": best["setting"], "mean_rounds": best["mean_rounds"],
         "quality": best["quality"], "diff_pp": best["diff_pp"], "diff_se_pp": best["diff_se_pp"],
         "rounds_saved_frac": saved, "oracle_mean_rounds": oracle["mean_rounds"] if oracle
         else None, "oracle_saved_frac": oracle_saved,
         "share_of_oracle_savings": saved / oracle_saved if oracle_saved > 0 else math.nan,
-        "q_exit_quality_at_same_rounds": q_at,
+        "q_exit_quality_at_same_rounds": q_row["quality"] if q_row else math.nan,
+        "q_exit_setting_at_same_rounds": q_row["setting"] if q_row else None,
+        "diff_vs_q_exit_pp": vs_q["diff_pp"], "diff_vs_q_exit_se_pp": vs_q["se_pp"],
+        "z_vs_q_exit": vs_q["z"], "beats_q_exit_rule": f"paired diff > 0 and >= {z:g} SE",
         "targets": {"saves_20pct": saved >= 0.2,
                     "reaches_80pct_of_oracle": bool(oracle_saved > 0
                                                     and saved / oracle_saved >= 0.8),
-                    "beats_q_exit": bool(math.isnan(q_at) or best["quality"] > q_at)}})
+                    "beats_q_exit": vs_q["beats"]}})
     res["met"] = all(res["targets"].values())
     # the quality-matched oracle: the oracle-like point (plain or floored oracle) with the
     # fewest rounds among those within max_loss_pp of depth R (informational: the issue's
@@ -60,6 +71,23 @@ def acceptance(rows: list[dict], label: str, R: int, max_loss_pp: float = 0.5
             "share_of_savings": saved / qo_saved if qo_saved > 0 else math.nan,
             "reaches_80pct": bool(qo_saved > 0 and saved / qo_saved >= 0.8)}
     return res
+
+
+def _versus(scores: dict[str, list[float]], row: dict, other: dict | None, z: float
+            ) -> dict[str, Any]:
+    """Paired difference (pp) of row's per-problem scores minus other's, its SE, z and the
+    verdict (diff > 0 and diff >= z SE; se 0: every problem moved the same way). No other row,
+    or a non-finite figure: not met."""
+    from rltlab.eval.metrics import paired_difference
+
+    if other is None:
+        return {"diff_pp": math.nan, "se_pp": math.nan, "z": math.nan, "beats": False}
+    d = paired_difference(scores[row["key"]], scores[other["key"]])
+    if not (math.isfinite(d.diff) and math.isfinite(d.se)):
+        return {"diff_pp": 100 * d.diff, "se_pp": 100 * d.se, "z": math.nan, "beats": False}
+    z_value = d.diff / d.se if d.se > 0 else (math.inf if d.diff > 0 else math.nan)
+    return {"diff_pp": 100 * d.diff, "se_pp": 100 * d.se, "z": z_value,
+            "beats": bool(d.diff > 0 and d.diff >= z * d.se)}
 
 
 def markdown_tables(results: dict[str, Any]) -> str:
