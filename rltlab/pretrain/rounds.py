@@ -18,6 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="checkpoint directory with eval/ files (default: embedded model)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", action="store_true", help="print the metrics as JSON too")
+    parser.add_argument("--plot", default=None, metavar="DIR",
+                        help="also save the per-round figure as DIR/rounds.png and .svg")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -26,6 +28,9 @@ def main(args: argparse.Namespace) -> int:
     print(format_table(metrics))
     for name, dist in metrics["gate_exit_distribution"].items():
         print(f"exit-gate p(r), {name}:".ljust(24), [round(p, 3) for p in dist])
+    if args.plot:
+        from rltlab.eval.plots import plot_rounds
+        print("figure:", ", ".join(map(str, plot_rounds(metrics, args.plot))))
     if args.json:
         print(json.dumps(metrics))
     return 0
