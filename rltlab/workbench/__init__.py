@@ -4,22 +4,34 @@ helpers (notebook) and data-parallel scale-out (scale). Notebooks use this packa
     from rltlab import workbench as W
     model, tokenizer, model_dir = W.load_model()
 
-It re-exports the stage functions that notebooks call, so a notebook needs one import.
+It re-exports the stage functions that notebooks call, so a notebook needs one import. The
+names resolve on first use (PEP 562), so `rltlab runs` and `rltlab run` start without
+importing torch and the engine.
 """
-from rltlab.engine.sampling import fixed_params, q_exit_params
-from rltlab.eval.policies import (engine_gsm8k_fn, paired_table, text_perplexity_table)
-from rltlab.eval.problems import encode, eval_problems, heldout_text_rows, rollout_prompts
-from rltlab.model.checkpoint import load_model
-from rltlab.traces.rollout import trace_summary
-from rltlab.common.environment import environment
-from rltlab.eval.plots import frame
-from rltlab.workbench.notebook import (collect_rollout_traces, collect_traces_once,
-                                       ensure_run_dir, evaluate_policies, make_llm, save_metrics)
+from importlib import import_module
 
-__all__ = [
-    "collect_rollout_traces", "collect_traces_once", "encode", "engine_gsm8k_fn",
-    "ensure_run_dir", "environment",
-    "eval_problems", "evaluate_policies", "fixed_params", "frame", "heldout_text_rows",
-    "load_model", "make_llm", "paired_table", "q_exit_params", "rollout_prompts", "save_metrics",
-    "text_perplexity_table", "trace_summary",
-]
+_HOMES = {
+    "fixed_params": "rltlab.engine.sampling", "q_exit_params": "rltlab.engine.sampling",
+    "engine_gsm8k_fn": "rltlab.eval.policies", "paired_table": "rltlab.eval.policies",
+    "text_perplexity_table": "rltlab.eval.policies",
+    "encode": "rltlab.eval.problems", "eval_problems": "rltlab.eval.problems",
+    "heldout_text_rows": "rltlab.eval.problems", "rollout_prompts": "rltlab.eval.problems",
+    "load_model": "rltlab.model.checkpoint", "trace_summary": "rltlab.traces.rollout",
+    "environment": "rltlab.common.environment", "frame": "rltlab.eval.plots",
+    **{name: "rltlab.workbench.notebook" for name in (
+        "collect_rollout_traces", "collect_traces_once", "ensure_run_dir", "evaluate_policies",
+        "make_llm", "save_metrics")},
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'rltlab.workbench' has no attribute {name!r}")
+    value = getattr(import_module(_HOMES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_HOMES))

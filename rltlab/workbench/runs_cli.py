@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 from rltlab.workbench import runs
-from rltlab.workbench.scale import NUM_PROCESSES_ENV
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +68,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: --num-processes must be >= 1, got {args.num_processes}", file=sys.stderr)
         return 2
     # the kernel inherits the environment; rltlab.workbench.scale.num_processes() reads it
+    from rltlab.workbench.scale import NUM_PROCESSES_ENV   # imports torch: only here
     os.environ[NUM_PROCESSES_ENV] = str(args.num_processes)
     run_dir = args.run_dir
     if run_dir is None:
