@@ -91,25 +91,33 @@ def run_collect(args) -> dict[str, Any]:
     from rltlab.traces.sharded import collect_sharded
     from rltlab.engine.sampling import q_exit_params
 
+    # epoch timestamps (rank 0's), so a caller can split its launch into start-up, model load,
+    # engine build and warm-up, apart from the timed collection
+    stamps = {"entered": time.time()}
     state = dist.get_state(args.device)
     threads = dist.configure_threads(args.threads, args.device)
     model, tokenizer = _load(args, state)
+    stamps["model_loaded"] = time.time()
     prompts = _prompts(args, tokenizer, model.config.vocab_size)
     engine_args = {"max_num_seqs": args.block, **json.loads(args.engine_args)}
     llm = LLM(model, tokenizer, **engine_args)
+    stamps["engine_built"] = time.time()
     params = q_exit_params(args.threshold, args.max_tokens, min_loops=args.min_loops,
                            seed=args.seed, temperature=args.temperature,
                            eos_token_id=None if args.ignore_eos else 0)
     params = dataclasses.replace(params, ignore_eos=args.ignore_eos)
     if args.warmup:   # CUDA context, Triton compilation, allocator: outside the timed region
         llm.generate([p[:8] for p in prompts[:2]], dataclasses.replace(params, max_tokens=4))
+    stamps["warmed_up"] = time.time()
     state.wait_for_everyone()
+    stamps["collect_start"] = time.time()
     start = time.perf_counter()
     outputs, manifest = collect_sharded(
         llm, prompts, params, args.out, block=args.block, state=state, progress=args.progress,
         teacher=not args.no_teacher, hidden_dtype=args.hidden_dtype,
         projection_dim=args.projection_dim, shard_tokens=args.shard_tokens)
     seconds = time.perf_counter() - start
+    stamps["collect_end"] = time.time()
     tokens = [o.outputs[0].token_ids for o in outputs]
     out_tokens = sum(len(t) for t in tokens)
     result = {"command": "collect", "num_processes": state.num_processes,
@@ -119,6 +127,7 @@ def run_collect(args) -> dict[str, Any]:
               "output_tokens": out_tokens, "traced_tokens": manifest["num_tokens"],
               "tokens_per_s": round(out_tokens / seconds, 2), "trace_dir": str(args.out),
               "content_sha256": manifest["content_sha256"], "tokens_sha256": _digest(tokens),
+              "timestamps": stamps,
               "outputs": [{"token_ids": o.outputs[0].token_ids,
                            "exit_depths": o.outputs[0].exit_depths,
                            "executed_depths": o.outputs[0].executed_depths} for o in outputs]}
