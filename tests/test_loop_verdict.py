@@ -70,9 +70,10 @@ def test_speedups_relative_to_full_depth_of_version_0():
 
 
 def test_rollout_mix():
+    from tokenizers import Tokenizer
+    from rltlab.common.paths import embedded_model_dir
     from rltlab.eval.problems import rollout_prompts
-    from rltlab.model.checkpoint import load_model
-    _, tok, _ = load_model()
+    tok = Tokenizer.from_file(str(embedded_model_dir() / "tokenizer.json"))
     prompts, problems = rollout_problems(tok, LoopConfig(rollout_prompts=20,
                                                          rollout_hops_share=0.9), k=1)
     assert [p["kind"] for p in problems] == ["hops", "arith"] * 2 + ["hops"] * 16
