@@ -1,11 +1,12 @@
 """The rollout -> gate update -> evaluate loop (notebook 10_rollout_update_evaluate).
 
 Files: config (LoopConfig), stage2 (gate training, push), iteration (one iteration, resume),
-addons (predictor / draft-head steps), metrics (curves, verdict, metrics.json).
+addons (predictor / draft-head steps), metrics (curves, verdict, speed, metrics.json).
 
 Iteration k (weight version k in the engine):
-  1. rollout: generate on training-split arithmetic prompts with the stock Q-exit, collecting
-     traces in teacher mode (all R rounds per token, so every round has a Stage II label);
+  1. rollout: generate on training-split problems (k-hop binding and word problems,
+     `rollout_hops_share` of them k-hop) with the stock Q-exit, collecting traces in teacher
+     mode (all R rounds per token, so every round has a Stage II label);
   2. update: Stage II gate-only training of the exit gate on those traces (REFERENCE
      section 1): CE_r = -log p_r(round-R token), I_r = max(0, CE_{r-1} - CE_r),
      w_r = sigmoid(slope (I_r - margin)), BCE between 1 - lambda_r and w_r; round 1 takes w_2
@@ -13,23 +14,27 @@ Iteration k (weight version k in the engine):
      The traces are split by prompt into train / validation; the validation Stage II BCE is
      checked every `gate_eval_every` steps, the best step is kept (early stopping after
      `gate_patience` checks without improvement). The candidate is then validated against the
-     current gate on the validation split: its BCE must be lower and its teacher-forced
+     current gate on the validation split: its BCE must not be higher and its teacher-forced
      quality-vs-depth curve (agreement of the exit round's top-1 with the round-R token vs
-     mean exit round, Q-exit sweep) no worse by the rule of rltlab.eval.curves. A candidate
+     mean exit round, Q-exit sweep) no worse by the z rule of rltlab.eval.curves. A candidate
      that fails is reported and, unless `gate_keep_worse`, the current gate is kept (pushed
-     again, unchanged, as the next version);
+     again, unchanged, as the next version). `inject_candidate` (a test hook) puts a bad or a
+     neutral gate in the trained candidate's place;
   3. optional add-ons on the same traces, at version k (their checkpoints record version k
      and its model hash, which covers the gate): the N+k lookahead exit predictor
      (rltlab.exit_predictor, evaluated in real generation through
-     rltlab.engine_patches.lookahead_exit) and the loop-aware draft head (rltlab.draft_heads,
-     distilled on (h_d, p_R) of the traced tokens; tau / acceptance vs the untrained shallow
-     drafter through rltlab.engine.speculative);
+     rltlab.engine_patches.lookahead_exit and compared with the Q-exit at equal mean rounds)
+     and the loop-aware draft head (rltlab.draft_heads, distilled on (h_d, p_R) of the traced
+     tokens; tau / acceptance on held-out word problems vs the untrained shallow drafter);
   4. push: the new gate through the engine's weight-update API as version k + 1
      (start_weight_update / update_weights / finish_weight_update);
-  5. evaluate: quality vs mean executed rounds of the Q-exit threshold sweep at version k + 1
-     ("after"; "before" is version k: computed for k = 0, carried over after that) on held-out
-     problems (disjoint from the training-split rollout prompts; checked), and the paired
-     comparison of the two Pareto curves (rltlab.eval.curves.compare_curves).
+  5. evaluate: quality (and tok/s) vs mean executed rounds of the Q-exit threshold sweep at
+     version k + 1 ("after"; "before" is version k: computed for k = 0, with the fixed
+     `depths`, carried over after that) on held-out problems (disjoint from the training-split
+     rollout prompts; checked), the paired comparison of the two Pareto curves
+     (rltlab.eval.curves.compare_curves) and the verdict (metrics.gate_verdict): "no worse"
+     at the declared `noninferiority_margin_pp`, "worse", "inconclusive", or "gate unchanged
+     (candidate rejected)" when no candidate was pushed.
 
 Checkpoints: everything of iteration k is built in RUN_DIR/.iter_k.tmp-*/ and renamed to
 RUN_DIR/iter_k/ once complete (result.json, gate.safetensors, traces/, exit_predictor/,
@@ -40,23 +45,25 @@ finished iterations' parameters and model (rltlab.loop.resume: only RESUMABLE_FI
 update steps' optimisation budget, may change); their result.json files are checked first.
 """
 from rltlab.loop.addons import draft_head_step, exit_predictor_step
-from rltlab.loop.config import (GATE_BIAS, GATE_WEIGHT, RESUMABLE_FIELDS, LoopConfig, LoopState,
-                                ResumeMismatch, SimulatedCrash)
+from rltlab.loop.config import (GATE_BIAS, GATE_WEIGHT, INJECTED_CANDIDATES, RESUMABLE_FIELDS,
+                                LoopConfig, LoopState, ResumeMismatch, SimulatedCrash)
 from rltlab.loop.iteration import (describe_iteration, evaluate, finished_iterations,
-                                   iteration_dir, run_iteration, setup)
+                                   iteration_dir, rollout_problems, run_iteration, setup)
 from rltlab.loop.resume import check_resume, read_result
-from rltlab.loop.metrics import (compare_evaluations, curves, depth_histograms,
-                                 gate_curve_report, loop_metrics)
-from rltlab.loop.stage2 import (gate_state_of, load_gate, push_weights, save_gate,
-                                stage2_targets, trace_gate_curve, train_gate,
+from rltlab.loop.metrics import (UNCHANGED, VERDICTS, compare_evaluations, curves,
+                                 depth_histograms, full_depth_row, gate_curve_report,
+                                 gate_verdict, loop_metrics, speedups)
+from rltlab.loop.stage2 import (gate_state_of, injected_candidate, load_gate, push_weights,
+                                save_gate, stage2_targets, trace_gate_curve, train_gate,
                                 train_gate_on_traces)
 
 __all__ = [
-    "GATE_BIAS", "GATE_WEIGHT", "LoopConfig", "LoopState", "RESUMABLE_FIELDS", "ResumeMismatch",
-    "SimulatedCrash", "check_resume", "compare_evaluations", "curves", "depth_histograms",
-    "describe_iteration", "draft_head_step", "evaluate", "exit_predictor_step",
-    "finished_iterations",
-    "gate_curve_report", "gate_state_of", "iteration_dir", "load_gate", "loop_metrics",
-    "push_weights", "read_result", "run_iteration", "save_gate", "setup", "stage2_targets",
+    "GATE_BIAS", "GATE_WEIGHT", "INJECTED_CANDIDATES", "LoopConfig", "LoopState",
+    "RESUMABLE_FIELDS", "ResumeMismatch", "SimulatedCrash", "UNCHANGED", "VERDICTS",
+    "check_resume", "compare_evaluations", "curves", "depth_histograms", "describe_iteration",
+    "draft_head_step", "evaluate", "exit_predictor_step", "finished_iterations",
+    "full_depth_row", "gate_curve_report", "gate_state_of", "gate_verdict", "injected_candidate",
+    "iteration_dir", "load_gate", "loop_metrics", "push_weights", "read_result",
+    "rollout_problems", "run_iteration", "save_gate", "setup", "speedups", "stage2_targets",
     "trace_gate_curve", "train_gate", "train_gate_on_traces",
 ]

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from rltlab.eval.problems import encode
+from rltlab.eval.problems import encode, eval_problems
 from rltlab.loop.config import LoopState
 from rltlab.loop.metrics import curve_points
 
@@ -28,7 +28,10 @@ def exit_predictor_step(state: LoopState, k: int, tmp: Path, before: dict[str, A
     70/15/15, calibration, threshold for the target precision: rltlab.exit_predictor.train),
     install it in the engine (checked against the model at version k) and evaluate it in real
     generation on the held-out problems at version k: quality, mean executed rounds, paired
-    difference vs full depth and vs the version-k Q-exit Pareto curve at the same rounds."""
+    difference vs full depth and vs the version-k Q-exit Pareto curve at the same mean rounds
+    (interpolated along it: linear between neighbouring Pareto-front points, flat right of the
+    last; rltlab.eval.curves.curve_scores_at). Each row records its tok/s and the share of
+    decode tokens the predictor fired on (they ran exactly N + k rounds)."""
     from rltlab.model.checkpoint import model_hash
     from rltlab.engine_patches.lookahead_exit import install
     from rltlab.eval.curves import curve_scores_at, pareto_curve
@@ -55,11 +58,14 @@ def exit_predictor_step(state: LoopState, k: int, tmp: Path, before: dict[str, A
     bx, bs, _ = pareto_curve(curve_points(before))
     rows = []
     R = state.model.config.num_rounds
+    exit_round = entry["exit_round"]
     for t in sorted({thr} | {float(x) for x in cfg.lookahead_thresholds}):
         start = time.perf_counter()
         res = evaluate_arithmetic(engine_generate_fn(llm, _engine_params(
             name, {"threshold": t}, cfg.max_tokens)), state.tokenizer, state.problems,
             num_rounds=R)
+        seconds = time.perf_counter() - start
+        hist = {int(d): n for d, n in res.get("executed_hist", {}).items()}
         row = {"policy": label, "setting": f"p>={t:g}", "threshold": None, "depth": None,
                "lookahead_threshold": t, "calibrated": t == thr,
                "quality": 100 * res["exact_match"], "quality_se": 100 * res["exact_match_se"],
@@ -68,7 +74,10 @@ def exit_predictor_step(state: LoopState, k: int, tmp: Path, before: dict[str, A
                "decode_tokens": res.get("decode_tokens", 0),
                "weight_version": llm.get_weight_version(),
                "executed_hist": res.get("executed_hist", {}),
-               "seconds": round(time.perf_counter() - start, 3), "key": f"{label} p>={t:g}"}
+               "fire_rate": hist.get(exit_round, 0) / max(1, sum(hist.values()))
+               if exit_round < R else None,
+               "seconds": round(seconds, 3), "tokens_per_s": res["output_tokens"] / seconds,
+               "key": f"{label} p>={t:g}"}
         if full is not None:
             d = paired_difference(res["scores"], before["scores"][full["key"]])
             row.update(diff_vs_full_pp=100 * d.diff, diff_vs_full_se_pp=100 * d.se)
@@ -76,7 +85,8 @@ def exit_predictor_step(state: LoopState, k: int, tmp: Path, before: dict[str, A
         if x is not None and not math.isnan(x) and x >= bx[0]:
             d = paired_difference(res["scores"], curve_scores_at(bx, bs, x))
             row.update(q_exit_quality_at_same_rounds=100 * d.mean_b,
-                       diff_vs_q_exit_pp=100 * d.diff, diff_vs_q_exit_se_pp=100 * d.se)
+                       diff_vs_q_exit_pp=100 * d.diff, diff_vs_q_exit_se_pp=100 * d.se,
+                       diff_vs_q_exit_z=d.diff / d.se if d.se > 0 else None)
         row["scores"] = res["scores"]
         rows.append(row)
     test = entry["test"]
@@ -89,6 +99,9 @@ def exit_predictor_step(state: LoopState, k: int, tmp: Path, before: dict[str, A
             "test": {k2: test.get(k2) for k2 in ("tokens", "label_rate", "precision", "recall",
                                                  "auc", "fire_rate", "expected_rounds",
                                                  "oracle_rounds")},
+            "train_label_rate": entry["train"]["label_rate"],
+            "q_exit_comparison": "interpolated along the version's Q-exit Pareto curve at the "
+                                 "predictor's mean executed rounds",
             "rows": rows, "seconds": round(time.perf_counter() - t0, 3)}
 
 
@@ -97,7 +110,7 @@ def draft_head_step(state: LoopState, k: int, tmp: Path) -> dict[str, Any]:
     p_R = softmax(lm_head(h_R)) of every traced decode token (prompt split 80/20 for the
     held-out agreement); save it (draft_component.json records version k and its model hash),
     reload it through rltlab.engine_patches.loop_draft (compatibility check) and measure greedy
-    speculative decoding on held-out arithmetic prompts against target-only decoding and the
+    speculative decoding on held-out word problems against target-only decoding and the
     untrained shallow drafter at the same d: tau, acceptance, identical output, speed."""
     from rltlab.model.checkpoint import model_hash
     from rltlab.pretrain.data import EOT_ID
@@ -138,8 +151,10 @@ def draft_head_step(state: LoopState, k: int, tmp: Path) -> dict[str, Any]:
                                                         for v in s["weight_versions"]}),
                        "trace_model_hashes": manifest.get("info", {}).get("model_hashes")}})
     comp = load_draft_component(path, model, draft_rounds=d)    # checks hash, sizes, d
+    # word problems: chain-of-thought answers of ~25 tokens, so K drafts can all be used (a
+    # k-hop answer has 2 decode tokens and would cap tau by its length, not the drafter)
     prompts = [[EOT_ID] + encode(state.tokenizer, p["question"])
-               for p in state.problems[:cfg.draft_prompts]]
+               for p in eval_problems(state.model_dir, cfg.draft_prompts, kinds=("arith",))]
     trained_name, shallow_name = f"{cfg.draft_kind} d={d}", f"shallow d={d}"
     speed = measure(model, prompts, {shallow_name: {"draft_rounds": d},
                                      trained_name: component_kwargs(comp)},

@@ -8,16 +8,24 @@ from typing import Any, Sequence
 
 
 GATE_WEIGHT, GATE_BIAS = "model.early_exit_gate.weight", "model.early_exit_gate.bias"
+# Test hook (LoopConfig.inject_candidate): the candidate gate that validation judges in place of
+# the trained one. "exit_round1": a bias so large that every token exits at round 1 at any
+# threshold < 1 (a bad gate the update must reject); "current": the current gate itself (a
+# neutral candidate it must accept). rltlab.loop.stage2.injected_candidate builds them.
+INJECTED_CANDIDATES = ("exit_round1", "current")
 
 
 @dataclass
 class LoopConfig:
     iterations: int = 3
     rollout_prompts: int = 64
+    rollout_hops_share: float = 0.5    # k-hop problems among the rollout prompts (rest: word)
     rollout_threshold: float = 0.5
     max_tokens: int = 48
     eval_problems: int = 64
     thresholds: Sequence[float] = (0.3, 0.5, 0.7, 0.9, 1.0)
+    depths: Sequence[int] = ()         # fixed depths, evaluated once at version 0 (the gate
+    #                                    is never asked: no version can change them)
     min_loops: int = 1
     gate_steps: int = 200
     gate_lr: float = 3e-3
@@ -28,7 +36,11 @@ class LoopConfig:
     gate_eval_every: int = 20          # validation BCE every this many steps (early stopping)
     gate_patience: int = 5             # stop after this many checks without improvement
     gate_keep_worse: bool = False      # True: push a candidate that fails validation anyway
-    curve_z: float = 2.0               # "no worse" = no point lower by more than z paired SE
+    curve_z: float = 2.0               # confidence of the curve checks (z paired SE)
+    noninferiority_margin_pp: float = 5.0   # held-out verdict: "no worse" = every point's
+    #                                    diff - z SE >= -margin (pp of exact match)
+    inject_candidate: str | None = None     # test hook: replace the trained candidate gate
+    #                                    (INJECTED_CANDIDATES)
     reuse_full_depth: bool = True      # copy, not regenerate, what the update cannot change:
     #                                    threshold 1.0 (fixed depth R) and a rejected update
     temperature: float = 0.0
@@ -50,19 +62,33 @@ class LoopConfig:
     draft_steps: int = 150
     draft_lr: float = 1e-3
     draft_k: int = 4
-    draft_prompts: int = 8             # held-out arithmetic prompts for tau / acceptance
+    draft_prompts: int = 8             # held-out word problems for tau / acceptance
     draft_max_tokens: int = 32
     draft_concurrency: int = 8
     crash_at_iteration: int = -1   # test hook: raise inside iteration k before it is committed
     extra: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        """Refuse settings the loop would trip over later, before anything is written."""
+        if not 0.0 <= self.rollout_hops_share <= 1.0:
+            raise ValueError(f"rollout_hops_share must lie in [0, 1], got "
+                             f"{self.rollout_hops_share!r}")
+        if not self.noninferiority_margin_pp >= 0:
+            raise ValueError(f"noninferiority_margin_pp must be >= 0 (percentage points), got "
+                             f"{self.noninferiority_margin_pp!r}")
+        if self.inject_candidate is not None and self.inject_candidate not in INJECTED_CANDIDATES:
+            raise ValueError(f"inject_candidate must be None or one of {INJECTED_CANDIDATES}, "
+                             f"got {self.inject_candidate!r}")
+
 
 # What a resumed run may change: the optimisation budget of the update steps (each iteration's
-# result.json records the config it ran with). Every other field defines what the iterations
+# result.json records the config it ran with; inject_candidate is a test hook like
+# crash_at_iteration). Every other field defines what the iterations
 # measure (rollout, Stage II labels, evaluation, add-ons) and must equal the finished ones'.
 RESUMABLE_FIELDS = frozenset({
     "iterations", "crash_at_iteration", "gate_steps", "gate_lr", "gate_batch", "gate_eval_every",
-    "gate_patience", "gate_keep_worse", "predictor_epochs", "draft_steps", "draft_lr"})
+    "gate_patience", "gate_keep_worse", "predictor_epochs", "draft_steps", "draft_lr",
+    "inject_candidate"})
 
 
 class SimulatedCrash(RuntimeError):
@@ -84,3 +110,4 @@ class LoopState:
     results: list[dict[str, Any]] = field(default_factory=list)
     resumed_from: int = 0
     problems: list[dict[str, Any]] = field(default_factory=list)
+    load_average_start: list[float] | None = None   # os.getloadavg() when the run started

@@ -15,7 +15,7 @@ from rltlab import workbench as W
 from rltlab.common.atomic import write_json_atomic
 from rltlab.loop.addons import draft_head_step, exit_predictor_step
 from rltlab.loop.config import LoopConfig, LoopState, SimulatedCrash
-from rltlab.loop.metrics import compare_evaluations
+from rltlab.loop.metrics import compare_evaluations, gate_verdict
 from rltlab.loop.resume import RESULT_FILE, check_resume, read_result
 from rltlab.loop.stage2 import load_gate, push_weights, save_gate, train_gate_on_traces
 
@@ -57,6 +57,8 @@ def setup(run_dir: str | os.PathLike, model, tokenizer, cfg: LoopConfig,
     state = LoopState(run_dir, cfg, model, tokenizer, llm,
                       Path(model_dir) if model_dir else None)
     state.problems = W.eval_problems(state.model_dir, cfg.eval_problems)
+    state.load_average_start = list(os.getloadavg())
+    warm_up(state)
     state.results = results
     state.resumed_from = len(done)
     if done:
@@ -66,12 +68,42 @@ def setup(run_dir: str | os.PathLike, model, tokenizer, cfg: LoopConfig,
     return state
 
 
-def evaluate(state: LoopState, label: str, reuse: dict[str, Any] | None = None
-             ) -> dict[str, Any]:
-    """Q-exit threshold sweep at the engine's current version on the held-out problems.
-    With cfg.reuse_full_depth, the threshold-1.0 row (fixed depth R: the gate is never asked,
-    and only the gate changes between versions) is copied from `reuse` (an earlier
-    evaluation of the same problems) instead of being generated again."""
+def warm_up(state: LoopState, problems: int = 4) -> None:
+    """One short generation before anything is timed: the first call of a process pays for
+    allocations and lazy initialisation, which would slow the first measured setting's tok/s."""
+    from rltlab.eval.policies import evaluate_policies    # in-process, also under scale-out
+
+    evaluate_policies(state.llm, state.tokenizer, state.problems[:problems], thresholds=[0.5],
+                      max_tokens=4, min_loops=state.cfg.min_loops)
+
+
+def rollout_problems(tokenizer, cfg: LoopConfig, k: int) -> tuple[list[list[int]], list[dict]]:
+    """Iteration k's rollout prompts: n - floor(n (1 - hops_share)) k-hop problems and the rest
+    word problems (training split, seeded by seed * 1000 + k), one of each kind in turn while
+    both last (share 0.5 = the mixed set of rltlab.eval.problems.rollout_prompts). A k-hop
+    answer is 2 traced decode tokens and a word problem's ~25: a share of ~0.93 gives both
+    kinds the same number of traced tokens."""
+    n_arith = int(cfg.rollout_prompts * (1.0 - cfg.rollout_hops_share) + 1e-9)
+    counts = {"hops": cfg.rollout_prompts - n_arith, "arith": n_arith}
+    seed = cfg.seed * 1000 + k
+    groups = [W.rollout_prompts(tokenizer, n, seed=seed, kinds=(kind,))
+              for kind, n in counts.items() if n]
+    prompts, problems = [], []
+    for i in range(max(len(g[0]) for g in groups)):
+        for g_prompts, g_problems in groups:
+            if i < len(g_prompts):
+                prompts.append(g_prompts[i])
+                problems.append(g_problems[i])
+    return prompts, problems
+
+
+def evaluate(state: LoopState, label: str, reuse: dict[str, Any] | None = None,
+             depths: Sequence[int] = ()) -> dict[str, Any]:
+    """Q-exit threshold sweep at the engine's current version on the held-out problems (and
+    the fixed `depths`, for version 0). With cfg.reuse_full_depth, the threshold-1.0 row (fixed
+    depth R: the gate is never asked, and only the gate changes between versions) is copied
+    from `reuse` (an earlier evaluation of the same problems) instead of being generated
+    again. Every generated row carries its tokens_per_s, measured here."""
     cfg = state.cfg
     full = [t for t in cfg.thresholds if float(t) >= 1.0]
     carried = None
@@ -80,8 +112,9 @@ def evaluate(state: LoopState, label: str, reuse: dict[str, Any] | None = None
                         and r["threshold"] >= 1.0), None)
     thresholds = [t for t in cfg.thresholds if carried is None or float(t) < 1.0]
     rows, scores = W.evaluate_policies(state.llm, state.tokenizer, state.problems,
-                                       thresholds=thresholds, max_tokens=cfg.max_tokens,
-                                       min_loops=cfg.min_loops, label=label)
+                                       thresholds=thresholds, depths=depths,
+                                       max_tokens=cfg.max_tokens, min_loops=cfg.min_loops,
+                                       label=label)
     version = state.llm.get_weight_version()
     if carried is not None:
         more = carry_evaluation({"rows": [carried], "scores": reuse["scores"]}, label, version)
@@ -91,11 +124,14 @@ def evaluate(state: LoopState, label: str, reuse: dict[str, Any] | None = None
 
 
 def carry_evaluation(ev: dict[str, Any], label: str, version: int) -> dict[str, Any]:
-    """An evaluation's rows relabeled for `version` without generating: for weights that
-    generate exactly the same (greedy, same problems), e.g. a rejected gate update that pushed
-    the unchanged gate again. Rows keep `carried_from_version` (the version that generated)."""
+    """An evaluation's Q-exit rows relabeled for `version` without generating: for weights
+    that generate exactly the same (greedy, same problems), e.g. a rejected gate update that
+    pushed the unchanged gate again. Rows keep `carried_from_version` (the version that
+    generated) and their measured tokens_per_s. Fixed-depth rows (version 0) are not copied."""
     rows, scores = [], {}
     for r in ev["rows"]:
+        if r.get("threshold") is None:
+            continue
         key = f"{label} q_exit {r['setting']}"
         rows.append({**r, "policy": f"{label} q_exit", "key": key, "weight_version": version,
                      "seconds": 0.0,
@@ -104,9 +140,9 @@ def carry_evaluation(ev: dict[str, Any], label: str, version: int) -> dict[str, 
     return {"version": version, "rows": rows, "scores": scores}
 
 
-def _held_out_overlap(problems: Sequence[dict], rollout_problems: Sequence[dict]) -> int:
+def _held_out_overlap(problems: Sequence[dict], rolled: Sequence[dict]) -> int:
     held = {p["question"] for p in problems}
-    return sum(p["question"] in held for p in rollout_problems)
+    return sum(p["question"] in held for p in rolled)
 
 
 def _retarget(root: Path, old: Path, new: Path) -> None:
@@ -134,10 +170,10 @@ def run_iteration(state: LoopState, k: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix=f".iter_{k}.tmp-", dir=run_dir))
     final = iteration_dir(run_dir, k)
     try:
-        before = state.results[-1]["after"] if state.results else evaluate(state, f"v{k}")
-        prompts, rollout_problems = W.rollout_prompts(state.tokenizer, cfg.rollout_prompts,
-                                                      seed=cfg.seed * 1000 + k)
-        overlap = _held_out_overlap(state.problems, rollout_problems)
+        before = state.results[-1]["after"] if state.results else \
+            evaluate(state, f"v{k}", depths=cfg.depths)
+        prompts, rolled = rollout_problems(state.tokenizer, cfg, k)
+        overlap = _held_out_overlap(state.problems, rolled)
         if overlap:
             raise RuntimeError(f"{overlap} rollout prompts are in the held-out evaluation set")
         outs, manifest = W.collect_rollout_traces(
@@ -165,6 +201,7 @@ def run_iteration(state: LoopState, k: int) -> dict[str, Any]:
         else:   # the same gate pushed again: generation is identical, copy "before"
             after = carry_evaluation(before, f"v{new_version}", new_version)
         summary = W.trace_summary(tmp / "traces")
+        cmp = compare_evaluations(before, after, cfg.curve_z)
         result = {
             "iteration": k, "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "seconds": round(time.perf_counter() - t0, 3),
@@ -174,11 +211,15 @@ def run_iteration(state: LoopState, k: int) -> dict[str, Any]:
             "trace_model_hashes": manifest.get("info", {}).get("model_hashes", {}),
             "trace_tokens": manifest["num_tokens"], "new_weight_version": new_version,
             "heldout_overlap_with_rollouts": overlap,
+            "rollout_kinds": {kind: sum(p["kind"] == kind for p in rolled)
+                              for kind in ("hops", "arith")},
             "gate_training": {k2: v for k2, v in trained.items()
                               if k2 not in ("state", "candidate_state")},
             "trace_mean_selected": summary["mean_selected"],
             "config": asdict(cfg), "before": before, "after": after,
-            "gate_curve": compare_evaluations(before, after, cfg.curve_z), **addons}
+            "gate_curve": cmp, "gate_verdict": gate_verdict(
+                cmp, [trained["accepted"]], cfg.noninferiority_margin_pp, cfg.curve_z)["verdict"],
+            **addons}
         write_json_atomic(tmp / RESULT_FILE, result)
         os.rename(tmp, final)
     except BaseException:
@@ -193,25 +234,27 @@ def describe_iteration(res: dict[str, Any]) -> str:
     g = res["gate_training"]
     took = "loaded" if res.get("skipped") else f"{res['seconds']:.1f} s"
 
-    def f(x):
-        return "n/a" if x is None else f"{x:.4f}"
+    def f(x, digits=4):
+        return "n/a" if x is None else f"{x:.{digits}f}"
     line = (f"iteration {res['iteration']} ({took}): rollout at v{res['rollout_weight_versions']}, "
             f"{res['trace_tokens']} traced tokens; gate BCE train {f(g['loss_before'])} -> "
             f"{f(g['loss_after'])}, validation {f(g.get('val_before'))} -> "
             f"{f(g.get('val_after'))} (best step {g.get('best_step')}), "
             f"{'accepted' if g.get('accepted', True) else 'REJECTED: ' + '; '.join(g['reasons'])}"
-            f"; now v{res['new_weight_version']}; held-out curve no worse: "
-            f"{res.get('gate_curve', {}).get('no_worse')}")
+            f"; now v{res['new_weight_version']}; held-out verdict: {res.get('gate_verdict')}")
     ep, dh = res.get("exit_predictor"), res.get("draft_head")
     if ep:
         cal = next((r for r in ep["rows"] if r.get("calibrated")), ep["rows"][0])
         line += (f"\n  N+{ep['exit_round'] - ep['decision_round']} predictor (v{ep['weight_version']}"
                  f"): {cal['quality']:.1f}% at {cal['mean_rounds']:.3f} rounds "
-                 f"(threshold {ep['threshold']:.3f})")
+                 f"(threshold {ep['threshold']:.3f}; test split: label rate "
+                 f"{f(ep['test']['label_rate'], 3)}, fire rate {f(ep['test']['fire_rate'], 3)}"
+                 f"); vs Q-exit at equal rounds {f(cal.get('diff_vs_q_exit_pp'), 1)} pp (SE "
+                 f"{f(cal.get('diff_vs_q_exit_se_pp'), 1)})")
     if dh:
         line += (f"\n  draft head {dh['kind']} (v{dh['weight_version']}): tau {dh['tau']:.2f} vs "
-                 f"{dh['tau_shallow']:.2f} untrained d={dh['draft_rounds']}, acceptance "
-                 f"{dh['acceptance']:.3f} vs {dh['acceptance_shallow']:.3f}")
+                 f"{dh['tau_shallow']:.2f} untrained d={dh['draft_rounds']} (K = {dh['k']}), "
+                 f"acceptance {dh['acceptance']:.3f} vs {dh['acceptance_shallow']:.3f}")
     return line
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict
 from typing import Any, Sequence
 
@@ -59,20 +60,66 @@ def depth_histograms(results: Sequence[dict[str, Any]], threshold: float
     return out
 
 
-def gate_curve_report(results: Sequence[dict[str, Any]], z: float = 2.0) -> dict[str, Any]:
-    """The issue-#5 check: the final gate's Q-exit Pareto curve on the held-out problems vs
-    version 0's, and every iteration's after vs before (rltlab.eval.curves rule)."""
+UNCHANGED = "gate unchanged (candidate rejected)"
+VERDICTS = ("no worse", "worse", "inconclusive", UNCHANGED)
+
+
+def gate_verdict(cmp: dict[str, Any], accepted: Sequence[bool], margin_pp: float,
+                 z: float = 2.0) -> dict[str, Any]:
+    """Non-inferiority verdict of a gate update on the held-out problems, from the paired
+    Pareto-curve comparison `cmp` (compare_evaluations: diff and paired SE at every grid point,
+    percentage points of exact match) and whether each update's candidate was pushed.
+
+    - UNCHANGED: no candidate was accepted, so the gate is the one it was compared against
+      (nothing is claimed about an update that did not happen);
+    - "no worse": at every grid point the lower bound diff - z SE is >= -margin_pp;
+    - "worse": at some grid point even the upper bound diff + z SE is < -margin_pp;
+    - "inconclusive": neither (too few problems to tell at this margin), or no overlap.
+    """
+    rule = (f"non-inferiority margin {margin_pp:g} pp at z = {z:g}: no worse iff at every grid "
+            f"point diff - {z:g} SE >= -{margin_pp:g} pp; worse iff at one diff + {z:g} SE < "
+            f"-{margin_pp:g} pp; {UNCHANGED!r} when no candidate was pushed")
+    out: dict[str, Any] = {"rule": rule, "margin_pp": margin_pp, "z": z,
+                           "accepted": list(map(bool, accepted))}
+    if not any(accepted):
+        return {**out, "verdict": UNCHANGED}
+    points = cmp.get("points") or []
+    if not points:
+        return {**out, "verdict": "inconclusive", "why": cmp.get("why", "no grid points")}
+    bounds = [(p["diff_pp"] - z * p["se_pp"], p["diff_pp"] + z * p["se_pp"], p)
+              for p in points]
+    lower, _, worst = min(bounds, key=lambda b: b[0])
+    tol = 1e-9
+    if lower >= -margin_pp - tol:
+        verdict = "no worse"
+    elif any(upper < -margin_pp - tol for _, upper, _ in bounds):
+        verdict = "worse"
+    else:
+        verdict = "inconclusive"
+    return {**out, "verdict": verdict, "worst_lower_bound_pp": lower,
+            "worst_point": {k: worst[k] for k in ("mean_rounds", "before", "after", "diff_pp",
+                                                  "se_pp")}}
+
+
+def gate_curve_report(results: Sequence[dict[str, Any]], z: float, margin_pp: float
+                      ) -> dict[str, Any]:
+    """The final gate's Q-exit Pareto curve on the held-out problems vs version 0's, and every
+    iteration's after vs before: the paired comparison (rltlab.eval.curves; its own "no_worse"
+    is the margin-free z rule) and the non-inferiority verdict (gate_verdict)."""
     if not results:
-        return {"no_worse": None, "why": "no iterations"}
+        return {"verdict": None, "why": "no iterations"}
+    accepted = [bool(r["gate_training"].get("accepted", True)) for r in results]
     final = compare_evaluations(results[0]["before"], results[-1]["after"], z)
     per = [compare_evaluations(r["before"], r["after"], z) for r in results]
-    return {"rule": final["rule"], "z": z, "eval_problems": final["n"],
+    final_verdict = gate_verdict(final, accepted, margin_pp, z)
+    per_verdicts = [gate_verdict(c, [a], margin_pp, z)["verdict"] for c, a in zip(per, accepted)]
+    return {"rule": final_verdict["rule"], "z": z, "margin_pp": margin_pp,
+            "eval_problems": final["n"],
             "heldout_overlap_with_rollouts": sum(r.get("heldout_overlap_with_rollouts", 0)
                                                  for r in results),
             "final_vs_v0": final, "per_iteration": per,
-            "no_worse": final["no_worse"],
-            "no_worse_every_iteration": all(p["no_worse"] is True for p in per),
-            "gates_accepted": [r["gate_training"].get("accepted", True) for r in results]}
+            "verdict": final_verdict["verdict"], "final_verdict": final_verdict,
+            "per_iteration_verdicts": per_verdicts, "gates_accepted": accepted}
 
 
 def _predictor_summary(r: dict[str, Any]) -> dict[str, Any] | None:
@@ -88,7 +135,10 @@ def _predictor_summary(r: dict[str, Any]) -> dict[str, Any] | None:
             "diff_vs_full_se_pp": cal.get("diff_vs_full_se_pp"),
             "q_exit_quality_at_same_rounds": cal.get("q_exit_quality_at_same_rounds"),
             "diff_vs_q_exit_pp": cal.get("diff_vs_q_exit_pp"),
-            "diff_vs_q_exit_se_pp": cal.get("diff_vs_q_exit_se_pp"), "seconds": ep["seconds"]}
+            "diff_vs_q_exit_se_pp": cal.get("diff_vs_q_exit_se_pp"),
+            "diff_vs_q_exit_z": cal.get("diff_vs_q_exit_z"),
+            "generation_fire_rate": cal.get("fire_rate"),
+            "train_label_rate": ep.get("train_label_rate"), "seconds": ep["seconds"]}
 
 
 def _draft_summary(r: dict[str, Any]) -> dict[str, Any] | None:
@@ -103,6 +153,69 @@ def _draft_summary(r: dict[str, Any]) -> dict[str, Any] | None:
             "heldout_agree_shallow": dh["heldout_agreement"]["shallow"]["agree"]}
 
 
+def full_depth_row(rows: Sequence[dict[str, Any]], num_rounds: int) -> dict[str, Any] | None:
+    """Version 0's full-depth row with a measured tok/s: fixed depth R, else the Q-exit at
+    threshold 1.0 (the gate is never asked: every token runs R rounds)."""
+    timed = [r for r in rows if r.get("tokens_per_s") and r.get("weight_version") == 0]
+    return next((r for r in timed if r.get("depth") == num_rounds), None) or next(
+        (r for r in timed if r.get("threshold") is not None and r["threshold"] >= 1.0), None)
+
+
+def speedups(rows: Sequence[dict[str, Any]], num_rounds: int) -> list[dict[str, Any]]:
+    """Speed of every quality-vs-depth row relative to full depth: its decode tok/s (output
+    tokens / generation wall time of the whole held-out set, measured in this run; a carried
+    row keeps the tok/s of the version that generated it) over full_depth_row's. Wall time:
+    other processes' load slows every setting measured while it lasts (metrics record the
+    load average at the start and the end). Rows without a tok/s are left out; [] when there
+    is no reference."""
+    ref = full_depth_row(rows, num_rounds)
+    if ref is None:
+        return []
+    timed = [r for r in rows if r.get("tokens_per_s")]
+    return [{"policy": r["policy"], "setting": r["setting"], "mean_rounds": r["mean_rounds"],
+             "quality": r["quality"], "tokens_per_s": r["tokens_per_s"],
+             "speedup": r["tokens_per_s"] / ref["tokens_per_s"], "reference": ref["key"],
+             "carried_from_version": r.get("carried_from_version")} for r in timed]
+
+
+def _headline(state: LoopState, gate_curve: dict[str, Any], rows: Sequence[dict[str, Any]]
+              ) -> dict[str, Any]:
+    res = state.results
+    head: dict[str, Any] = {"iterations": len(res),
+                            "final_weight_version": state.llm.get_weight_version()}
+    if not res:
+        return head
+    fv = gate_curve["final_verdict"]
+    head.update(gate_verdict=fv["verdict"], gate_margin_pp=fv["margin_pp"],
+                gates_accepted=sum(gate_curve["gates_accepted"]),
+                gate_worst_lower_bound_pp=fv.get("worst_lower_bound_pp"))
+    worst = fv.get("worst_point")      # the point with the lowest lower bound
+    if worst:
+        head.update(gate_curve_worst_diff_pp=worst["diff_pp"],
+                    gate_curve_worst_se_pp=worst["se_pp"],
+                    gate_curve_worst_at_rounds=worst["mean_rounds"])
+    last_p = _predictor_summary(res[-1])
+    if last_p:
+        head.update(predictor_label_rate=last_p["test"]["label_rate"],
+                    predictor_fire_rate=last_p["test"]["fire_rate"],
+                    predictor_generation_fire_rate=last_p["generation_fire_rate"],
+                    n_plus_2_quality=last_p["quality"],
+                    n_plus_2_mean_rounds=last_p["mean_rounds"],
+                    n_plus_2_vs_q_exit_pp=last_p["diff_vs_q_exit_pp"],
+                    n_plus_2_vs_q_exit_se_pp=last_p["diff_vs_q_exit_se_pp"],
+                    n_plus_2_vs_q_exit_z=last_p["diff_vs_q_exit_z"])
+    last_d = _draft_summary(res[-1])
+    if last_d:
+        head.update(draft_tau=last_d["tau"], draft_k=last_d["k"],
+                    draft_tau_shallow=last_d["tau_shallow"],
+                    draft_speedup_vs_target=last_d["speedup_vs_target"])
+    full = full_depth_row(rows, state.model.config.num_rounds)
+    if full:
+        head.update(full_depth_quality=full["quality"],
+                    full_depth_tokens_per_s=full["tokens_per_s"])
+    return head
+
+
 def loop_metrics(state: LoopState) -> dict[str, Any]:
     res = state.results
     per_iter = []
@@ -112,37 +225,20 @@ def loop_metrics(state: LoopState) -> dict[str, Any]:
             "iteration": r["iteration"], "rollout_weight_versions": r["rollout_weight_versions"],
             "trace_weight_versions": r["trace_weight_versions"],
             "new_weight_version": r["new_weight_version"], "trace_tokens": r["trace_tokens"],
+            "rollout_kinds": r.get("rollout_kinds"),
             "gate_loss_before": g["loss_before"], "gate_loss_after": g["loss_after"],
             "gate_val_loss_before": g.get("val_before"), "gate_val_loss_after": g.get("val_after"),
             "gate_best_step": g.get("best_step"), "gate_accepted": g.get("accepted", True),
             "gate_validation_passed": g.get("validation_passed"),
-            "gate_reasons": g.get("reasons", []),
+            "gate_injected": g.get("injected"), "gate_reasons": g.get("reasons", []),
             "exit_predictor": _predictor_summary(r), "draft_head": _draft_summary(r),
             "started": r["started"], "seconds": r["seconds"]})
-    headline = {"iterations": len(res), "final_weight_version": state.llm.get_weight_version()}
-    gate_curve = gate_curve_report(res, state.cfg.curve_z)
-    if res:
-        def best(rows):  # quality at the lowest threshold's mean depth
-            first = min((x for x in rows if x.get("threshold") is not None),
-                        key=lambda x: x["threshold"])
-            return first["quality"], first["mean_rounds"]
-        q0, d0 = best(res[0]["before"]["rows"])
-        q1, d1 = best(res[-1]["after"]["rows"])
-        headline.update({"quality_v0_lowest_t": q0, "mean_rounds_v0_lowest_t": d0,
-                         "quality_final_lowest_t": q1, "mean_rounds_final_lowest_t": d1,
-                         "gate_curve_no_worse": gate_curve["no_worse"]})
-        worst = gate_curve["final_vs_v0"].get("worst_point")
-        if worst:
-            headline.update(gate_curve_worst_diff_pp=worst["diff_pp"],
-                            gate_curve_worst_se_pp=worst["se_pp"],
-                            gate_curve_worst_at_rounds=worst["mean_rounds"])
-        last_p = _predictor_summary(res[-1])
-        if last_p:
-            headline.update(lookahead_quality=last_p["quality"],
-                            lookahead_mean_rounds=last_p["mean_rounds"])
-        last_d = _draft_summary(res[-1])
-        if last_d:
-            headline.update(draft_tau=last_d["tau"], draft_tau_shallow=last_d["tau_shallow"])
-    return {"headline": headline, "iterations": per_iter, "curves": curves(res),
-            "gate_curve": gate_curve, "resumed_from": state.resumed_from,
-            "eval_problems": len(state.problems), "config": asdict(state.cfg)}
+    gate_curve = gate_curve_report(res, state.cfg.curve_z, state.cfg.noninferiority_margin_pp)
+    rows = curves(res)
+    return {"headline": _headline(state, gate_curve, rows), "iterations": per_iter,
+            "curves": rows, "speedups": speedups(rows, state.model.config.num_rounds),
+            "gate_curve": gate_curve, "load_average": {
+                "start": state.load_average_start, "end": list(os.getloadavg()),
+                "cpus": os.cpu_count()},
+            "resumed_from": state.resumed_from, "eval_problems": len(state.problems),
+            "config": asdict(state.cfg)}

@@ -10,7 +10,7 @@ import safetensors.torch
 import torch
 import torch.nn.functional as F
 
-from rltlab.loop.config import GATE_BIAS, GATE_WEIGHT, LoopConfig
+from rltlab.loop.config import GATE_BIAS, GATE_WEIGHT, INJECTED_CANDIDATES, LoopConfig
 
 
 def stage2_targets(ce: torch.Tensor, slope: float = 50.0, margin: float = 0.005) -> torch.Tensor:
@@ -119,10 +119,30 @@ def trace_gate_curve(gate_state: dict[str, torch.Tensor], hidden: torch.Tensor,
     return points
 
 
+INJECTED_EXIT_ROUND1_BIAS = 30.0    # sigmoid(30) = 1 - 1e-13: lambda_1 > any threshold < 1
+
+
+def injected_candidate(kind: str, current: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The test hook's candidate (rltlab.loop.config.INJECTED_CANDIDATES) from the current gate."""
+    if kind not in INJECTED_CANDIDATES:
+        raise ValueError(f"inject_candidate must be one of {INJECTED_CANDIDATES} or None, got "
+                         f"{kind!r}")
+    state = {k: v.clone() for k, v in current.items()}
+    if kind == "exit_round1":    # logit 30 for every token at every round, whatever h_r
+        state[GATE_WEIGHT] = torch.zeros_like(state[GATE_WEIGHT])
+        state[GATE_BIAS] = torch.full_like(state[GATE_BIAS], INJECTED_EXIT_ROUND1_BIAS)
+    return state
+
+
 def train_gate_on_traces(model, trace_dir: str | os.PathLike, cfg: LoopConfig) -> dict[str, Any]:
     """Stage II on one iteration's traces with a prompt-level validation split; decides
     whether the candidate is accepted (see the module docstring). "state" is the gate to push:
-    the candidate if accepted, else the current gate ("candidate_state" is the trained one)."""
+    the candidate if accepted, else the current gate ("candidate_state" is the trained one, or
+    the injected one under cfg.inject_candidate).
+
+    Accepted iff, on the validation prompts, (1) its Stage II BCE is not higher than the
+    current gate's and (2) its teacher-forced quality-vs-depth curve is no worse (no point
+    lower by more than cfg.curve_z paired SE). A neutral candidate (the current gate) passes."""
     from rltlab.eval.curves import compare_curves
     from rltlab.exit_predictor.train import split_by_prompt
     from rltlab.traces import load_traces, read_manifest
@@ -149,6 +169,11 @@ def train_gate_on_traces(model, trace_dir: str | os.PathLike, cfg: LoopConfig) -
                      val=(tr["hidden"][val_m], ce[val_m], tr["round_mask"][val_m])
                      if bool(val_m.any()) else None,
                      eval_every=cfg.gate_eval_every, patience=cfg.gate_patience)
+    if cfg.inject_candidate is not None:
+        res["state"] = injected_candidate(cfg.inject_candidate, current)
+        res["injected"] = cfg.inject_candidate
+        if bool(val_m.any()):
+            res["val_after"] = _val_bce(res["state"], tr, ce, val_m, cfg)
     res["val_prompts"] = int(len(torch.unique(pid[val_m]))) if bool(val_m.any()) else 0
     res["train_prompts"] = n_prompts - res["val_prompts"]
     reasons = []
@@ -159,8 +184,8 @@ def train_gate_on_traces(model, trace_dir: str | os.PathLike, cfg: LoopConfig) -
                              trace_gate_curve(res["state"], *args), z=cfg.curve_z)
         res["val_curve_check"] = {k: cmp[k] for k in ("no_worse", "worst_point", "points",
                                                       "n", "z")}
-        if not res["val_after"] < res["val_before"]:
-            reasons.append(f"validation Stage II BCE not lower ({res['val_after']:.5f} vs "
+        if res["val_after"] > res["val_before"]:
+            reasons.append(f"validation Stage II BCE higher ({res['val_after']:.5f} vs "
                            f"{res['val_before']:.5f} for the current gate)")
         if cmp["no_worse"] is False:
             w = cmp["worst_point"]
@@ -177,6 +202,17 @@ def train_gate_on_traces(model, trace_dir: str | os.PathLike, cfg: LoopConfig) -
     if not res["accepted"]:
         res["state"] = current
     return res
+
+
+def _val_bce(state: dict[str, torch.Tensor], tr: dict[str, torch.Tensor], ce: torch.Tensor,
+             val_m: torch.Tensor, cfg: LoopConfig) -> float:
+    """Validation Stage II BCE of a gate state (as train_gate computes it)."""
+    gate = torch.nn.Linear(state[GATE_WEIGHT].shape[1], 1)
+    gate.load_state_dict({"weight": state[GATE_WEIGHT], "bias": state[GATE_BIAS]})
+    target = 1.0 - stage2_targets(ce[val_m].float(), cfg.slope, cfg.margin)
+    with torch.no_grad():
+        return float(_stage2_bce(gate, tr["hidden"][val_m].float(), target,
+                                 tr["round_mask"][val_m].bool()))
 
 
 # ----------------------------------------------------------------------------- weights

@@ -1,0 +1,134 @@
+"""The loop's gate-update verdict (non-inferiority margin, "gate unchanged" apart from "no
+worse"), its speed-vs-depth rows and rollout mix; and, on the embedded model v2, that a bad gate
+is caught: rejected by validation (the gate stays), and called "worse" on the held-out problems
+when it is pushed anyway."""
+import json
+from pathlib import Path
+
+import pytest
+
+from rltlab.loop import UNCHANGED, LoopConfig, gate_verdict, rollout_problems, speedups
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / \
+    "10_rollout_update_evaluate.ipynb"
+
+
+def _cmp(diffs_ses):
+    return {"points": [{"mean_rounds": 1.0 + i, "before": 90.0, "after": 90.0 + d,
+                        "diff_pp": d, "se_pp": se} for i, (d, se) in enumerate(diffs_ses)]}
+
+
+def test_gate_verdict_margin():
+    margin = 3.0
+    # lower bound diff - 2 SE at every point >= -3: no worse (boundary included)
+    assert gate_verdict(_cmp([(0.0, 1.0), (-1.0, 1.0)]), [True], margin)["verdict"] == "no worse"
+    # -1 - 2 * 1.5 = -4 < -3 but -1 + 3 > -3: the data cannot tell
+    assert gate_verdict(_cmp([(0.0, 0.0), (-1.0, 1.5)]), [True], margin)["verdict"] == \
+        "inconclusive"
+    # upper bound -10 + 2 * 2 = -6 < -3 at one point: worse
+    res = gate_verdict(_cmp([(0.0, 0.5), (-10.0, 2.0)]), [True], margin)
+    assert res["verdict"] == "worse" and res["worst_point"]["diff_pp"] == -10.0
+    assert res["worst_lower_bound_pp"] == pytest.approx(-14.0)
+    # SE 0: the difference itself against the margin
+    assert gate_verdict(_cmp([(-2.5, 0.0)]), [True], margin)["verdict"] == "no worse"
+    assert gate_verdict(_cmp([(-3.5, 0.0)]), [True], margin)["verdict"] == "worse"
+    # the margin is what decides: the same data, a wider margin
+    assert gate_verdict(_cmp([(-1.0, 1.5)]), [True], 5.0)["verdict"] == "no worse"
+    # no candidate pushed: nothing is claimed, whatever the (identical) curves say
+    for accepted in ([False], [False, False]):
+        res = gate_verdict(_cmp([(0.0, 0.0)]), accepted, margin)
+        assert res["verdict"] == UNCHANGED and "worst_point" not in res
+    assert gate_verdict(_cmp([(0.0, 0.0)]), [False, True], margin)["verdict"] == "no worse"
+    assert gate_verdict({"points": [], "why": "no overlap"}, [True], margin)["verdict"] == \
+        "inconclusive"
+
+
+def test_speedups_relative_to_full_depth_of_version_0():
+    rows = [
+        {"policy": "v0 fixed", "setting": "depth=1", "depth": 1, "threshold": None,
+         "weight_version": 0, "mean_rounds": 1.0, "quality": 30.0, "tokens_per_s": 300.0,
+         "key": "v0 fixed depth=1"},
+        {"policy": "v0 q_exit", "setting": "t=1", "depth": None, "threshold": 1.0,
+         "weight_version": 0, "mean_rounds": 4.0, "quality": 95.0, "tokens_per_s": 100.0,
+         "key": "v0 q_exit t=1"},
+        {"policy": "v1 q_exit", "setting": "t=0.5", "depth": None, "threshold": 0.5,
+         "weight_version": 1, "mean_rounds": 1.7, "quality": 90.0, "tokens_per_s": 150.0,
+         "key": "v1 q_exit t=0.5"},
+        {"policy": "v1 q_exit", "setting": "t=1", "depth": None, "threshold": 1.0,
+         "weight_version": 1, "mean_rounds": 4.0, "quality": 95.0, "tokens_per_s": 80.0,
+         "key": "v1 q_exit t=1"},
+        {"policy": "old", "setting": "x", "weight_version": 1, "mean_rounds": 2.0,
+         "quality": 50.0, "key": "old x"}]                   # no tok/s: left out
+    out = {(r["policy"], r["setting"]): r["speedup"] for r in speedups(rows, 4)}
+    assert out == {("v0 fixed", "depth=1"): 3.0, ("v0 q_exit", "t=1"): 1.0,
+                   ("v1 q_exit", "t=0.5"): 1.5, ("v1 q_exit", "t=1"): 0.8}
+    rows.append({"policy": "v0 fixed", "setting": "depth=4", "depth": 4, "threshold": None,
+                 "weight_version": 0, "mean_rounds": 4.0, "quality": 95.0,
+                 "tokens_per_s": 120.0, "key": "v0 fixed depth=4"})
+    assert {r["reference"] for r in speedups(rows, 4)} == {"v0 fixed depth=4"}
+    assert speedups(rows[2:4], 4) == []                       # no version-0 full depth
+
+
+def test_rollout_mix():
+    from tokenizers import Tokenizer
+    from rltlab.common.paths import embedded_model_dir
+    from rltlab.eval.problems import rollout_prompts
+    tok = Tokenizer.from_file(str(embedded_model_dir() / "tokenizer.json"))
+    prompts, problems = rollout_problems(tok, LoopConfig(rollout_prompts=20,
+                                                         rollout_hops_share=0.9), k=1)
+    assert [p["kind"] for p in problems] == ["hops", "arith"] * 2 + ["hops"] * 16
+    assert len(prompts) == 20 and len({p["question"] for p in problems}) == 20
+    # share 0.5 is the mixed set of rltlab.eval.problems.rollout_prompts
+    assert rollout_problems(tok, LoopConfig(rollout_prompts=7), k=3) == \
+        rollout_prompts(tok, 7, seed=3)
+    assert [p["kind"] for p in rollout_problems(
+        tok, LoopConfig(rollout_prompts=4, rollout_hops_share=0.0), k=0)[1]] == ["arith"] * 4
+
+
+def test_loop_config_refuses_bad_settings():
+    with pytest.raises(ValueError, match="rollout_hops_share"):
+        LoopConfig(rollout_hops_share=1.5)
+    with pytest.raises(ValueError, match="noninferiority_margin_pp"):
+        LoopConfig(noninferiority_margin_pp=-1.0)
+    with pytest.raises(ValueError, match="inject_candidate"):
+        LoopConfig(inject_candidate="worse")
+
+
+def _run(params, run_dir):
+    from rltlab.workbench import runs
+    run_dir = runs.execute_notebook(NOTEBOOK, params, run_dir=run_dir, progress=False)
+    return json.loads((Path(run_dir) / "metrics.json").read_text()), Path(run_dir)
+
+
+def test_bad_gate_is_caught_on_model_v2(tmp_path):
+    """Embedded model v2 (k-hop exact match rises with rounds): the injected gate that exits
+    every token at round 1 is rejected by validation (the gate stays, verdict UNCHANGED); pushed
+    anyway (GATE_KEEP_WORSE) the held-out verdict calls it "worse" at the default margin."""
+    from rltlab.loop import GATE_BIAS, GATE_WEIGHT, load_gate
+
+    params = {"ITERATIONS": 1, "ROLLOUT_PROMPTS": 10, "MAX_TOKENS": 4, "EVAL_PROBLEMS": 60,
+              "THRESHOLDS": [0.5, 1.0], "DEPTHS": [], "GATE_STEPS": 20,
+              "INJECT_CANDIDATE": "exit_round1", "TRAIN_EXIT_PREDICTOR": False,
+              "TRAIN_DRAFT_HEAD": False}
+    m, run_dir = _run(params, tmp_path / "rejected")
+    it = m["iterations"][0]
+    assert it["gate_accepted"] is False and it["gate_validation_passed"] is False
+    assert any("BCE higher" in r for r in it["gate_reasons"])
+    assert m["headline"]["gate_verdict"] == UNCHANGED == m["gate_curve"]["verdict"]
+    kept = load_gate(run_dir / "iter_0" / "gate.safetensors")
+    assert float(kept[GATE_BIAS].abs().max()) < 30 and bool(kept[GATE_WEIGHT].any())
+
+    m, run_dir = _run({**params, "GATE_KEEP_WORSE": True}, tmp_path / "pushed")
+    it = m["iterations"][0]
+    assert it["gate_accepted"] is True and it["gate_validation_passed"] is False
+    pushed = load_gate(run_dir / "iter_0" / "gate.safetensors")
+    assert bool((pushed[GATE_BIAS] == 30.0).all())
+    after = next(c for c in m["curves"] if c["policy"] == "v1 q_exit" and c["threshold"] == 0.5)
+    assert after["mean_rounds"] == 1.0                     # every decode token at round 1
+    before = next(c for c in m["curves"] if c["policy"] == "v0 q_exit" and c["threshold"] == 0.5)
+    assert before["mean_rounds"] > 1.2 and before["quality"] > after["quality"]
+    gc = m["gate_curve"]
+    assert gc["verdict"] == "worse" == m["headline"]["gate_verdict"]
+    worst = gc["final_verdict"]["worst_point"]
+    assert worst["diff_pp"] + 2 * worst["se_pp"] < -m["headline"]["gate_margin_pp"]
+    assert gc["gates_accepted"] == [True] and worst["before"] - worst["after"] > 10
