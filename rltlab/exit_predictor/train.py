@@ -162,7 +162,8 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
     """Train, calibrate and evaluate one predictor per decision round N; writes (rank 0)
     OUT/n{N}/ checkpoints and OUT/metrics.json. Returns the metrics (on every rank).
     N = 0 (decide before round 1 from features.ROUND0_BLOCKS) needs the base `model` (its
-    embedding; its hash must equal the traces') and uses tokens of output index >= 2."""
+    embedding; its hash must equal the traces') and uses tokens of output index >= 2, plus
+    output index 1 when the trace directory holds prefill states (data.PREFILL_FILE)."""
     from rltlab.common.distributed import get_state
     from rltlab.exit_predictor.model import load_predictor, read_predictor_manifest
     from rltlab.common.atomic import write_json_atomic
@@ -178,6 +179,7 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
     spec = label_spec(label, eps, margin)
     train_m, calib_m, test_m = split_by_prompt(tr["prompt_id"], seed=seed)
     oracle = oracle_rounds(tr)
+    prefill, prefill_digest = _prefill_states(trace_dir) if 0 in rounds else (None, None)
     out = Path(out_dir)
     per_round = []
     blocks = check_round0_blocks(round0_features)
@@ -188,7 +190,7 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
                              f"N + k <= R = {R}")
         keep = torch.ones(len(oracle), dtype=torch.bool)
         if n == 0:
-            x, keep = trace_round0_features(tr, _embedding(model, info), blocks)
+            x, keep = trace_round0_features(tr, _embedding(model, info), blocks, prefill)
         else:
             x = trace_features(tr, n)
         y = make_labels(tr, exit_round, spec)[keep]
@@ -199,6 +201,8 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
                     "weight_version": info["weight_version"]}
         if n == 0:
             training["round0_features"] = list(blocks)
+            if prefill is not None:   # output index 1 rows included (their prefill state)
+                training["prefill_states"] = prefill_digest
         ckpt = out / f"n{n}"
         if resume and (ckpt / "manifest.json").is_file() and \
                 read_predictor_manifest(ckpt).get("training") == _jsonable(training):
@@ -278,6 +282,17 @@ def _embedding(model, info: dict[str, Any]) -> torch.Tensor:
         raise ValueError(f"the model's hash {model_hash(model)!r} is not the traces' "
                          f"{info['model_hash']!r}: load the model the traces were made with")
     return model.model.embed_tokens.weight.detach().float().cpu()
+
+
+def _prefill_states(trace_dir) -> tuple[dict[str, torch.Tensor] | None, str | None]:
+    """The trace directory's prefill states (output index 1's previous state) and the
+    sha256 of their file, or (None, None)."""
+    from rltlab.exit_predictor.data import PREFILL_FILE, read_prefill_states
+
+    states = read_prefill_states(trace_dir)
+    if states is None:
+        return None, None
+    return states, hashlib.sha256((Path(trace_dir) / PREFILL_FILE).read_bytes()).hexdigest()
 
 
 def _jsonable(obj: Any) -> Any:
