@@ -159,3 +159,16 @@ def test_merge_keeps_a_repeated_setting_once_and_refuses_a_different_one():
     b["scores"][d4["key"]] = [1, 0, 0]
     with pytest.raises(ValueError, match="scored differently"):
         pareto.merge_results([a, b])
+
+
+def test_per_kind_splits_em_and_rounds_by_problem_kind():
+    res = {"problem_set": [{"kind": "hops", "hops": 2}, {"kind": "arith"},
+                           {"kind": "hops", "hops": 3}],
+           "arithmetic": [{"policy": "p", "setting": "s", "key": "p s"}],
+           "scores": {"p s": [1.0, 0.0, 0.0]},
+           "executed_rounds": {"p s": [[4, 4, 2], [4, 2, 2, 3], [4, 3]]}}
+    (row,) = pareto.per_kind(res)
+    assert row["hops"] == {"em": 50.0, "mean_rounds": pytest.approx(3.0),
+                           "index1_rounds": pytest.approx(3.5)}
+    assert row["arith"]["mean_rounds"] == pytest.approx(7 / 3) and row["arith"]["em"] == 0
+    assert row["hops=2"]["index1_rounds"] == 4 and row["n"]["hops=3"] == 1

@@ -86,3 +86,19 @@ def test_round0_training_uses_output_index_1(model, traced, tmp_path):
     assert manifest["rows_used"] == info["num_tokens"]
     assert len(manifest["training"]["prefill_states"]) == 64     # sha256 of the file
     assert metrics["per_round"][0]["exit_round"] == 2
+
+
+def test_round0_previous_state_from_another_round(model, traced):
+    tr, _ = load_training_data(traced)
+    emb = model.model.embed_tokens.weight.detach().float()
+    blocks = ("embed", "prev_stats", "prev_hidden")
+    x, keep = feat.trace_round0_features(tr, emb, blocks, prev_round=2)
+    prev = feat.previous_rows(tr)[keep]
+    H = emb.shape[1]
+    assert torch.equal(x[:, -H:], tr["hidden"][prev, 1].float())
+    assert torch.equal(x[:, H], tr["top1_prob"][prev, 1].float())
+    x4, _ = feat.trace_round0_features(tr, emb, blocks)
+    assert torch.equal(x4[:, -H:], tr["hidden"][prev, R - 1].float())
+    assert not torch.equal(x4, x)
+    with pytest.raises(ValueError, match="prev_round"):
+        feat.trace_round0_features(tr, emb, blocks, prev_round=R + 1)

@@ -162,19 +162,25 @@ def previous_rows(traces: Mapping[str, torch.Tensor]) -> torch.Tensor:
 
 def trace_round0_features(traces: Mapping[str, torch.Tensor], embed_weight: torch.Tensor,
                           blocks: tuple[str, ...] = DEFAULT_ROUND0_BLOCKS,
-                          prefill: Mapping[str, torch.Tensor] | None = None
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+                          prefill: Mapping[str, torch.Tensor] | None = None,
+                          prev_round: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(features [T', F], keep bool [T]) at round 0 from teacher-mode traces: token t's input
     is the token emitted by the previous traced position, whose round-R distribution (the one
     it was sampled from in teacher mode) gives prev_stats and whose h_R is prev_hidden.
     `prefill` (exit_predictor.data.read_prefill_states: prompt_id, first_token, stats, hidden)
     supplies the previous state of output index 1 (sample 0, greedy first token). Other rows
-    without a previous position are dropped (keep False)."""
+    without a previous position are dropped (keep False). prev_round (default R): the round
+    of the previous traced position whose state stands for the one it exited from (in
+    generation a token that exited at 2 hands on its round-2 state; the prefill is always
+    round R)."""
     prev = previous_rows(traces)
     R = traces["round_mask"].shape[1]
-    hidden = traces["hidden"][:, R - 1].float()
-    stats = torch.stack([traces["top1_prob"][:, R - 1], traces["margin"][:, R - 1],
-                         traces["entropy"][:, R - 1]], dim=-1).float()
+    r = R if prev_round is None else int(prev_round)
+    if not 1 <= r <= R:
+        raise ValueError(f"prev_round must lie in [1, {R}], got {prev_round}")
+    hidden = traces["hidden"][:, r - 1].float()
+    stats = torch.stack([traces["top1_prob"][:, r - 1], traces["margin"][:, r - 1],
+                         traces["entropy"][:, r - 1]], dim=-1).float()
     token_in = traces["token"].long()
     first = torch.full_like(prev, -1)           # row of `prefill` for output index 1
     if prefill is not None:

@@ -155,7 +155,9 @@ def replay_pattern(executed: Sequence[Sequence[int]], length: int) -> dict[str, 
 
 
 def per_kind(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """EM per problem kind (and per k-hop depth) for every setting."""
+    """Per setting and problem kind (and k-hop depth): EM (%), mean executed rounds per
+    decode token, and the mean executed rounds of output index 1 (the first decode token: on
+    k-hop problems the answer digit)."""
     probs = results["problem_set"]
     groups: dict[str, list[int]] = {}
     for i, p in enumerate(probs):
@@ -164,10 +166,17 @@ def per_kind(results: dict[str, Any]) -> list[dict[str, Any]]:
             groups.setdefault(f"hops={p['hops']}", []).append(i)
     out = []
     for row in results["arithmetic"]:
-        s = np.asarray(results["scores"][_row_key(row)], dtype=float)
-        out.append({"key": _row_key(row), **{g: 100 * float(s[ix].mean())
-                                             for g, ix in groups.items()},
-                    "n": {g: len(ix) for g, ix in groups.items()}})
+        key = _row_key(row)
+        s = np.asarray(results["scores"][key], dtype=float)
+        ex = results["executed_rounds"][key]
+        entry: dict[str, Any] = {"key": key, "n": {g: len(ix) for g, ix in groups.items()}}
+        for g, ix in groups.items():
+            decode = [d for i in ix for d in ex[i][1:]]
+            first = [ex[i][1] for i in ix if len(ex[i]) > 1]
+            entry[g] = {"em": 100 * float(s[ix].mean()),
+                        "mean_rounds": float(np.mean(decode)) if decode else math.nan,
+                        "index1_rounds": float(np.mean(first)) if first else math.nan}
+        out.append(entry)
     return out
 
 
@@ -180,16 +189,40 @@ PREDICTOR_COLORS = ("tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:o
 
 def plot_pareto(results: dict[str, Any], analysis: dict[str, dict], out_dir, stem: str
                 ) -> list[Path]:
-    """Left: EM vs mean executed rounds, error bars = paired SE vs fixed depth R. Right: each
-    predictor point's paired difference against the best Q-exit mixture at the same mean
-    rounds, error bars = 2 SE."""
+    """Left: EM vs mean executed rounds, error bars = paired SE vs fixed depth R; middle: the
+    same, zoomed on the top; right: each predictor point's paired difference against the best
+    Q-exit mixture at the same mean rounds, error bars = 2 SE."""
     import matplotlib.pyplot as plt
 
     from rltlab.eval.plots import save_figure
 
     rows, R = results["arithmetic"], int(results["reference"].split("=")[-1])
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5.2))
+    fig, (ax, zx, bx) = plt.subplots(1, 3, figsize=(18, 5.4))
     colors = dict(zip(analysis, PREDICTOR_COLORS))
+    for axis in (ax, zx):
+        _quality_panel(axis, rows, R, analysis, colors)
+    top = max(r["quality"] for r in rows)
+    zx.set_ylim(top - 12, top + 2.5)
+    zx.set_xlim(1.9, R + 0.1)
+    zx.set_title("zoom", fontsize=9)
+    zx.get_legend().remove()
+    ax.set_title(f"Real generation (LAST_EXITED), {results['problems']} problems; "
+                 f"bars: paired SE vs depth {R}", fontsize=9)
+    for label, res in analysis.items():
+        pts = [p for p in res["vs_q_exit"]["points"] if not math.isnan(p["diff_pp"])]
+        bx.errorbar([p["mean_rounds"] for p in pts], [p["diff_pp"] for p in pts],
+                    yerr=[2 * p["se_pp"] for p in pts], color=colors[label], marker="o",
+                    capsize=3, label=label)
+    bx.axhline(0, color="black", lw=0.8)
+    bx.set_xlabel("mean executed rounds per decode token")
+    bx.set_ylabel("EM minus best Q-exit mixture at equal rounds (pp)")
+    bx.set_title("Predictor vs Q-exit at equal mean rounds (paired, bars: 2 SE)", fontsize=9)
+    bx.grid(alpha=0.3)
+    bx.legend(fontsize=8)
+    return save_figure(fig, out_dir, stem)
+
+
+def _quality_panel(ax, rows, R, analysis, colors) -> None:
     for policy in dict.fromkeys(r["policy"] for r in rows):
         pts = sorted((r for r in rows if r["policy"] == policy), key=lambda r: r["mean_rounds"])
         color, marker = STYLE.get(policy, (colors.get(policy, "tab:cyan"), "o"))
@@ -212,22 +245,8 @@ def plot_pareto(results: dict[str, Any], analysis: dict[str, dict], out_dir, ste
                 color="tab:blue", alpha=0.5, label="Q-exit envelope (mixtures)")
     ax.set_xlabel("mean executed rounds per decode token")
     ax.set_ylabel("exact match (%), mixed held-out set")
-    ax.set_title(f"Real generation (LAST_EXITED), {results['problems']} problems; "
-                 "bars: paired SE vs depth 4", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
-    for label, res in analysis.items():
-        pts = [p for p in res["vs_q_exit"]["points"] if not math.isnan(p["diff_pp"])]
-        bx.errorbar([p["mean_rounds"] for p in pts], [p["diff_pp"] for p in pts],
-                    yerr=[2 * p["se_pp"] for p in pts], color=colors[label], marker="o",
-                    capsize=3, label=label)
-    bx.axhline(0, color="black", lw=0.8)
-    bx.set_xlabel("mean executed rounds per decode token")
-    bx.set_ylabel("EM minus best Q-exit mixture at equal rounds (pp)")
-    bx.set_title("Predictor vs Q-exit at equal mean rounds (paired, bars: 2 SE)", fontsize=9)
-    bx.grid(alpha=0.3)
-    bx.legend(fontsize=8)
-    return save_figure(fig, out_dir, stem)
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -254,6 +273,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--figures", default=None, help="directory of the Pareto figure")
     ap.add_argument("--stem", default="n_plus_2_pareto")
     ap.add_argument("--max-loss-pp", type=float, default=0.5)
+    ap.add_argument("--hist", action="append", default=[],
+                    help="'POLICY SETTING' in the depth histogram (repeatable; default depth R, "
+                         "the oracle and each predictor's savings point)")
     ap.add_argument("--pattern", default=None, help="write the replay pattern here")
     ap.add_argument("--pattern-setting", default=None,
                     help="'POLICY SETTING' to replay (default: the first predictor's "
@@ -267,8 +289,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"analysis": analysis, "per_kind": per_kind(results),
                            "commands": args.command, "inputs": args.results}
     if args.figures:
-        out["figures"] = [str(p) for p in plot_pareto(results, analysis, args.figures,
-                                                       args.stem)]
+        from rltlab.eval.plots import plot_depth_histogram
+
+        paths = plot_pareto(results, analysis, args.figures, args.stem)
+        R = int(results["reference"].split("=")[-1])
+        keys = args.hist or [results["reference"], "oracle oracle"] + [
+            f"{label} {res['savings']['point']['setting']}" for label, res in analysis.items()
+            if res["savings"].get("point")]
+        hist = {k: next(r["executed_hist"] for r in results["arithmetic"] if _row_key(r) == k)
+                for k in keys}
+        paths += plot_depth_histogram(hist, args.figures, num_rounds=R,
+                                      title="Rounds per decode token (oracle: selected)",
+                                      stem=f"{args.stem}_depth_hist")
+        out["figures"] = [str(p) for p in paths]
     if args.pattern:
         key = args.pattern_setting or _savings_key(analysis[args.predictor[0]])
         if key not in results["executed_rounds"]:
