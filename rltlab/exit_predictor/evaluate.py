@@ -51,11 +51,18 @@ def default_settings(R: int, lookahead: dict[str, dict[str, Any]], *,
                      kl_eps: Sequence[float] = (1e-4, 1e-3, 0.01, 0.1, 0.5),
                      lookahead_thresholds: Sequence[float] | dict[str, Sequence[float]] = (
                          0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99),
-                     oracle_min_rounds: Sequence[int] = ()) -> list[dict[str, Any]]:
+                     oracle_min_rounds: Sequence[int] = (),
+                     select_only_thresholds: Sequence[float] = (),
+                     lookahead_args: dict[str, dict[str, Any]] | None = None
+                     ) -> list[dict[str, Any]]:
     """(policy label, setting, engine policy name, exit_policy_args, Q threshold) rows.
     lookahead: label -> {"name": registered policy, "threshold": calibrated threshold};
     lookahead_thresholds: one list for all, or label -> list. oracle_min_rounds: the floored
-    oracle ("oracle_floor": exit at max(m, the oracle's round)) for each m."""
+    oracle ("oracle_floor": exit at max(m, the oracle's round)) for each m.
+    select_only_thresholds: Q-exit under EngineConfig.exit_semantics="select_only" (policy
+    "select_only": every token runs all R rounds, the output comes from the exit round).
+    lookahead_args: label -> extra exit_policy_args of all its settings (e.g. a chained
+    predictor's {"then_threshold": 0.9})."""
     rows = [{"policy": "fixed", "setting": f"depth={d}", "name": "fixed",
              "args": {"depth": d}, "threshold": None}
             for d in (depths if depths is not None else range(1, R + 1))]
@@ -67,6 +74,8 @@ def default_settings(R: int, lookahead: dict[str, dict[str, Any]], *,
               "args": {"eps": e}, "threshold": None} for e in delta_eps]
     rows += [{"policy": "successive_kl", "setting": f"eps={e:g}", "name": "successive_kl",
               "args": {"eps": e}, "threshold": None} for e in kl_eps]
+    rows += [{"policy": "select_only", "setting": f"t={t:g}", "name": "q_exit", "args": {},
+              "threshold": t, "select_only": True} for t in select_only_thresholds]
     rows.append({"policy": "oracle", "setting": "oracle", "name": None, "args": {},
                  "threshold": None})
     rows += [{"policy": "oracle_floor", "setting": f"min={m}", "name": None,
@@ -75,8 +84,9 @@ def default_settings(R: int, lookahead: dict[str, dict[str, Any]], *,
         extra = lookahead_thresholds.get(label, ()) if isinstance(lookahead_thresholds, dict) \
             else lookahead_thresholds
         thrs = sorted(set(extra) | {round(float(spec["threshold"]), 4)})
+        extra_args = (lookahead_args or {}).get(label, {})
         rows += [{"policy": label, "setting": f"p>={t:g}", "name": spec["name"],
-                  "args": {"threshold": t}, "threshold": None,
+                  "args": {**extra_args, "threshold": t}, "threshold": None,
                   "calibrated": abs(t - round(float(spec["threshold"]), 4)) < 1e-9}
                  for t in thrs]
     return rows
@@ -84,9 +94,14 @@ def default_settings(R: int, lookahead: dict[str, dict[str, Any]], *,
 
 def evaluate_arithmetic_settings(model, tokenizer, llm, problems: Sequence[dict],
                                  settings: Sequence[dict[str, Any]], *, max_tokens: int = 40,
-                                 progress: bool = False) -> tuple[list[dict], dict[str, list]]:
-    """Real-generation exact match and depth per setting; returns (rows, per-problem scores)."""
-    from rltlab.eval.tasks import engine_generate_fn, evaluate_arithmetic
+                                 progress: bool = False, select_llm=None,
+                                 executed: dict[str, list] | None = None
+                                 ) -> tuple[list[dict], dict[str, list]]:
+    """Real-generation exact match and depth per setting; returns (rows, per-problem scores).
+    Settings marked "select_only" run on `select_llm` (an engine built with
+    exit_semantics="select_only"). `executed`, if given, receives each setting's per-problem
+    executed rounds per output token (key -> list of lists, first output token included)."""
+    from rltlab.eval.tasks import as_gen_output, engine_generate_fn, evaluate_arithmetic
 
     R = model.config.num_rounds
     rows, scores = [], {}
@@ -100,11 +115,18 @@ def evaluate_arithmetic_settings(model, tokenizer, llm, problems: Sequence[dict]
             gen = lambda prompts, m=s["args"].get("min_round", 1): oracle_generate(  # noqa
                 model, prompts, max_tokens, min_round=m)
         else:
-            gen = engine_generate_fn(llm, _params(s["name"], max_tokens, s["args"],
-                                                  s["threshold"]))
-        res = evaluate_arithmetic(gen, tokenizer, problems, num_rounds=R)
+            if s.get("select_only") and select_llm is None:
+                raise ValueError(f"setting {s['policy']} {s['setting']} needs select_llm (an "
+                                 "engine with exit_semantics='select_only')")
+            gen = engine_generate_fn(select_llm if s.get("select_only") else llm,
+                                     _params(s["name"], max_tokens, s["args"], s["threshold"]))
+        outs: list = []
+        res = evaluate_arithmetic(lambda prompts, g=gen: _keep(g(prompts), outs, as_gen_output),
+                                  tokenizer, problems, num_rounds=R)
         key = f"{s['policy']} {s['setting']}"
         scores[key] = res["scores"]
+        if executed is not None:
+            executed[key] = [list(o.executed_depths or o.exit_depths) for o in outs]
         rows.append({"policy": s["policy"], "setting": s["setting"],
                      "quality": 100 * res["exact_match"],
                      "quality_se": 100 * res["exact_match_se"],
@@ -115,6 +137,13 @@ def evaluate_arithmetic_settings(model, tokenizer, llm, problems: Sequence[dict]
                      "calibrated": bool(s.get("calibrated", False)),
                      "seconds": round(time.perf_counter() - start, 2), "key": key})
     return rows, scores
+
+
+def _keep(outputs: list, sink: list, normalize) -> list:
+    """Append the normalized outputs to sink (in order) and return them."""
+    outputs = [normalize(o) for o in outputs]
+    sink.extend(outputs)
+    return outputs
 
 
 def add_paired(rows: list[dict], scores: dict[str, list], reference: str) -> list[dict]:
@@ -278,9 +307,14 @@ def run(model_dir: str | None, predictors: dict[str, str], out_dir: str | Path, 
                             "checkpoint": str(path), "manifest": policy.manifest}
     settings = default_settings(R, lookahead, **(settings_kw or {}))
     probs = eval_problems(mdir, problems)
-    llm = LLM(model, tokenizer, max_num_seqs=min(128, max(1, len(probs))))
+    seqs = min(128, max(1, len(probs)))
+    llm = LLM(model, tokenizer, max_num_seqs=seqs)
+    select_llm = (LLM(model, tokenizer, max_num_seqs=seqs, exit_semantics="select_only")
+                  if any(s.get("select_only") for s in settings) else None)
+    executed: dict[str, list] = {}
     rows, scores = evaluate_arithmetic_settings(model, tokenizer, llm, probs, settings,
-                                                max_tokens=max_tokens, progress=progress)
+                                                max_tokens=max_tokens, progress=progress,
+                                                select_llm=select_llm, executed=executed)
     ref = f"fixed depth={R}"
     add_paired(rows, scores, ref)
     text_rows_t = heldout_text_rows(tokenizer, mdir, 512, text_rows)
@@ -315,7 +349,9 @@ def run(model_dir: str | None, predictors: dict[str, str], out_dir: str | Path, 
                         max_tokens=throughput_tokens, requests_per_slot=requests_per_slot)
     results = {"model_dir": str(mdir), "model_hash": mhash, "problems": len(probs),
                "max_tokens": max_tokens, "reference": ref, "arithmetic": rows, "text": text,
-               "scores": scores,   # per-problem, by row key: the paired comparisons' inputs
+               "problem_set": [{k: p[k] for k in ("kind", "hops", "answer") if k in p}
+                               for p in probs],
+               "scores": scores, "executed_rounds": executed,
                "throughput": tp, "acceptance": accept,
                "predictors": {k: {"checkpoint": v["checkpoint"], "threshold": v["threshold"],
                                   "temperature": v["manifest"]["temperature"],

@@ -33,8 +33,11 @@ Features at round N = 0 (before round 1 of token t runs; ROUND0_BLOCKS, fp32, in
 The previous position's executed depth and gate logits are not used: in teacher-mode traces
 every token ran R rounds (a constant), and in generation the gates after its exit round do not
 exist. The first decode token (output index 1) has no previous traced position (its input
-came from the prefill), so N = 0 training uses output indices >= 2; the engine feeds it the
-prefill's distribution, which is the same kind of state (round R).
+came from the prefill): its previous state is the prefill's (round R of the last prompt
+position, as the engine feeds it), taken from the trace directory's prefill states
+(exit_predictor.data.PREFILL_FILE) when given; without them N = 0 training uses output
+indices >= 2 only. On the k-hop task output index 1 is the answer digit, the one token whose
+depth decides the answer.
 """
 from __future__ import annotations
 
@@ -158,21 +161,47 @@ def previous_rows(traces: Mapping[str, torch.Tensor]) -> torch.Tensor:
 
 
 def trace_round0_features(traces: Mapping[str, torch.Tensor], embed_weight: torch.Tensor,
-                          blocks: tuple[str, ...] = DEFAULT_ROUND0_BLOCKS
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+                          blocks: tuple[str, ...] = DEFAULT_ROUND0_BLOCKS,
+                          prefill: Mapping[str, torch.Tensor] | None = None,
+                          prev_round: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(features [T', F], keep bool [T]) at round 0 from teacher-mode traces: token t's input
     is the token emitted by the previous traced position, whose round-R distribution (the one
-    it was sampled from in teacher mode) gives prev_stats and whose h_R is prev_hidden. Rows
-    without a previous traced position are dropped (keep False)."""
+    it was sampled from in teacher mode) gives prev_stats and whose h_R is prev_hidden.
+    `prefill` (exit_predictor.data.read_prefill_states: prompt_id, first_token, stats, hidden)
+    supplies the previous state of output index 1 (sample 0, greedy first token). Other rows
+    without a previous position are dropped (keep False). prev_round (default R): the round
+    of the previous traced position whose state stands for the one it exited from (in
+    generation a token that exited at 2 hands on its round-2 state; the prefill is always
+    round R)."""
     prev = previous_rows(traces)
-    keep = prev >= 0
-    p = prev[keep]
     R = traces["round_mask"].shape[1]
-    tokens = traces["token"][p].long()
-    stats = torch.stack([traces["top1_prob"][p, R - 1], traces["margin"][p, R - 1],
-                         traces["entropy"][p, R - 1]], dim=-1)
-    x = build_round0_features(embed_weight.detach().float()[tokens], stats,
-                              traces["hidden"][p, R - 1], blocks)
+    r = R if prev_round is None else int(prev_round)
+    if not 1 <= r <= R:
+        raise ValueError(f"prev_round must lie in [1, {R}], got {prev_round}")
+    hidden = traces["hidden"][:, r - 1].float()
+    stats = torch.stack([traces["top1_prob"][:, r - 1], traces["margin"][:, r - 1],
+                         traces["entropy"][:, r - 1]], dim=-1).float()
+    token_in = traces["token"].long()
+    first = torch.full_like(prev, -1)           # row of `prefill` for output index 1
+    if prefill is not None:
+        pid = prefill["prompt_id"].long()
+        order = torch.argsort(pid)
+        pos = torch.searchsorted(pid[order], traces["prompt_id"].long()).clamp_max(len(pid) - 1)
+        found = (pid[order][pos] == traces["prompt_id"].long()) & \
+            (traces["output_index"] == 1) & (traces["sample_index"] == 0) & (prev < 0)
+        first = torch.where(found, order[pos], first)
+    keep = (prev >= 0) | (first >= 0)
+    p, f = prev[keep], first[keep]
+    use_first = f >= 0
+    src = torch.where(use_first, 0, p)
+    tokens, prev_stats, prev_hidden = token_in[src], stats[src], hidden[src]
+    if bool(use_first.any()):
+        fr = f[use_first]
+        tokens[use_first] = prefill["first_token"].long()[fr]
+        prev_stats[use_first] = prefill["stats"].float()[fr]
+        prev_hidden[use_first] = prefill["hidden"].float()[fr]
+    x = build_round0_features(embed_weight.detach().float()[tokens], prev_stats, prev_hidden,
+                              blocks)
     return x, keep
 
 

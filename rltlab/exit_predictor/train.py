@@ -158,11 +158,15 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
                       batch_size: int = 256, target_precision: float = 0.95, seed: int = 0,
                       weight_version: int | None = None, cpu: bool | None = None,
                       progress: bool = False, resume: bool = True, model=None,
-                      round0_features: Sequence[str] = DEFAULT_ROUND0_BLOCKS) -> dict[str, Any]:
+                      round0_features: Sequence[str] = DEFAULT_ROUND0_BLOCKS,
+                      round0_prev_round: int | None = None) -> dict[str, Any]:
     """Train, calibrate and evaluate one predictor per decision round N; writes (rank 0)
     OUT/n{N}/ checkpoints and OUT/metrics.json. Returns the metrics (on every rank).
     N = 0 (decide before round 1 from features.ROUND0_BLOCKS) needs the base `model` (its
-    embedding; its hash must equal the traces') and uses tokens of output index >= 2."""
+    embedding; its hash must equal the traces') and uses tokens of output index >= 2, plus
+    output index 1 when the trace directory holds prefill states (data.PREFILL_FILE).
+    round0_prev_round: which round of the previous traced position gives its state (default
+    R; features.trace_round0_features)."""
     from rltlab.common.distributed import get_state
     from rltlab.exit_predictor.model import load_predictor, read_predictor_manifest
     from rltlab.common.atomic import write_json_atomic
@@ -178,6 +182,7 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
     spec = label_spec(label, eps, margin)
     train_m, calib_m, test_m = split_by_prompt(tr["prompt_id"], seed=seed)
     oracle = oracle_rounds(tr)
+    prefill, prefill_digest = _prefill_states(trace_dir) if 0 in rounds else (None, None)
     out = Path(out_dir)
     per_round = []
     blocks = check_round0_blocks(round0_features)
@@ -188,7 +193,8 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
                              f"N + k <= R = {R}")
         keep = torch.ones(len(oracle), dtype=torch.bool)
         if n == 0:
-            x, keep = trace_round0_features(tr, _embedding(model, info), blocks)
+            x, keep = trace_round0_features(tr, _embedding(model, info), blocks, prefill,
+                                            round0_prev_round)
         else:
             x = trace_features(tr, n)
         y = make_labels(tr, exit_round, spec)[keep]
@@ -199,6 +205,10 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
                     "weight_version": info["weight_version"]}
         if n == 0:
             training["round0_features"] = list(blocks)
+            if prefill is not None:   # output index 1 rows included (their prefill state)
+                training["prefill_states"] = prefill_digest
+            if round0_prev_round is not None:
+                training["round0_prev_round"] = int(round0_prev_round)
         ckpt = out / f"n{n}"
         if resume and (ckpt / "manifest.json").is_file() and \
                 read_predictor_manifest(ckpt).get("training") == _jsonable(training):
@@ -230,7 +240,8 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
         manifest = {
             "base_model_hash": info["model_hash"], "hidden_size": info["hidden_size"],
             "num_rounds": R, "decision_round": n, "k": k, "exit_round": exit_round,
-            "label": spec, "features": _feature_spec(n, blocks, int(x.shape[1])),
+            "label": spec, "features": _feature_spec(n, blocks, int(x.shape[1]),
+                                                     round0_prev_round or R),
             "temperature": temperature, "threshold": threshold,
             "target_precision": target_precision, "target_reached": reached,
             "training_data": {k2: info[k2] for k2 in ("trace_dir", "manifest_sha256",
@@ -257,12 +268,14 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
     return metrics
 
 
-def _feature_spec(n: int, blocks: Sequence[str], dim: int) -> dict[str, Any]:
+def _feature_spec(n: int, blocks: Sequence[str], dim: int, prev_round: int = 0
+                  ) -> dict[str, Any]:
     """The manifest's feature description (the engine policy builds its input from it)."""
     if n == 0:
         return {"set": "round0", "blocks": list(blocks), "embed": "embed(token t) = h_0",
                 "prev_stats": ["top1_prob", "margin", "entropy"], "prev_source":
-                "the state the previous position exited from (round R in teacher traces)",
+                f"the state the previous position exited from (in teacher traces: its "
+                f"round {prev_round}; output index 1: the prefill's round R)",
                 "dim": dim}
     return {"set": f"round{n}", "hidden": f"h_{n}", "gate_logits": f"g_1..g_{n}",
             "stats": ["top1_prob", "margin", "entropy"], "dim": dim}
@@ -278,6 +291,17 @@ def _embedding(model, info: dict[str, Any]) -> torch.Tensor:
         raise ValueError(f"the model's hash {model_hash(model)!r} is not the traces' "
                          f"{info['model_hash']!r}: load the model the traces were made with")
     return model.model.embed_tokens.weight.detach().float().cpu()
+
+
+def _prefill_states(trace_dir) -> tuple[dict[str, torch.Tensor] | None, str | None]:
+    """The trace directory's prefill states (output index 1's previous state) and the
+    sha256 of their file, or (None, None)."""
+    from rltlab.exit_predictor.data import PREFILL_FILE, read_prefill_states
+
+    states = read_prefill_states(trace_dir)
+    if states is None:
+        return None, None
+    return states, hashlib.sha256((Path(trace_dir) / PREFILL_FILE).read_bytes()).hexdigest()
 
 
 def _jsonable(obj: Any) -> Any:
@@ -297,6 +321,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     help="base model for N = 0 (its embedding); default: the embedded model")
     ap.add_argument("--round0-features", nargs="+", default=list(DEFAULT_ROUND0_BLOCKS),
                     help="N = 0 feature blocks out of embed, prev_stats, prev_hidden")
+    ap.add_argument("--round0-prev-round", type=int, default=None,
+                    help="N = 0: round of the previous traced position standing for the state "
+                         "it exited from (default R)")
     ap.add_argument("--k", type=int, default=2, help="lookahead: exit at N + k")
     ap.add_argument("--label", default="argmax", choices=["argmax", "kl", "stage2"])
     ap.add_argument("--eps", type=float, default=0.1, help="KL bound of --label kl (nats)")
@@ -326,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         lr=args.lr, batch_size=args.batch_size, target_precision=args.target_precision,
         seed=args.seed, weight_version=args.weight_version, cpu=True if args.cpu else None,
         progress=True, resume=not args.no_resume, model=model,
-        round0_features=args.round0_features)
+        round0_features=args.round0_features, round0_prev_round=args.round0_prev_round)
     from accelerate import PartialState
     if not PartialState().is_main_process:   # the state train_from_traces set up
         return metrics

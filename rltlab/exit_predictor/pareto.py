@@ -1,0 +1,364 @@
+"""Paired comparisons on the quality / mean-executed-rounds plane, from evaluate.run's
+results.json (per-problem scores of every setting on the same problems).
+
+    python -m rltlab.exit_predictor.pareto --results OUT/results.json --predictor n_plus_2 \
+        --out docs/experiments/data/X.json [--figures DIR] [--pattern FILE]
+
+* Q-exit at equal mean rounds. The Q-exit family is its threshold sweep plus its two limits
+  (t = 0: every token exits at round 1 = fixed depth 1; t >= 1: fixed depth R). Any two of its
+  settings can be mixed (each problem served by a at probability w, else by b), so the best
+  Q-exit quality at x mean rounds is the upper concave envelope of the family's points, made
+  non-decreasing (a point with fewer rounds is also allowed). A predictor point at x is paired
+  per problem with that mixture: d_i = s_i - (w a_i + (1 - w) b_i), diff = mean d,
+  se = sd(d) / sqrt(n), z = diff / se. The mixture's mean rounds are w x_a + (1 - w) x_b = x
+  (problem-weighted; the per-token mean differs by how long the answers of a and b are).
+* "beats Q-exit": some point has z >= z_crit and no point has z <= -z_crit.
+* Savings share: the predictor's fewest-rounds point within max_loss_pp of fixed depth R
+  (paired mean difference) against the quality-matched oracle: the oracle-like setting (plain
+  or floored oracle) with the fewest rounds within the same loss. Savings = R - mean rounds.
+  The oracle's rounds are its SELECTED rounds (it executes all R to find them).
+* Replay pattern: the per-decode-token executed rounds of one setting, in problem order
+  (first output token of each problem excluded: it comes from the full-depth prefill), and an
+  evenly spaced subsample of a given length for rltlab.bench.depth_gain --pattern.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from rltlab.eval.metrics import paired_difference
+
+
+def _row_key(row: dict) -> str:
+    return row.get("key") or f"{row['policy']} {row['setting']}"
+
+
+def q_exit_family(rows: Sequence[dict], R: int) -> list[dict]:
+    """The Q-exit sweep plus its limits, fixed depth 1 (t = 0) and fixed depth R (t >= 1)."""
+    limits = {"depth=1", f"depth={R}"}
+    return [r for r in rows if r["policy"] == "q_exit"
+            or (r["policy"] == "fixed" and r["setting"] in limits)]
+
+
+def upper_envelope(points: Sequence[dict]) -> list[dict]:
+    """Vertices of the upper concave hull of (mean_rounds, quality), by mean rounds, cut after
+    the best-quality vertex (beyond it, fewer rounds do at least as well)."""
+    pts = sorted(points, key=lambda r: (r["mean_rounds"], -r["quality"]))
+    hull: list[dict] = []
+    for p in pts:
+        if hull and math.isclose(hull[-1]["mean_rounds"], p["mean_rounds"]):
+            continue           # same x, lower or equal quality (sorted): never on the hull
+        while len(hull) >= 2:
+            (x1, y1), (x2, y2) = ((h["mean_rounds"], h["quality"]) for h in hull[-2:])
+            if (x2 - x1) * (p["quality"] - y1) - (y2 - y1) * (p["mean_rounds"] - x1) >= 0:
+                hull.pop()     # hull[-1] lies on or below the chord hull[-2] -> p
+            else:
+                break
+        hull.append(p)
+    best = max(range(len(hull)), key=lambda i: (hull[i]["quality"], -i)) if hull else -1
+    return hull[:best + 1]
+
+
+def envelope_mixture(envelope: Sequence[dict], x: float) -> list[tuple[dict, float]] | None:
+    """[(setting, weight), ...] of the envelope's best mixture at <= x mean rounds; None
+    when x lies below the envelope's fewest rounds."""
+    if not envelope or x < envelope[0]["mean_rounds"] - 1e-9:
+        return None
+    if x >= envelope[-1]["mean_rounds"] - 1e-9:
+        return [(envelope[-1], 1.0)]
+    for a, b in zip(envelope, envelope[1:]):
+        if a["mean_rounds"] - 1e-9 <= x <= b["mean_rounds"] + 1e-9:
+            w = (b["mean_rounds"] - x) / (b["mean_rounds"] - a["mean_rounds"])
+            return [(a, w), (b, 1.0 - w)]
+    raise AssertionError("unreachable: x lies inside the envelope's range")
+
+
+def compare_at_equal_rounds(rows: Sequence[dict], scores: dict[str, Sequence[float]],
+                            label: str, R: int, z_crit: float = 2.0) -> dict[str, Any]:
+    """Paired difference of every `label` point against the best Q-exit mixture at the same
+    mean rounds (module docstring), and the verdict."""
+    envelope = upper_envelope(q_exit_family(rows, R))
+    points = []
+    for row in sorted((r for r in rows if r["policy"] == label), key=lambda r: r["mean_rounds"]):
+        mix = envelope_mixture(envelope, row["mean_rounds"])
+        entry = {"setting": row["setting"], "mean_rounds": row["mean_rounds"],
+                 "quality": row["quality"]}
+        if mix is None:
+            entry.update(diff_pp=math.nan, se_pp=math.nan, z=math.nan, reference=None)
+        else:
+            ref = sum(w * np.asarray(scores[_row_key(r)], dtype=float) for r, w in mix)
+            d = paired_difference(scores[_row_key(row)], ref)
+            entry.update(diff_pp=100 * d.diff, se_pp=100 * d.se, z=d.z,
+                         q_exit_quality=100 * float(np.mean(ref)),
+                         reference=[{"setting": _row_key(r), "weight": w,
+                                     "mean_rounds": r["mean_rounds"]} for r, w in mix])
+        points.append(entry)
+    zs = [p["z"] for p in points if not math.isnan(p["z"])]
+    return {"policy": label, "z_crit": z_crit, "points": points,
+            "envelope": [_row_key(r) for r in envelope],
+            "best_z": max(zs) if zs else math.nan,
+            "worst_z": min(zs) if zs else math.nan,
+            "beats_q_exit": bool(zs) and max(zs) >= z_crit and min(zs) > -z_crit,
+            "significantly_worse_at": [p["setting"] for p in points
+                                       if not math.isnan(p["z"]) and p["z"] <= -z_crit]}
+
+
+def _fewest_rounds_within(rows: Sequence[dict], policies: Sequence[str],
+                          max_loss_pp: float) -> dict | None:
+    ok = [r for r in rows if r["policy"] in policies and r["diff_pp"] >= -max_loss_pp]
+    return min(ok, key=lambda r: r["mean_rounds"]) if ok else None
+
+
+def savings_share(rows: Sequence[dict], label: str, R: int, max_loss_pp: float = 0.5,
+                  target: float = 0.8) -> dict[str, Any]:
+    """The share of the quality-matched oracle's round savings that `label` reaches at
+    <= max_loss_pp loss vs fixed depth R (module docstring)."""
+    oracle = _fewest_rounds_within(rows, ("oracle", "oracle_floor"), max_loss_pp)
+    best = _fewest_rounds_within(rows, (label,), max_loss_pp)
+    out: dict[str, Any] = {"policy": label, "max_loss_pp": max_loss_pp, "target_share": target}
+    if oracle is not None:
+        out["quality_matched_oracle"] = {k: oracle[k] for k in (
+            "policy", "setting", "mean_rounds", "quality", "diff_pp", "diff_se_pp")}
+    if best is not None:
+        out["point"] = {k: best[k] for k in ("setting", "mean_rounds", "quality", "diff_pp",
+                                              "diff_se_pp")}
+    if oracle is None or best is None:
+        out.update(share=math.nan, met=False,
+                   why=("no oracle-like setting" if oracle is None else f"no {label} setting")
+                   + f" within {max_loss_pp} pp of depth {R}")
+        return out
+    saved, oracle_saved = R - best["mean_rounds"], R - oracle["mean_rounds"]
+    share = saved / oracle_saved if oracle_saved > 0 else math.nan
+    out.update(saved_rounds=saved, oracle_saved_rounds=oracle_saved, share=share,
+               met=bool(not math.isnan(share) and share >= target))
+    return out
+
+
+def replay_pattern(executed: Sequence[Sequence[int]], length: int) -> dict[str, Any]:
+    """Decode-token executed rounds in problem order (first output token of each problem
+    dropped) and an evenly spaced subsample of `length` of them (for depth_gain --pattern)."""
+    from rltlab.eval.metrics import decode_depths
+
+    flat = decode_depths(executed)
+    if not flat:
+        raise ValueError("no decode tokens to build a pattern from")
+    idx = np.floor((np.arange(length) + 0.5) * len(flat) / length).astype(int)
+    sub = [flat[i] for i in idx]
+    return {"tokens": len(flat), "mean_rounds": float(np.mean(flat)),
+            "pattern": sub, "pattern_mean_rounds": float(np.mean(sub)),
+            "pattern_hist": {str(r): sub.count(r) for r in sorted(set(flat))},
+            "hist": {str(r): flat.count(r) for r in sorted(set(flat))}}
+
+
+def per_kind(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per setting and problem kind (and k-hop depth): EM (%), mean executed rounds per
+    decode token, and the mean executed rounds of output index 1 (the first decode token: on
+    k-hop problems the answer digit)."""
+    probs = results["problem_set"]
+    groups: dict[str, list[int]] = {}
+    for i, p in enumerate(probs):
+        groups.setdefault(p.get("kind", "all"), []).append(i)
+        if "hops" in p:
+            groups.setdefault(f"hops={p['hops']}", []).append(i)
+    out = []
+    for row in results["arithmetic"]:
+        key = _row_key(row)
+        s = np.asarray(results["scores"][key], dtype=float)
+        ex = results["executed_rounds"][key]
+        entry: dict[str, Any] = {"key": key, "n": {g: len(ix) for g, ix in groups.items()}}
+        for g, ix in groups.items():
+            decode = [d for i in ix for d in ex[i][1:]]
+            first = [ex[i][1] for i in ix if len(ex[i]) > 1]
+            entry[g] = {"em": 100 * float(s[ix].mean()),
+                        "mean_rounds": float(np.mean(decode)) if decode else math.nan,
+                        "index1_rounds": float(np.mean(first)) if first else math.nan}
+        out.append(entry)
+    return out
+
+
+# ----------------------------------------------------------------------------- figure
+
+STYLE = {"fixed": ("black", "s"), "q_exit": ("tab:blue", "o"), "oracle": ("tab:gray", "D"),
+         "oracle_floor": ("tab:gray", "d"), "select_only": ("tab:red", "x")}
+PREDICTOR_COLORS = ("tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:olive")
+
+
+def plot_pareto(results: dict[str, Any], analysis: dict[str, dict], out_dir, stem: str
+                ) -> list[Path]:
+    """Left: EM vs mean executed rounds, error bars = paired SE vs fixed depth R; middle: the
+    same, zoomed on the top; right: each predictor point's paired difference against the best
+    Q-exit mixture at the same mean rounds, error bars = 2 SE."""
+    import matplotlib.pyplot as plt
+
+    from rltlab.eval.plots import save_figure
+
+    rows, R = results["arithmetic"], int(results["reference"].split("=")[-1])
+    fig, (ax, zx, bx) = plt.subplots(1, 3, figsize=(18, 5.4))
+    colors = dict(zip(analysis, PREDICTOR_COLORS))
+    for axis in (ax, zx):
+        _quality_panel(axis, rows, R, analysis, colors)
+    top = max(r["quality"] for r in rows)
+    zx.set_ylim(top - 12, top + 2.5)
+    zx.set_xlim(1.9, R + 0.1)
+    zx.set_title("zoom", fontsize=9)
+    zx.get_legend().remove()
+    ax.set_title(f"Real generation (LAST_EXITED), {results['problems']} problems; "
+                 f"bars: paired SE vs depth {R}", fontsize=9)
+    for label, res in analysis.items():
+        pts = [p for p in res["vs_q_exit"]["points"] if not math.isnan(p["diff_pp"])]
+        bx.errorbar([p["mean_rounds"] for p in pts], [p["diff_pp"] for p in pts],
+                    yerr=[2 * p["se_pp"] for p in pts], color=colors[label], marker="o",
+                    capsize=3, label=label)
+    bx.axhline(0, color="black", lw=0.8)
+    bx.set_xlabel("mean executed rounds per decode token")
+    bx.set_ylabel("EM minus best Q-exit mixture at equal rounds (pp)")
+    bx.set_title("Predictor vs Q-exit at equal mean rounds (paired, bars: 2 SE)", fontsize=9)
+    bx.grid(alpha=0.3)
+    bx.legend(fontsize=8)
+    return save_figure(fig, out_dir, stem)
+
+
+def _quality_panel(ax, rows, R, analysis, colors) -> None:
+    for policy in dict.fromkeys(r["policy"] for r in rows):
+        pts = sorted((r for r in rows if r["policy"] == policy), key=lambda r: r["mean_rounds"])
+        color, marker = STYLE.get(policy, (colors.get(policy, "tab:cyan"), "o"))
+        x = [r["mean_rounds"] for r in pts]
+        label = {"oracle": "oracle (x = selected rounds; executes R)",
+                 "oracle_floor": "floored oracle (x = selected rounds)",
+                 "select_only": f"select-only Q-exit (executes {R})"}.get(policy, policy)
+        ax.errorbar(x, [r["quality"] for r in pts], yerr=[r["diff_se_pp"] for r in pts],
+                    color=color, marker=marker, ms=5, capsize=2, lw=1.2,
+                    ls="-" if policy in ("fixed", "q_exit") or policy in analysis else "none",
+                    label=label)
+        if policy == "select_only":
+            ax.scatter([r["mean_selected"] for r in pts], [r["quality"] for r in pts],
+                       facecolors="none", edgecolors=color, marker="o", s=30,
+                       label="select-only at its SELECTED rounds (not executed)")
+    env = [next(r for r in rows if _row_key(r) == k)
+           for k in next(iter(analysis.values()))["vs_q_exit"]["envelope"]] if analysis else []
+    if env:
+        ax.plot([r["mean_rounds"] for r in env], [r["quality"] for r in env], ls="--",
+                color="tab:blue", alpha=0.5, label="Q-exit envelope (mixtures)")
+    ax.set_xlabel("mean executed rounds per decode token")
+    ax.set_ylabel("exact match (%), mixed held-out set")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+
+
+# ----------------------------------------------------------------------------- CLI
+
+def analyse(results: dict[str, Any], predictors: Sequence[str], max_loss_pp: float = 0.5
+            ) -> dict[str, dict]:
+    R = int(results["reference"].split("=")[-1])
+    return {label: {"vs_q_exit": compare_at_equal_rounds(results["arithmetic"],
+                                                         results["scores"], label, R),
+                    "savings": savings_share(results["arithmetic"], label, R, max_loss_pp)}
+            for label in predictors}
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    from rltlab.common.atomic import read_json, write_json_atomic, write_text_atomic
+
+    ap = argparse.ArgumentParser(prog="python -m rltlab.exit_predictor.pareto",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--results", nargs="+", required=True,
+                    help="evaluate.run results.json file(s) on the same problems (merged)")
+    ap.add_argument("--predictor", action="append", required=True,
+                    help="policy label to analyse (repeatable)")
+    ap.add_argument("--out", required=True, help="analysis + raw results JSON")
+    ap.add_argument("--figures", default=None, help="directory of the Pareto figure")
+    ap.add_argument("--stem", default="n_plus_2_pareto")
+    ap.add_argument("--max-loss-pp", type=float, default=0.5)
+    ap.add_argument("--hist", action="append", default=[],
+                    help="'POLICY SETTING' in the depth histogram (repeatable; default depth R, "
+                         "the oracle and each predictor's savings point)")
+    ap.add_argument("--pattern", default=None, help="write the replay pattern here")
+    ap.add_argument("--pattern-setting", default=None,
+                    help="'POLICY SETTING' to replay (default: the first predictor's "
+                         "savings point)")
+    ap.add_argument("--pattern-length", type=int, default=255)
+    ap.add_argument("--command", action="append", default=[],
+                    help="the commands that made the inputs (recorded in --out)")
+    args = ap.parse_args(argv)
+    results = merge_results([read_json(p) for p in args.results])
+    analysis = analyse(results, args.predictor, args.max_loss_pp)
+    out: dict[str, Any] = {"analysis": analysis, "per_kind": per_kind(results),
+                           "commands": args.command, "inputs": args.results}
+    if args.figures:
+        from rltlab.eval.plots import plot_depth_histogram
+
+        paths = plot_pareto(results, analysis, args.figures, args.stem)
+        R = int(results["reference"].split("=")[-1])
+        keys = args.hist or [results["reference"], "oracle oracle"] + [
+            f"{label} {res['savings']['point']['setting']}" for label, res in analysis.items()
+            if res["savings"].get("point")]
+        hist = {k: next(r["executed_hist"] for r in results["arithmetic"] if _row_key(r) == k)
+                for k in keys}
+        paths += plot_depth_histogram(hist, args.figures, num_rounds=R,
+                                      title="Rounds per decode token (oracle: selected)",
+                                      stem=f"{args.stem}_depth_hist")
+        out["figures"] = [str(p) for p in paths]
+    if args.pattern:
+        key = args.pattern_setting or _savings_key(analysis[args.predictor[0]])
+        if key not in results["executed_rounds"]:
+            raise SystemExit(f"--pattern-setting {key!r} is not a setting of the results; "
+                             f"have {sorted(results['executed_rounds'])}")
+        pat = replay_pattern(results["executed_rounds"][key], args.pattern_length)
+        write_text_atomic(args.pattern, ",".join(map(str, pat["pattern"])) + "\n")
+        out["pattern"] = {"setting": key, "file": args.pattern, **pat}
+    out["results"] = results
+    write_json_atomic(args.out, out, indent=None)
+    for label, res in analysis.items():
+        v, s = res["vs_q_exit"], res["savings"]
+        print(f"{label}: beats Q-exit {v['beats_q_exit']} (best z {v['best_z']:.2f}, worst z "
+              f"{v['worst_z']:.2f}); savings share {s['share']:.3f} (met {s['met']})")
+        for p in v["points"]:
+            print(f"  {p['setting']:>10} rounds {p['mean_rounds']:.3f} EM {p['quality']:.1f} "
+                  f"vs Q-exit {p['diff_pp']:+.1f} +- {p['se_pp']:.1f} pp, z {p['z']:.2f}")
+    return out
+
+
+def _savings_key(res: dict) -> str:
+    point = res["savings"].get("point")
+    if point is None:
+        raise SystemExit(f"{res['savings']['policy']} has no point within the loss bound: pass "
+                         "--pattern-setting")
+    return f"{res['savings']['policy']} {point['setting']}"
+
+
+def merge_results(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One results dict from several evaluate.run outputs on the same problem set (same model
+    hash and problems), paired diffs recomputed. A setting present in several files (the
+    reference depth R and the oracle, which every run has) must have the same per-problem
+    scores in each (greedy generation is deterministic): kept once, else refused."""
+    from rltlab.exit_predictor.evaluate import add_paired
+
+    base = dict(parts[0])
+    base["arithmetic"] = list(base["arithmetic"])
+    base["scores"], base["executed_rounds"] = dict(base["scores"]), dict(base["executed_rounds"])
+    for other in parts[1:]:
+        for field in ("model_hash", "problem_set", "max_tokens"):
+            if other[field] != base[field]:
+                raise ValueError(f"results to merge differ in {field!r}")
+        for row in other["arithmetic"]:
+            key = _row_key(row)
+            if key in base["scores"]:
+                if list(other["scores"][key]) != list(base["scores"][key]):
+                    raise ValueError(f"setting {key!r} scored differently in two results "
+                                     "files (not the same generation)")
+                continue
+            base["arithmetic"].append(row)
+            base["scores"][key] = other["scores"][key]
+            base["executed_rounds"][key] = other["executed_rounds"][key]
+        base["text"] = base.get("text", []) + other.get("text", [])
+        base.setdefault("predictors", {}).update(other.get("predictors", {}))
+    add_paired(base["arithmetic"], base["scores"], base["reference"])
+    return base
+
+
+if __name__ == "__main__":
+    main()

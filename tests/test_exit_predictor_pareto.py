@@ -1,0 +1,174 @@
+"""Paired comparisons on the quality / rounds plane (rltlab.exit_predictor.pareto) and the
+select-only settings of the real-generation evaluation, checked by hand."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rltlab.exit_predictor import pareto
+from rltlab.exit_predictor.evaluate import add_paired, default_settings
+
+R = 4
+
+
+def _row(policy, setting, rounds, scores):
+    return {"policy": policy, "setting": setting, "mean_rounds": rounds,
+            "quality": 100 * float(np.mean(scores)), "key": f"{policy} {setting}"}
+
+
+def _table(entries):
+    rows = [_row(*e) for e in entries]
+    scores = {r["key"]: list(map(float, e[3])) for r, e in zip(rows, entries)}
+    add_paired(rows, scores, f"fixed depth={R}")
+    return rows, scores
+
+
+def test_upper_envelope_drops_points_under_a_chord_and_after_the_best():
+    pts = [{"mean_rounds": x, "quality": y, "k": i} for i, (x, y) in enumerate(
+        [(1.0, 20.0), (2.0, 30.0), (2.5, 80.0), (3.0, 85.0), (3.5, 90.0), (4.0, 88.0)])]
+    env = pareto.upper_envelope(pts)
+    # (2, 30) lies under the chord (1, 20) -> (2.5, 80); (3, 85) under (2.5, 80) -> (3.5, 90)
+    # (exactly 85 on it: dropped too); (4, 88) is after the best vertex
+    assert [p["k"] for p in env] == [0, 2, 4]
+    mix = pareto.envelope_mixture(env, 3.0)
+    assert [(m[0]["k"], round(m[1], 6)) for m in mix] == [(2, 0.5), (4, 0.5)]
+    assert pareto.envelope_mixture(env, 3.9) == [(env[-1], 1.0)]
+    assert pareto.envelope_mixture(env, 0.5) is None
+
+
+def test_paired_difference_against_the_q_exit_mixture_by_hand():
+    n = 40
+    rng = np.random.default_rng(0)
+    d1 = rng.integers(0, 2, n)
+    d4 = np.ones(n)
+    q = np.where(np.arange(n) < 30, 1.0, 0.0)             # Q-exit t=0.7 at 2.0 rounds: 75%
+    pred = np.where(np.arange(n) < 36, 1.0, 0.0)          # predictor at 3.0 rounds: 90%
+    rows, scores = _table([("fixed", "depth=1", 1.0, d1), ("fixed", "depth=4", 4.0, d4),
+                           ("q_exit", "t=0.7", 2.0, q), ("n2", "p>=0.5", 3.0, pred)])
+    res = pareto.compare_at_equal_rounds(rows, scores, "n2", R)
+    (p,) = res["points"]
+    # at 3.0 rounds the envelope mixes t=0.7 (2.0) and depth 4 (4.0) half and half
+    ref = 0.5 * q + 0.5 * d4
+    d = pred - ref
+    assert p["diff_pp"] == pytest.approx(100 * d.mean())
+    assert p["se_pp"] == pytest.approx(100 * d.std(ddof=1) / math.sqrt(n))
+    assert p["z"] == pytest.approx(d.mean() / (d.std(ddof=1) / math.sqrt(n)))
+    assert {r["setting"]: r["weight"] for r in p["reference"]} == pytest.approx(
+        {"q_exit t=0.7": 0.5, "fixed depth=4": 0.5})
+    assert res["beats_q_exit"] == (p["z"] >= 2)
+
+
+def test_verdict_needs_one_significant_win_and_no_significant_loss():
+    n = 100
+    q = np.ones(n)
+    worse = np.where(np.arange(n) < 80, 1.0, 0.0)          # 20 pp below at the same rounds
+    rows, scores = _table([("fixed", "depth=1", 1.0, np.zeros(n)),
+                           ("fixed", "depth=4", 4.0, np.ones(n)),
+                           ("q_exit", "t=0.5", 2.0, q), ("n2", "p>=0.9", 2.0, worse)])
+    res = pareto.compare_at_equal_rounds(rows, scores, "n2", R)
+    assert res["points"][0]["z"] <= -2 and not res["beats_q_exit"]
+    assert res["significantly_worse_at"] == ["p>=0.9"]
+    # the same predictor quality as the Q-exit point at the same rounds: diff 0, no win
+    rows, scores = _table([("fixed", "depth=1", 1.0, np.zeros(n)),
+                           ("fixed", "depth=4", 4.0, np.ones(n)),
+                           ("q_exit", "t=0.5", 2.0, q), ("n2", "p>=0.9", 2.0, q)])
+    res = pareto.compare_at_equal_rounds(rows, scores, "n2", R)
+    assert res["points"][0]["diff_pp"] == 0 and not res["beats_q_exit"]
+
+
+def test_savings_share_against_the_quality_matched_oracle():
+    n = 200
+    full = np.ones(n)
+    lossy = np.where(np.arange(n) < 180, 1.0, 0.0)        # -10 pp
+    rows, scores = _table([("fixed", "depth=4", 4.0, full), ("oracle", "oracle", 1.1, lossy),
+                           ("oracle_floor", "min=2", 2.2, full),
+                           ("n2", "p>=0.9", 2.6, full), ("n2", "p>=0.5", 2.1, lossy)])
+    res = pareto.savings_share(rows, "n2", R, max_loss_pp=0.5)
+    # the plain oracle loses 10 pp: the floored one (2.2 rounds) is the quality-matched oracle
+    assert res["quality_matched_oracle"]["setting"] == "min=2"
+    assert res["point"]["setting"] == "p>=0.9"
+    assert res["share"] == pytest.approx((4 - 2.6) / (4 - 2.2))
+    assert res["met"] is False           # 0.78 < 0.8
+    none = pareto.savings_share(rows[:2] + rows[3:4], "n2", R)   # no oracle within 0.5 pp
+    assert math.isnan(none["share"]) and none["met"] is False
+
+
+def test_replay_pattern_drops_the_prefill_token_and_keeps_the_mix():
+    executed = [[4, 3, 3, 2], [4, 4], [4, 2, 3, 3, 3, 4]]
+    pat = pareto.replay_pattern(executed, 4)
+    flat = [3, 3, 2, 4, 2, 3, 3, 3, 4]
+    assert pat["tokens"] == len(flat) and pat["mean_rounds"] == pytest.approx(np.mean(flat))
+    assert pat["pattern"] == [flat[1], flat[3], flat[5], flat[7]]
+    with pytest.raises(ValueError):
+        pareto.replay_pattern([[4], [4]], 3)
+
+
+class _CharTokenizer:
+    """Characters -> ids 1..60 (the tiny model's vocabulary), enough for evaluate_arithmetic."""
+
+    def encode(self, text, add_special_tokens=False):
+        return [1 + ord(c) % 60 for c in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(48 + i % 10) for i in ids)
+
+
+def test_select_only_settings_run_on_the_select_only_engine():
+    from rltlab.engine import LLM
+    from rltlab.exit_predictor.evaluate import evaluate_arithmetic_settings
+    from tiny_models import tiny_engine_model
+
+    torch.set_num_threads(1)
+    model = tiny_engine_model(0)
+    settings = [s for s in default_settings(R, {}, depths=[R], q_thresholds=[0.5],
+                                            select_only_thresholds=[0.5])
+                if s["policy"] in ("fixed", "q_exit", "select_only")]
+    problems = [{"question": f"Q: a={i}; a=?\nA:", "answer": i, "kind": "hops", "hops": 0}
+                for i in range(4)]
+    tok = _CharTokenizer()
+    llm = LLM(model, max_num_seqs=4)
+    with pytest.raises(ValueError, match="select_llm"):
+        evaluate_arithmetic_settings(model, tok, llm, problems, settings, max_tokens=6)
+    select = LLM(model, max_num_seqs=4, exit_semantics="select_only")
+    executed = {}
+    rows, scores = evaluate_arithmetic_settings(model, tok, llm, problems, settings,
+                                                max_tokens=6, select_llm=select,
+                                                executed=executed)
+    by = {r["key"]: r for r in rows}
+    so = by["select_only t=0.5"]
+    assert so["mean_rounds"] == R and so["mean_selected"] < R     # runs all, selects earlier
+    assert all(d == R for seq in executed["select_only t=0.5"] for d in seq)
+    assert by["q_exit t=0.5"]["mean_rounds"] < R                  # LAST_EXITED really exits
+    assert len(executed["q_exit t=0.5"]) == len(problems) == len(scores["q_exit t=0.5"])
+
+
+def test_merge_keeps_a_repeated_setting_once_and_refuses_a_different_one():
+    base = {"model_hash": "h", "problem_set": [{"kind": "hops"}] * 3, "max_tokens": 8,
+            "reference": f"fixed depth={R}", "text": [], "predictors": {}}
+    d4 = _row("fixed", "depth=4", 4.0, [1, 1, 0])
+    a = {**base, "arithmetic": [d4, _row("q_exit", "t=0.5", 2.0, [1, 0, 0])],
+         "scores": {d4["key"]: [1, 1, 0], "q_exit t=0.5": [1, 0, 0]},
+         "executed_rounds": {d4["key"]: [[4]] * 3, "q_exit t=0.5": [[4, 2]] * 3}}
+    b = {**base, "arithmetic": [dict(d4), _row("n2", "p>=0.5", 3.0, [1, 1, 1])],
+         "scores": {d4["key"]: [1, 1, 0], "n2 p>=0.5": [1, 1, 1]},
+         "executed_rounds": {d4["key"]: [[4]] * 3, "n2 p>=0.5": [[4, 3]] * 3}}
+    merged = pareto.merge_results([a, b])
+    assert [r["key"] for r in merged["arithmetic"]] == [d4["key"], "q_exit t=0.5", "n2 p>=0.5"]
+    assert merged["arithmetic"][2]["diff_pp"] == pytest.approx(100 / 3)
+    b["scores"][d4["key"]] = [1, 0, 0]
+    with pytest.raises(ValueError, match="scored differently"):
+        pareto.merge_results([a, b])
+
+
+def test_per_kind_splits_em_and_rounds_by_problem_kind():
+    res = {"problem_set": [{"kind": "hops", "hops": 2}, {"kind": "arith"},
+                           {"kind": "hops", "hops": 3}],
+           "arithmetic": [{"policy": "p", "setting": "s", "key": "p s"}],
+           "scores": {"p s": [1.0, 0.0, 0.0]},
+           "executed_rounds": {"p s": [[4, 4, 2], [4, 2, 2, 3], [4, 3]]}}
+    (row,) = pareto.per_kind(res)
+    assert row["hops"] == {"em": 50.0, "mean_rounds": pytest.approx(3.0),
+                           "index1_rounds": pytest.approx(3.5)}
+    assert row["arith"]["mean_rounds"] == pytest.approx(7 / 3) and row["arith"]["em"] == 0
+    assert row["hops=2"]["index1_rounds"] == 4 and row["n"]["hops=3"] == 1
