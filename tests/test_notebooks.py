@@ -14,20 +14,8 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    from rltlab.model.checkpoint import save_pretrained
-    from rltlab.model.config import OuroConfig
-    from rltlab.pretrain.data import save_tokenizer, train_tokenizer
-    from rltlab.model.architecture import OuroForCausalLM
-
-    out = tmp_path_factory.mktemp("tiny") / "model"
-    tok = train_tokenizer(vocab_size=300, max_bytes=150_000)
-    cfg = OuroConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
-                     num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                     total_ut_steps=4, max_position_embeddings=1024, bos_token_id=0,
-                     eos_token_id=0)
-    save_pretrained(OuroForCausalLM(cfg).init_weights(0, std=0.1), out)
-    save_tokenizer(tok, out)
-    return out
+    from tiny_models import write_tiny_checkpoint
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "model")
 
 
 def _run(name, params, run_dir):

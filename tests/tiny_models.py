@@ -1,4 +1,5 @@
-"""The tiny random Ouro model the engine-level tests share (fp32, rounds that differ)."""
+"""The tiny random Ouro models the tests share: an engine-level model (fp32, rounds that differ)
+and a tiny checkpoint directory with a tokenizer (notebooks, run directories)."""
 from rltlab.model.config import OuroConfig
 from rltlab.model.architecture import OuroForCausalLM
 
@@ -10,3 +11,19 @@ def tiny_engine_model(seed: int = 0) -> OuroForCausalLM:
                      num_attention_heads=4, num_key_value_heads=2, total_ut_steps=ROUNDS,
                      max_position_embeddings=256)
     return OuroForCausalLM(cfg).init_weights(seed, std=0.2).eval()
+
+
+def write_tiny_checkpoint(out):
+    """A tiny random model directory (config, bf16 weights, a trained 300-token tokenizer) at
+    `out`, the shape the notebook and run-directory tests use."""
+    from rltlab.model.checkpoint import save_pretrained
+    from rltlab.pretrain.data import save_tokenizer, train_tokenizer
+
+    tok = train_tokenizer(vocab_size=300, max_bytes=150_000)
+    cfg = OuroConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
+                     num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                     total_ut_steps=4, max_position_embeddings=1024, bos_token_id=0,
+                     eos_token_id=0)
+    save_pretrained(OuroForCausalLM(cfg).init_weights(0, std=0.1), out)
+    save_tokenizer(tok, out)
+    return out
