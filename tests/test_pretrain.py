@@ -40,10 +40,13 @@ def test_training_forward_is_the_model_forward(kv_heads):
     torch.testing.assert_close(gate_logits, ref.gate_logits, rtol=1e-5, atol=1e-5)
 
 
-def test_stage1_loss_matches_formula():
+@pytest.mark.parametrize("depth_prior", [1.0, 3.0])
+def test_stage1_loss_matches_formula(depth_prior):
+    """sum_r p(r) CE_r + beta KL(p || pi), pi_r ~ depth_prior^(r-1): uniform is Ouro's entropy
+    term plus the constant beta log R."""
     model = tiny()
     ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(2))
-    loss, ce, p, entropy = stage1_loss(model, ids, 0.1)
+    loss, ce, p, entropy = stage1_loss(model, ids, 0.1, depth_prior=depth_prior)
     out = model(ids, all_logits=True)
     lam = torch.sigmoid(out.gate_logits[:, :-1])
     surv = torch.cumprod(1 - lam, -1)
@@ -52,8 +55,15 @@ def test_stage1_loss_matches_formula():
     ces = torch.stack([torch.nn.functional.cross_entropy(
         logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none") for logits in out.logits], -1)
     ent = -(probs * probs.log()).sum(-1)
-    expected = (probs * ces).sum(-1).mean() - 0.1 * ent.mean()
+    prior = torch.tensor([depth_prior ** r for r in range(4)])
+    prior = prior / prior.sum()
+    cross = -(probs * prior.log()).sum(-1)  # KL(p || pi) = cross-entropy(p, pi) - H(p)
+    expected = (probs * ces).sum(-1).mean() + 0.1 * (cross - ent).mean()
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy, ent.mean(), rtol=1e-5, atol=1e-5)
+    if depth_prior == 1.0:  # Ouro's -beta H(p), up to the constant beta log R
+        torch.testing.assert_close(loss, (probs * ces).sum(-1).mean() - 0.1 * ent.mean()
+                                   + 0.1 * torch.log(torch.tensor(4.0)), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ce, ces.mean((0, 1)), rtol=1e-5, atol=1e-5)
 
 
@@ -126,3 +136,23 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path):
     assert [r["loss"] for r in full["log"]] == pytest.approx([r["loss"] for r in rest["log"]])
     with pytest.raises(ValueError, match="another config"):
         pretrain(PretrainConfig(**{**base, "lr": 1e-2}, out_dir=str(tmp_path / "b")))
+
+
+def test_oracle_leaves_out_the_first_answer_token():
+    """The oracle exit depth skips each answer's first token (generation takes it from the prefill
+    at full depth, REFERENCE.md section 4) while the answer loss still scores it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from rltlab.pretrain import evaluate as E
+    vocab = {ch: i + 1 for i, ch in enumerate(" 0123456789=?;abcdQA:\n")}
+    tok = Tokenizer(models.WordLevel({**vocab, "<unk>": 0}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    problems = [{"question": "Q: a=3; a=?\nA:", "answer_text": " 3"},
+                {"question": "Q: b=45; b=?\nA:", "answer_text": " 45"}]
+    prompts, rows, scored, generated = E._answer_rows(tok, problems)
+    for q, row, s, g in zip(prompts, rows, scored, generated, strict=True):
+        assert len(row) == len(s) == len(g) and sum(s) == len(row) - len(q)
+        assert s[len(q)] and not g[len(q)] and g[len(q) + 1:] == s[len(q) + 1:]
+    scores = E._round_scores(tiny(), [r[:-1] + [7] for r in rows], scored, 2, generated)
+    assert scores["count"] == sum(map(sum, scored)) and scores["oracle_count"] == 5
+    assert int(scores["oracle"].sum()) == scores["oracle_count"]

@@ -12,9 +12,12 @@ machine scores the same data. Every figure is at FIXED depth r (r = 1..R):
   * k-hop binding (depth-graded): exact match of the greedy answer digit, overall and per k. As
     in the engine, the prompt is prefilled at full depth, so the FIRST output token (" ") comes
     from round R and the answer digit from round r.
-  * oracle exit depth: for every answer token of the mixed held-out set (word-problem and k-hop
-    answers + EOT, and every text token), the shallowest round whose greedy token equals round
-    R's (teacher forced); the share of tokens per oracle round.
+  * oracle exit depth: the shallowest round whose greedy token equals round R's (teacher forced);
+    the share of tokens per oracle round, over every text and code token, and over the answer
+    tokens of the mixed held-out problem set (answer_text + EOT of the word problems and k-hop
+    problems) except the first: in generation that one comes from the prompt's prefill at full
+    depth, and REFERENCE.md section 4 leaves it out of every depth statistic. "answers" pools the
+    two tasks, "mixed" pools everything.
 
 `python -m rltlab.pretrain.evaluate DIR` loads DIR's saved checkpoint in fp32 on the CPU and
 writes DIR/metrics.json; `rltlab rounds` prints the same table.
@@ -60,32 +63,39 @@ def _padded(rows: list[list[int]]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _round_scores(model, rows: list[list[int]], scored: list[list[bool]], batch_size: int) -> dict:
+def _round_scores(model, rows: list[list[int]], scored: list[list[bool]], batch_size: int,
+                  oracle_scored: list[list[bool]] | None = None) -> dict:
     """Over the scored target positions: summed next-token NLL per round, token count, summed
-    exit distribution p(r), and the count of tokens per oracle round (the shallowest round whose
-    argmax equals round R's)."""
+    exit distribution p(r); and over the `oracle_scored` positions (default: the scored ones),
+    the count of tokens per oracle round (the shallowest round whose argmax equals round R's)."""
+    oracle_scored = scored if oracle_scored is None else oracle_scored
     device = next(model.parameters()).device
     R = model.config.num_rounds
     nll = torch.zeros(R, dtype=torch.float64)
     exit_mass = torch.zeros(R, dtype=torch.float64)
     oracle = torch.zeros(R, dtype=torch.long)
-    count = 0
+    count = oracle_count = 0
     for start in range(0, len(rows), batch_size):
         ids = _padded(rows[start:start + batch_size]).to(device)
         score = _padded([[int(s) for s in x] for x in scored[start:start + batch_size]])
         score = score[:, 1:].bool().to(device)
+        oracle_score = _padded([[int(s) for s in x]
+                                for x in oracle_scored[start:start + batch_size]])
+        oracle_score = oracle_score[:, 1:].bool().to(device)
         out = model(ids, all_logits=True)
         target = ids[:, 1:]
         top = []
         for r, logits in enumerate(out.logits):
             ce = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), target, reduction="none")
             nll[r] += ce[score].double().sum().cpu()
-            top.append(logits[:, :-1].argmax(-1)[score])
+            top.append(logits[:, :-1].argmax(-1)[oracle_score])
         agree = torch.stack([t == top[-1] for t in top], dim=-1)      # [tokens, R]
         oracle += torch.bincount(agree.int().argmax(-1).cpu(), minlength=R)
         exit_mass += gates.exit_distribution(out.gate_logits[:, :-1])[score].double().sum(0).cpu()
         count += int(score.sum())
-    return {"nll": nll, "count": count, "exit_mass": exit_mass, "oracle": oracle}
+        oracle_count += int(oracle_score.sum())
+    return {"nll": nll, "count": count, "exit_mass": exit_mass, "oracle": oracle,
+            "oracle_count": oracle_count}
 
 
 def _text_rows(tokenizer, text: str, seq_len: int) -> list[list[int]]:
@@ -94,12 +104,15 @@ def _text_rows(tokenizer, text: str, seq_len: int) -> list[list[int]]:
     return [[EOT_ID] + stream[i:i + body] for i in range(0, len(stream), body)]
 
 
-def _answer_rows(tokenizer, problems: list[dict]) -> tuple[list, list, list]:
-    """(prompts [EOT] + question, rows prompt + answer_text + EOT, scored masks: answers)."""
+def _answer_rows(tokenizer, problems: list[dict]) -> tuple[list, list, list, list]:
+    """(prompts [EOT] + question, rows prompt + answer_text + EOT, scored masks: the answers,
+    oracle masks: the answers but their first token, which generation takes from the prefill)."""
     prompts = [[EOT_ID] + encode(tokenizer, p["question"]) for p in problems]
     answers = [encode(tokenizer, p["answer_text"]) + [EOT_ID] for p in problems]
     rows = [q + a for q, a in zip(prompts, answers)]
-    return prompts, rows, [[False] * len(q) + [True] * len(a) for q, a in zip(prompts, answers)]
+    scored = [[False] * len(q) + [True] * len(a) for q, a in zip(prompts, answers)]
+    generated = [[False] * (len(q) + 1) + [True] * (len(a) - 1) for q, a in zip(prompts, answers)]
+    return prompts, rows, scored, generated
 
 
 def _exact_match(model, tokenizer, prompts, problems, depth: int, max_new_tokens: int,
@@ -133,8 +146,8 @@ def evaluate_rounds(model, tokenizer, eval_root: str | Path, *, seq_len: int = 5
         rows = _text_rows(tokenizer, text, seq_len)
         scores[name] = _round_scores(model, rows, [[True] * len(r) for r in rows], batch_size)
     for name, problems in tasks.items():
-        prompts[name], rows, scored = _answer_rows(tokenizer, problems)
-        scores[name] = _round_scores(model, rows, scored, batch_size)
+        prompts[name], rows, scored, generated = _answer_rows(tokenizer, problems)
+        scores[name] = _round_scores(model, rows, scored, batch_size, generated)
     extract = {"arith": extract_answer, "hops": extract_hop_answer}
     hits = {name: [] for name in tasks}
     for r in range(1, R + 1):
@@ -164,11 +177,13 @@ def evaluate_rounds(model, tokenizer, eval_root: str | Path, *, seq_len: int = 5
         metrics["hops_by_k"] = {k: {"n": len(idx), "exact_match": [
             sum(hits["hops"][r][i] for i in idx) / len(idx) for r in range(R)]}
             for k, idx in sorted(by_k.items())}
-    oracle = {name: (s["oracle"].double() / s["count"]).tolist() for name, s in scores.items()}
-    pooled = sum(s["oracle"] for s in scores.values())
-    oracle["mixed"] = (pooled.double() / pooled.sum()).tolist()
+    oracle = {name: (s["oracle"].double() / s["oracle_count"]).tolist()
+              for name, s in scores.items()}
+    for pool, names in (("answers", list(tasks)), ("mixed", list(scores))):
+        pooled = sum(scores[n]["oracle"] for n in names)
+        oracle[pool] = (pooled.double() / pooled.sum()).tolist()
     metrics["oracle_depth"] = {"share_by_round": oracle,
-                               "tokens": {n: s["count"] for n, s in scores.items()}}
+                               "tokens": {n: s["oracle_count"] for n, s in scores.items()}}
     metrics["gate_exit_distribution"] = {
         name: (s["exit_mass"] / s["count"]).tolist() for name, s in scores.items()}
     metrics["settings"] = {
@@ -182,8 +197,9 @@ def evaluate_rounds(model, tokenizer, eval_root: str | Path, *, seq_len: int = 5
                   "first digit of the continuation (extract_hop_answer)",
         "loss": "fixed depth r: round-r logits of forward(all_logits=True), nats/token",
         "oracle": "shallowest round whose argmax equals round R's, teacher forced, over every "
-                  "text token and every answer token (answer_text + EOT) of the tasks; 'mixed' "
-                  "pools all of them"}
+                  "text token and every answer token (answer_text + EOT) of the tasks but the "
+                  "first (generation takes it from the prefill at full depth); 'answers' pools "
+                  "the tasks (the mixed held-out problem set), 'mixed' pools all of them"}
     metrics["eval_seconds"] = round(time.time() - t0, 2)
     return metrics
 

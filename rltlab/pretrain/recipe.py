@@ -1,7 +1,11 @@
 """Pretraining recipe of the embedded default model (artifacts/ouro-tiny): Stage I + Stage II.
 
-Stage I (all weights): L = sum_r p(r) CE_r - beta H(p); p = exit distribution of the gate (fp32),
-CE_r = next-token CE of lm_head(h_r) at every round; beta_start for the first half, beta_end after.
+Stage I (all weights): L = sum_r p(r) CE_r + beta KL(p || pi); p = exit distribution of the gate
+(fp32), CE_r = next-token CE of lm_head(h_r) at every round; beta_start for the first half, beta_end
+after. The prior pi_r is proportional to depth_prior^(r-1): depth_prior 1 is the uniform prior, where
+beta KL(p || pi) = -beta H(p) + const is Ouro's entropy term; depth_prior > 1 favours deep exits
+(Ouro's prior ablation, the other way round), so round R's loss weighs more than round R-1's and
+the shared layers keep refining through the last round instead of settling one round early.
 Stage II (gate only, LM frozen): I_r = max(0, CE_{r-1} - CE_r), w_r = sigmoid(slope (I_r - margin)),
 BCE between the continue probability 1 - lambda_r and w_r for r = 2..R. Round 1 has no I_1; its
 hazard (the same shared gate applied to h_1) gets the label of the step it decides on, w_2:
@@ -80,6 +84,7 @@ class PretrainConfig:
     grad_clip: float = 1.0
     beta_start: float = 0.1
     beta_end: float = 0.05
+    depth_prior: float = 1.0  # pi_r ~ depth_prior^(r-1) in beta KL(p || pi); 1 = Ouro's uniform
     stage2_steps: int = 300
     stage2_lr: float = 3e-3
     stage2_slope: float = 50.0
@@ -109,6 +114,7 @@ class PretrainConfig:
                  (0 < self.arith_frac + self.hop_frac < 1 and min(self.arith_frac, self.hop_frac)
                   >= 0 and 0 <= self.bare_frac < 1 and 0 <= self.min_lr_ratio <= 1,
                   "fraction range"),
+                 (self.depth_prior > 0, "depth_prior must be positive"),
                  (1 <= self.hops_min <= self.hops_max <= 20, "hops range outside 1..20"),
                  (self.package_bytes >= 0 and self.data_workers >= 1, "package_bytes/workers"),
                  (self.dtype in ("bf16", "fp32"), "dtype must be bf16|fp32"),
@@ -163,12 +169,23 @@ def round_ce(model, hs, ids):
                                         ids[:, 1:], reduction="none") for h in hs], dim=-1)
 
 
-def stage1_loss(model, ids, beta, layer_fn=_layer):
+def log_depth_prior(num_rounds: int, depth_prior: float) -> torch.Tensor:
+    """log pi_r, pi_r proportional to depth_prior^(r-1) (r = 1..num_rounds), fp32."""
+    log_pi = torch.arange(num_rounds, dtype=torch.float32) * math.log(depth_prior)
+    return log_pi - torch.logsumexp(log_pi, 0)
+
+
+def stage1_loss(model, ids, beta, layer_fn=_layer, depth_prior: float = 1.0):
+    """Stage I: sum_r p(r) CE_r + beta KL(p || pi) (module docstring); returns the loss and the
+    detached mean CE per round, mean p per round and mean entropy of p."""
     hs, gate_logits = looped_forward(model, ids, layer_fn)
     ce = round_ce(model, hs, ids)
     p = gates.exit_distribution(gate_logits[:, :-1])
-    entropy = -(p * p.clamp_min(1e-20).log()).sum(-1)
-    loss = (p * ce).sum(-1).mean() - beta * entropy.mean()
+    log_p = p.clamp_min(1e-20).log()
+    log_pi = log_depth_prior(p.shape[-1], depth_prior).to(p.device)
+    kl = (p * (log_p - log_pi)).sum(-1)
+    loss = (p * ce).sum(-1).mean() + beta * kl.mean()
+    entropy = -(p * log_p).sum(-1)
     return loss, ce.detach().mean((0, 1)), p.detach().mean((0, 1)), entropy.detach().mean()
 
 
@@ -232,7 +249,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
         with torch.autocast(**amp):
             if stage1:
                 beta = cfg.beta_start if steps == 0 or step < steps // 2 else cfg.beta_end
-                loss, ce, p, _ = stage1_loss(model, ids, beta, layer_fn)
+                loss, ce, p, _ = stage1_loss(model, ids, beta, layer_fn, cfg.depth_prior)
             else:
                 loss, ce, p = stage2_loss(model, ids, cfg.stage2_slope, cfg.stage2_margin, layer_fn)
         opt = opt1 if stage1 else opt2
