@@ -165,26 +165,91 @@ def test_whole_token_steps_equal_round_steps_and_recompute(depth, config):
     check_against_recompute(model, prompts, whole, greedy_rows=range(0, 7, 2))
 
 
-def test_whole_token_steps_wait_for_mixed_depths_and_observers():
+@pytest.mark.parametrize("config", ["mixed", "in_phase"])
+@pytest.mark.parametrize("policy", ["trace", "fixed"])
+def test_whole_token_steps_with_mixed_depths_equal_round_steps(config, policy):
+    """Rows at different host-fixed depths (an exit replay, or requests at different fixed
+    depths) take whole-token steps too, deepest first with each round over the rows still
+    going; tokens, log-probs and exit depths equal the round-per-step engine's and the
+    recompute."""
+    model = tiny_engine_model(7)
+    prompts = random_prompts(7, seed=12)
+    gen = torch.Generator().manual_seed(5)
+    traces = [[4] + torch.randint(1, 5, (12,), generator=gen).tolist() for _ in prompts]
+    params = [SamplingParams(temperature=(0.0, 0.8)[i % 2], seed=i, max_tokens=5 + i % 4,
+                             logprobs=1, ignore_eos=True, **(
+                                 dict(exit_policy="trace", exit_policy_args={
+                                     "depths": traces[i], "fallback": 2}) if policy == "trace"
+                                 else dict(exit_policy="fixed",
+                                           exit_policy_args={"depth": 1 + i % 4})))
+              for i in range(len(prompts))]
+    engine_args = MIXED if config == "mixed" else IN_PHASE
+    rounds = LLM(model, decode_path="static", fused_tokens=False, **engine_args).generate(
+        prompts, params)
+    llm = LLM(model, decode_path="static", **engine_args)
+    runner, calls = llm.llm_engine.runner, []
+    run_token = runner.run_token
+    runner.run_token = lambda seqs, d: calls.append(d) or run_token(seqs, d)
+    whole = llm.generate(prompts, params)
+    assert_same_rollouts(rounds, whole)
+    assert any(isinstance(d, list) and len(set(d)) > 1 for d in calls), calls
+    for i, out in enumerate(whole):
+        expected = (traces[i] + [2] * 20 if policy == "trace" else [4] + [1 + i % 4] * 20)
+        assert out.exit_depths[1:] == expected[1: len(out.exit_depths)]
+    check_against_recompute(model, prompts, whole, greedy_rows=range(0, 7, 2))
+
+
+def test_ragged_whole_token_equals_one_depth_at_a_time():
+    """StaticDecoder.run_token_ragged over rows at depths 4, 3, 3, 1 gives each row the state
+    (and, after the LAST_EXITED copies, the K/V planes) that run_token at its own depth gives."""
+    llm = LLM(tiny_engine_model(9), decode_path="static", max_num_seqs=4, block_size=4)
+    runner = llm.llm_engine.runner
+    decoder: StaticDecoder = runner.static
+    gen = torch.Generator().manual_seed(2)
+    embeddings = torch.randn(4, decoder.config.hidden_size, generator=gen)
+    positions, slots = [5, 2, 7, 3], [5, 10, 31, 19]   # block_table[pos // 4] * 4 + pos % 4
+    tables = [[0, 1], [2, 3], [6, 7], [4, 5]]
+    depths = [4, 3, 3, 1]
+    decoder.kv_cache.normal_(generator=gen)   # context K/V for every position
+    start = decoder.kv_cache.clone()
+    decoder.stage(positions, [0] * 4, slots, tables)
+    ragged = decoder.run_token_ragged(embeddings, depths)
+    runner.last_exited_copy([19], [1])
+    runner.last_exited_copy([10, 31], [3, 3])
+    ragged_cache = decoder.kv_cache.clone()
+    for i, d in enumerate(depths):
+        decoder.kv_cache.copy_(start)
+        decoder.stage([positions[i]], [0], [slots[i]], [tables[i]])
+        alone, _ = decoder.run_token(embeddings[i: i + 1], d)
+        if d < 4:
+            runner.last_exited_copy([slots[i]], [d])
+        torch.testing.assert_close(ragged[i: i + 1], alone, rtol=1e-5, atol=1e-5)
+        flat = decoder.kv_cache.view(*decoder.kv_cache.shape[:3], -1, *decoder.kv_cache.shape[-2:])
+        ragged_flat = ragged_cache.view_as(flat)
+        torch.testing.assert_close(ragged_flat[:, :, :, slots[i]], flat[:, :, :, slots[i]],
+                                   rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="deepest first"):
+        decoder.run_token_ragged(embeddings, [1, 3, 3, 4])
+
+
+def test_whole_token_steps_wait_for_observers_and_gate_policies():
     model = tiny_engine_model(8)
     llm = LLM(model, decode_path="static", max_num_seqs=2)
     engine = llm.llm_engine
     run_token, calls = engine.runner.run_token, []
-    engine.runner.run_token = lambda seqs, d: calls.append({s.params.exit_policy_args["depth"]
-                                                             for s in seqs}) or run_token(seqs, d)
+    engine.runner.run_token = lambda seqs, d: calls.append(d) or run_token(seqs, d)
     prompts = random_prompts(2, seed=3)
-    mixed = [SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, exit_policy="fixed",
-                            exit_policy_args={"depth": d}) for d in (1, 3)]
-    llm.generate(prompts, mixed)
-    # Only once the depth-1 sequence is done may the depth-3 one take whole-token steps.
-    assert calls and all(depths == {3} for depths in calls)
-    calls.clear()
     handle = engine.add_round_observer(lambda event: None)
     llm.generate(prompts, SamplingParams(max_tokens=5, exit_policy="fixed",
                                          exit_policy_args={"depth": 4}))
     engine.remove_round_observer(handle)
     llm.generate(prompts, SamplingParams(max_tokens=5, exit_policy="q_exit"))
     assert calls == []
+    mixed = [SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, exit_policy=name,
+                            **({"exit_policy_args": {"depth": 3}} if name == "fixed" else {}))
+             for name in ("fixed", "q_exit")]
+    llm.generate(prompts, mixed)   # one row's depth is the gate's: the pair steps round by round
+    assert all(d == 3 for d in calls), calls   # whole tokens only once the q_exit row is done
 
 
 def test_whole_token_run_is_idempotent_as_graph_capture_needs():

@@ -167,16 +167,31 @@ class ModelRunner:
             self.static = StaticDecoder(self.model, max_batch=rows, **self._static_args)
         return self.static
 
-    def run_token(self, seqs: list[Sequence], depth: int) -> torch.Tensor:
+    def run_token(self, seqs: list[Sequence], depth: int | list[int]) -> torch.Tensor:
         """Rounds 1..depth of every sequence's pending token (its last, at position
         num_tokens - 1) in one static-path launch, LAST_EXITED copies into the deeper planes
-        included -> h_depth [n, H]."""
-        slots = self._stage([(seq, seq.num_tokens - 1, 0) for seq in seqs])
-        ids = to_device([seq.output_token_ids[-1] for seq in seqs], torch.int64, self.device)
-        hidden, _ = self.static.run_token(self.model.model.embed_tokens(ids), depth)
-        if depth < self.config.num_rounds:
-            self.last_exited_copy(slots, [depth] * len(seqs))
-        return hidden
+        included -> h_depth [n, H]. `depth` may also be one depth per sequence: then the rows
+        run deepest first, each round over the rows still going (StaticDecoder.run_token_ragged),
+        and every row gets the LAST_EXITED copies of its own depth."""
+        depths = [depth] * len(seqs) if isinstance(depth, int) else list(depth)
+        order = sorted(range(len(seqs)), key=lambda i: -depths[i])
+        ordered = [seqs[i] for i in order]
+        slots = self._stage([(seq, seq.num_tokens - 1, 0) for seq in ordered])
+        ids = to_device([seq.output_token_ids[-1] for seq in ordered], torch.int64, self.device)
+        embedded = self.model.model.embed_tokens(ids)
+        sorted_depths = [depths[i] for i in order]
+        if len(set(depths)) == 1:
+            hidden, _ = self.static.run_token(embedded, depths[0])
+        else:
+            hidden = self.static.run_token_ragged(embedded, sorted_depths)
+        short = [(slot, d) for slot, d in zip(slots, sorted_depths)
+                 if d < self.config.num_rounds]
+        self.last_exited_copy([slot for slot, _ in short], [d for _, d in short])
+        if order == sorted(order):
+            return hidden
+        inverse = torch.empty(len(order), dtype=torch.int64)
+        inverse[torch.tensor(order)] = torch.arange(len(order))
+        return hidden[inverse.to(hidden.device)]
 
     def _decode_inputs(self, seqs: list[Sequence]) -> torch.Tensor:
         """Round input per row: the embedding (round 1) or the span's last hidden state."""

@@ -212,6 +212,35 @@ class StaticDecoder:
             self._token(bucket, depth)
         return self.hidden_out[:n].clone(), self.token_gates[:n, :depth].clone()
 
+    def run_token_ragged(self, hidden: torch.Tensor, depths: list[int]) -> torch.Tensor:
+        """Rounds 1..depths[i] of staged row i's token, rows ordered deepest first: round r
+        runs the rows whose depth exceeds r - 1 (one replay of that bucket's round at plane
+        r - 1; no host sync between rounds). A bucket larger than the rows still going also
+        recomputes a few finished rows, writing K/V into planes at or past their exit: the
+        caller's LAST_EXITED copy overwrites exactly those planes, and no other row reads them.
+        hidden [n, H]: the embeddings. -> h at each row's own depth [n, H]."""
+        n, R = hidden.shape[0], self.config.num_rounds
+        if len(depths) != n or not all(1 <= d <= R for d in depths) or \
+                any(a < b for a, b in zip(depths, depths[1:])):
+            raise ValueError(f"depths must be {n} rounds in 1..{R}, deepest first, got {depths}")
+        out = torch.empty_like(hidden)
+        self.hidden_in[:n].copy_(hidden)
+        for r in range(depths[0]):
+            going = sum(d > r for d in depths)
+            if r:
+                self.hidden_in[:going].copy_(self.hidden_out[:going])
+            bucket = next(b for b in self.buckets if b >= going)
+            if self.cuda_graphs:
+                if (bucket, "plane", r) not in self._graphs:
+                    self._graphs[bucket, "plane", r] = self._capture(
+                        lambda: self._round(bucket, plane=r))
+                self._graphs[bucket, "plane", r].replay()
+            else:
+                self._round(bucket, plane=r)
+            done = sum(d > r + 1 for d in depths)   # rows [done, going) exit after round r + 1
+            out[done:going].copy_(self.hidden_out[done:going])
+        return out
+
     def _token(self, n: int, depth: int) -> None:
         # Reads only token_in and the staged indices: running it again (the capture's warm-up
         # does) recomputes the same values and rewrites the same K/V.

@@ -9,21 +9,28 @@ and depth: `StaticDecoder.run_token`) and samples: one host round trip per token
 
 It applies when the engine has the static decode path, no round observers and no proposer, is
 not paused, no waiting request could be admitted, and every running sequence sits at a decode
-boundary (pending token sampled, every earlier position final) under the host-decided `fixed`
-policy, all at the same depth D. Then the result is the round-per-step result by construction:
-the same rounds through the same decoder, the same LAST_EXITED copies, the same sampler; tests
-compare both token for token. Anything else steps one round at a time.
+boundary (pending token sampled, every earlier position final) under a policy that fixes the
+token's depth on the host before it starts: `fixed` (its depth) or `trace` (the replayed depth
+of this output token). Then the result is the round-per-step result by construction: the same
+rounds through the same decoder, the same LAST_EXITED copies, the same sampler; tests compare
+both token for token. Anything else steps one round at a time.
+
+Mixed depths: when the rows' depths differ (exit replay, or requests at different fixed depths),
+the step runs them deepest first and each round only over the rows still going
+(ModelRunner.run_token with one depth per row): a row at depth 2 costs two rounds, and the batch
+still takes one host round trip per token. Stepping such a batch round by round instead would
+leave the rows out of phase for good (each restarts at its own round), at one host step per round.
 
 Phase: sequences that start their tokens in different steps (prefills finish in different
 steps; a prefill always runs R rounds, so at depth D with R % D != 0 they never line up again)
 would never all sit at a boundary together. So when the only thing standing in the way is
 decode tokens still in flight, `hold()` names the sequences already at a boundary: they start no
-new token until the others finish theirs (fewer than D steps), and from then on the batch steps
+new token until the others finish theirs (fewer than R steps), and from then on the batch steps
 whole tokens. Holding changes when a sequence computes, never what it computes.
 """
 from __future__ import annotations
 
-from rltlab.engine.exit_policies import FixedDepth
+from rltlab.engine.exit_policies import FixedDepth, TraceReplay
 from rltlab.engine.sequence import Sequence
 
 
@@ -32,25 +39,35 @@ class FusedTokenStep:
         self.engine = engine
 
     def depth(self, seq: Sequence) -> int | None:
-        """The host-fixed depth of the sequence's next token, or None (the policy decides)."""
-        p = seq.params
-        if not isinstance(self.engine.policy(p.exit_policy), FixedDepth):
+        """The host-fixed depth of the sequence's next token, or None (the policy decides).
+        The round-step engine exits at min(policy's round, max_loops, R): so does this."""
+        p, R = seq.params, self.engine.num_rounds
+        policy = self.engine.policy(p.exit_policy)
+        if isinstance(policy, FixedDepth):
+            target = p.exit_policy_args.get("depth", p.max_loops)
+        elif isinstance(policy, TraceReplay):
+            depths, i = p.exit_policy_args["depths"], seq.num_output_tokens
+            target = depths[i] if i < len(depths) else p.exit_policy_args.get("fallback", R)
+        else:
             return None
-        return min(p.exit_policy_args.get("depth", p.max_loops), p.max_loops,
-                   self.engine.num_rounds)
+        return min(target, p.max_loops, R)
 
-    def ready(self) -> int | None:
-        """The common depth if this step can run whole tokens, else None."""
+    def ready(self) -> int | list[int] | None:
+        """The depth of every running sequence's next token if this step can run whole tokens
+        (one int when they agree, else one per sequence in running order), else None."""
         seqs = self._candidates()
         if seqs is None or any(not seq.at_token_boundary for seq in seqs):
             return None
-        return self._common_depth(seqs)
+        depths = self._depths(seqs)
+        if depths is None:
+            return None
+        return depths[0] if len(set(depths)) == 1 else depths
 
     def hold(self) -> frozenset[int]:
         """Sequences at a boundary to keep waiting this round step: every running sequence is
-        either at a boundary or inside a decode token of the same host-fixed depth."""
+        either at a boundary or inside a decode token, all under host-fixed depths."""
         seqs = self._candidates()
-        if seqs is None or self._common_depth(seqs) is None:
+        if seqs is None or self._depths(seqs) is None:
             return frozenset()
         waiting = [seq for seq in seqs if seq.at_token_boundary]
         in_flight = [seq for seq in seqs if not seq.at_token_boundary]
@@ -68,17 +85,19 @@ class FusedTokenStep:
             return None
         return sch.running
 
-    def _common_depth(self, seqs: list[Sequence]) -> int | None:
-        depths = {self.depth(seq) for seq in seqs}
-        return depths.pop() if len(depths) == 1 and None not in depths else None
+    def _depths(self, seqs: list[Sequence]) -> list[int] | None:
+        depths = [self.depth(seq) for seq in seqs]
+        return None if None in depths else depths
 
-    def step(self, depth: int):
+    def step(self, depth: int | list[int]):
+        """Run every running sequence's pending token whole (`depth`: ready()'s answer)."""
         eng = self.engine
         seqs = list(eng.scheduler.running)
         eng._failed = {}
         hidden = eng.runner.run_token(seqs, depth)
         for seq in seqs:
             seq.num_computed = seq.num_tokens
-        eng._sample([(seq, hidden[i], depth) for i, seq in enumerate(seqs)])
+        depths = [depth] * len(seqs) if isinstance(depth, int) else depth
+        eng._sample([(seq, hidden[i], d) for i, (seq, d) in enumerate(zip(seqs, depths))])
         eng._finish_failed(seqs)
         return eng._drain_outputs()
