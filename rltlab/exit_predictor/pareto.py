@@ -276,18 +276,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--hist", action="append", default=[],
                     help="'POLICY SETTING' in the depth histogram (repeatable; default depth R, "
                          "the oracle and each predictor's savings point)")
-    ap.add_argument("--pattern", default=None, help="write the replay pattern here")
-    ap.add_argument("--pattern-setting", default=None,
-                    help="'POLICY SETTING' to replay (default: the first predictor's "
-                         "savings point)")
+    ap.add_argument("--pattern", action="append", default=[],
+                    help="write a replay pattern to this file (repeatable)")
+    ap.add_argument("--pattern-setting", action="append", default=[],
+                    help="'POLICY SETTING' replayed into the i-th --pattern file (default: "
+                         "the i-th predictor's savings point)")
     ap.add_argument("--pattern-length", type=int, default=255)
+    ap.add_argument("--training", action="append", default=[],
+                    help="NAME=DIR: embed a train output dir's metrics.json and checkpoint "
+                         "manifests (DIR/n*/manifest.json) under 'training'")
     ap.add_argument("--command", action="append", default=[],
                     help="the commands that made the inputs (recorded in --out)")
     args = ap.parse_args(argv)
     results = merge_results([read_json(p) for p in args.results])
     analysis = analyse(results, args.predictor, args.max_loss_pp)
     out: dict[str, Any] = {"analysis": analysis, "per_kind": per_kind(results),
-                           "commands": args.command, "inputs": args.results}
+                           "commands": args.command, "inputs": args.results,
+                           "training": {name: training_record(d) for name, d in
+                                        (t.split("=", 1) for t in args.training)}}
     if args.figures:
         from rltlab.eval.plots import plot_depth_histogram
 
@@ -302,14 +308,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                       title="Rounds per decode token (oracle: selected)",
                                       stem=f"{args.stem}_depth_hist")
         out["figures"] = [str(p) for p in paths]
-    if args.pattern:
-        key = args.pattern_setting or _savings_key(analysis[args.predictor[0]])
+    out["patterns"] = []
+    for i, path in enumerate(args.pattern):
+        key = (args.pattern_setting[i] if i < len(args.pattern_setting)
+               else _savings_key(analysis[args.predictor[i]]))
         if key not in results["executed_rounds"]:
             raise SystemExit(f"--pattern-setting {key!r} is not a setting of the results; "
                              f"have {sorted(results['executed_rounds'])}")
         pat = replay_pattern(results["executed_rounds"][key], args.pattern_length)
-        write_text_atomic(args.pattern, ",".join(map(str, pat["pattern"])) + "\n")
-        out["pattern"] = {"setting": key, "file": args.pattern, **pat}
+        write_text_atomic(path, ",".join(map(str, pat["pattern"])) + "\n")
+        out["patterns"].append({"setting": key, "file": path, **pat})
     out["results"] = results
     write_json_atomic(args.out, out, indent=None)
     for label, res in analysis.items():
@@ -320,6 +328,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             print(f"  {p['setting']:>10} rounds {p['mean_rounds']:.3f} EM {p['quality']:.1f} "
                   f"vs Q-exit {p['diff_pp']:+.1f} +- {p['se_pp']:.1f} pp, z {p['z']:.2f}")
     return out
+
+
+def training_record(train_dir) -> dict[str, Any]:
+    """metrics.json of a `python -m rltlab.exit_predictor.train` output and the manifests of
+    its checkpoints (OUT/n{N}/manifest.json, which carry the weights' sha256)."""
+    from rltlab.common.atomic import read_json
+
+    root = Path(train_dir)
+    metrics = read_json(root / "metrics.json")
+    if metrics is None:
+        raise SystemExit(f"--training {train_dir}: no metrics.json there")
+    return {"dir": str(root), "metrics": metrics,
+            "manifests": {p.parent.name: read_json(p)
+                          for p in sorted(root.glob("n*/manifest.json"))}}
 
 
 def _savings_key(res: dict) -> str:
