@@ -82,7 +82,8 @@ def test_deeper_rounds_matter(source, recomputed):
     r1, r2, r3, r4 = (METRICS if source == "metrics.json" else recomputed)["rounds"]
     for key in ("text_loss", "code_loss"):     # held-out stdlib text, code from outside training
         assert r4[key] <= 0.85 * r1[key], key
-        assert r4[key] <= 0.99 * r2[key], key
+        for deeper, shallower in ((r2, r1), (r3, r2), (r4, r3)):   # every round >= 1% better
+            assert deeper[key] <= 0.99 * shallower[key], (key, deeper["round"])
     assert r4["arith_loss"] <= 0.5 * r2["arith_loss"] and r4["arith_loss"] <= 0.1 * r1["arith_loss"]
     em = [r["hops_exact_match"] for r in (r1, r2, r3, r4)]   # the depth-graded task
     assert em == sorted(em) and len(set(em)) == 4, em
