@@ -8,7 +8,9 @@ def test_depth_gain_reports_both_policies_and_the_ideal():
     res = main(["--preset", "tiny", "--device", "cpu", "--concurrency", "2", "--max-tokens", "4",
                 "--prompt-len", "8", "--repeats", "1", "--pattern", "2,3", "--kv-gib", "0.05"])
     assert res["fixed_R"]["tokens"] == res["replay"]["tokens"] == 4 * 4
-    assert abs(res["mean_executed_rounds"] - (2 + 3 + 2) / 3) < 1e-9
+    # 4 requests replay "2,3" from offsets 0, 0, 1, 1: 2,3,2 twice and 3,2,3 twice
+    assert res["replay_policy"] == "trace"
+    assert abs(res["mean_executed_rounds"] - (2 * (2 + 3 + 2) + 2 * (3 + 2 + 3)) / 12) < 1e-9
     assert abs(res["ideal_gain"] - 4 / res["mean_executed_rounds"]) < 1e-9
     # the gains follow from the two runs' own figures (tok/s = tokens / wall time, rounded)
     assert res["tok_s_gain"] == pytest.approx(res["replay"]["tok_s"] / res["fixed_R"]["tok_s"])

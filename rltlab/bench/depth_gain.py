@@ -4,9 +4,11 @@
 
 The engine runs the same closed-loop workload (C requests in flight, prompt --prompt-len,
 --max-tokens new tokens, ignore_eos) twice from one process and one model: once at fixed depth R
-(baseline) and once replaying --pattern (comma-separated exit rounds, cycled over the output
-tokens; the N+2 predictor of docs/experiments/n_plus_2.md exits every arithmetic token at 3).
-Reports tok/s and TPOT for both, the gain, and the ideal gain R / mean executed rounds.
+(baseline) and once replaying --pattern (comma-separated exit rounds; request j replays it
+cyclically from offset j * len(pattern) // requests, so a long pattern is covered and rows at
+mixed depths decode side by side, as in generation; e.g. the replay pattern that
+rltlab.exit_predictor.pareto writes for an N+2 operating point). Reports tok/s and TPOT for
+both, the gain, and the ideal gain R / mean executed rounds over the replayed decode tokens.
 Last line: JSON.
 """
 from __future__ import annotations
@@ -42,34 +44,38 @@ def main(argv=None) -> dict:
     pattern = [int(x) for x in args.pattern.split(",")]
     if not all(1 <= d <= rounds for d in pattern):
         raise SystemExit(f"--pattern rounds must lie in [1, {rounds}], got {pattern}")
-    depths = [rounds] + [pattern[i % len(pattern)] for i in range(args.max_tokens - 1)]
     common = dict(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    # A constant pattern is fixed depth d: replay it as such, so both runs take the engine's
-    # whole-token steps (engine/token_step.py); a mixed pattern needs the trace policy, which
-    # steps round by round (a conservative gain against the whole-token baseline).
-    replay = (SamplingParams(exit_policy="fixed", exit_policy_args={"depth": pattern[0]}, **common)
-              if len(set(pattern)) == 1 else
-              SamplingParams(exit_policy="trace", exit_policy_args={"depths": depths}, **common))
+    prompts = prompts_for(max(2 * args.concurrency, 4), args.prompt_len,
+                          model.config.vocab_size, seed=args.concurrency)
+    offsets = [j * len(pattern) // len(prompts) for j in range(len(prompts))]
+    traces = [[rounds] + [pattern[(start + i) % len(pattern)] for i in range(args.max_tokens - 1)]
+              for start in offsets]
+    # A constant pattern is fixed depth d, else the trace policy replays each request's depths;
+    # both take the engine's whole-token steps (engine/token_step.py) unless --round-steps.
+    replay = ([SamplingParams(exit_policy="fixed", exit_policy_args={"depth": pattern[0]},
+                              **common)] * len(prompts) if len(set(pattern)) == 1 else
+              [SamplingParams(exit_policy="trace", exit_policy_args={"depths": t}, **common)
+               for t in traces])
     policies = {"fixed_R": SamplingParams(exit_policy="fixed", **common), "replay": replay}
     llm = LLM(model, max_num_seqs=args.concurrency,
               max_model_len=args.prompt_len + args.max_tokens,
               max_num_batched_tokens=max(2048, args.prompt_len), kv_cache_memory_gib=args.kv_gib,
               fused_tokens=not args.round_steps)
-    prompts = prompts_for(max(2 * args.concurrency, 4), args.prompt_len,
-                          model.config.vocab_size, seed=args.concurrency)
     results = {"device": args.device, "dtype": args.dtype, "model": args.model or
                f"random:{args.preset}", "concurrency": args.concurrency,
                "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "pattern": pattern,
-               "replay_policy": replay.exit_policy, "round_steps": args.round_steps}
+               "replay_policy": replay[0].exit_policy, "round_steps": args.round_steps}
     if torch.device(args.device).type == "cuda":
         results["gpu"] = torch.cuda.get_device_name()
     for name, params in policies.items():
-        llm.generate(prompts_for(2, args.prompt_len, model.config.vocab_size, seed=99), params)
+        llm.generate(prompts_for(2, args.prompt_len, model.config.vocab_size, seed=99),
+                     params[:2] if isinstance(params, list) else params)
         results[name] = median_run(lambda: bench_engine(llm, prompts, params, args.concurrency),
                                    args.repeats)
         print(f"{name:>8}: {results[name]['tok_s']:.1f} tok/s, "
               f"TPOT {results[name]['tpot_ms']:.2f} ms")
-    mean_decode = sum(depths[1:]) / max(len(depths) - 1, 1)
+    decode_depths = [d for t in traces for d in t[1:]]
+    mean_decode = sum(decode_depths) / max(len(decode_depths), 1)
     results["mean_executed_rounds"] = mean_decode
     results["ideal_gain"] = rounds / mean_decode
     results["tok_s_gain"] = results["replay"]["tok_s"] / results["fixed_R"]["tok_s"]
