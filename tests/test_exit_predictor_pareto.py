@@ -172,3 +172,25 @@ def test_per_kind_splits_em_and_rounds_by_problem_kind():
                            "index1_rounds": pytest.approx(3.5)}
     assert row["arith"]["mean_rounds"] == pytest.approx(7 / 3) and row["arith"]["em"] == 0
     assert row["hops=2"]["index1_rounds"] == 4 and row["n"]["hops=3"] == 1
+
+
+def test_problem_offset_is_refused_when_negative_before_anything_is_written(tmp_path):
+    from rltlab.exit_predictor.evaluate import run
+
+    with pytest.raises(ValueError, match="problem_offset"):
+        run(None, {}, tmp_path / "out", problems=2, problem_offset=-1)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_offset_slice_of_the_mixed_set_is_fresh_and_still_mixed():
+    """evaluate.run takes eval_problems(offset + n)[offset:]: that is a confirmatory slice only
+    because a longer set starts with the shorter one (prefix-stable) and repeats no question."""
+    from rltlab.eval.problems import eval_problems
+    from rltlab.common.paths import embedded_model_dir
+
+    mdir = embedded_model_dir()       # eval/ holds 100 word problems: 400 needs generated ones
+    first, longer = eval_problems(mdir, 200), eval_problems(mdir, 400)
+    assert [p["question"] for p in longer[:200]] == [p["question"] for p in first]
+    fresh = longer[200:]
+    assert not {p["question"] for p in fresh} & {p["question"] for p in first}
+    assert {p["kind"] for p in fresh} == {"hops", "arith"}

@@ -88,3 +88,21 @@ def test_a_nan_quality_is_not_met():
     # the NaN Q-exit rows drop out; depth 4 (4.0 rounds) is not reachable at 3.0 rounds
     assert res["q_exit_setting_at_same_rounds"] is None
     assert res["targets"]["beats_q_exit"] is False
+
+
+def test_select_only_cost_pairs_each_threshold_with_its_last_exited_twin():
+    from rltlab.exit_predictor.report import select_only_cost
+
+    le, so = set(range(20)), set(range(5, 29))        # LAST_EXITED 20 of 50, select-only 24
+    rows, scores = _table({"fixed depth=4": (4.0, FULL), "q_exit t=0.5": (1.8, le),
+                           "q_exit t=0.9": (3.1, FULL), "select_only t=0.5": (4.0, so),
+                           "select_only t=0.7": (4.0, FULL)})
+    next(r for r in rows if r["key"] == "select_only t=0.5")["mean_selected"] = 1.7
+    (cost,) = select_only_cost(rows, scores)          # t=0.7 has no LAST_EXITED twin
+    diff, se = _paired_pp(le, so)
+    assert cost["setting"] == "t=0.5" and diff == pytest.approx(-8.0)
+    assert cost["diff_pp"] == pytest.approx(diff) and cost["se_pp"] == pytest.approx(se)
+    assert cost["z"] == pytest.approx(diff / se)
+    assert (cost["last_exited_only"], cost["select_only_only"]) == (5, 9)
+    assert (cost["last_exited_rounds"], cost["select_only_selected_rounds"],
+            cost["select_only_executed_rounds"]) == (1.8, 1.7, 4.0)

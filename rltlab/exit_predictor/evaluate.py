@@ -278,8 +278,10 @@ def run(model_dir: str | None, predictors: dict[str, str], out_dir: str | Path, 
         throughput_tokens: int = 32, concurrency: Sequence[int] = (1, 64),
         figures: str | Path | None = None, threads: int = 2,
         settings_kw: dict[str, Any] | None = None, progress: bool = True,
-        requests_per_slot: int = 2) -> dict[str, Any]:
-    """The whole experiment; writes OUT/results.json and the plots (into `figures` or OUT)."""
+        requests_per_slot: int = 2, problem_offset: int = 0) -> dict[str, Any]:
+    """The whole experiment; writes OUT/results.json and the plots (into `figures` or OUT).
+    problem_offset k: problems k..k+problems-1 of the mixed held-out set (a fresh slice for
+    a confirmatory run)."""
     from rltlab.eval import plots
     from rltlab.model.checkpoint import model_hash
     from rltlab.engine import LLM
@@ -290,6 +292,8 @@ def run(model_dir: str | None, predictors: dict[str, str], out_dir: str | Path, 
     from rltlab.eval.problems import encode, eval_problems, heldout_text_rows
     from rltlab.model.checkpoint import load_model
 
+    if problem_offset < 0:
+        raise ValueError(f"problem_offset must be >= 0, got {problem_offset}")
     t_start = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -306,7 +310,7 @@ def run(model_dir: str | None, predictors: dict[str, str], out_dir: str | Path, 
         lookahead[label] = {"name": name, "threshold": policy.threshold, "policy": policy,
                             "checkpoint": str(path), "manifest": policy.manifest}
     settings = default_settings(R, lookahead, **(settings_kw or {}))
-    probs = eval_problems(mdir, problems)
+    probs = eval_problems(mdir, problem_offset + problems)[problem_offset:]
     seqs = min(128, max(1, len(probs)))
     llm = LLM(model, tokenizer, max_num_seqs=seqs)
     select_llm = (LLM(model, tokenizer, max_num_seqs=seqs, exit_semantics="select_only")
@@ -348,6 +352,7 @@ def run(model_dir: str | None, predictors: dict[str, str], out_dir: str | Path, 
         tp = throughput(model, prompts, pols, concurrency=concurrency,
                         max_tokens=throughput_tokens, requests_per_slot=requests_per_slot)
     results = {"model_dir": str(mdir), "model_hash": mhash, "problems": len(probs),
+               "problem_offset": problem_offset,
                "max_tokens": max_tokens, "reference": ref, "arithmetic": rows, "text": text,
                "problem_set": [{k: p[k] for k in ("kind", "hops", "answer") if k in p}
                                for p in probs],
@@ -379,6 +384,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", required=True)
     ap.add_argument("--model-dir", default=None)
     ap.add_argument("--problems", type=int, default=100)
+    ap.add_argument("--problem-offset", type=int, default=0,
+                    help="skip this many problems of the mixed held-out set first")
     ap.add_argument("--max-tokens", type=int, default=40)
     ap.add_argument("--text-rows", type=int, default=11)
     ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 64])
@@ -400,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
               figures=args.figures, threads=args.threads,
               settings_kw={**(QUICK if args.quick else {}),
                            **(json.loads(args.sweeps) if args.sweeps else {})},
-              requests_per_slot=args.requests_per_slot)
+              requests_per_slot=args.requests_per_slot, problem_offset=args.problem_offset)
     print(markdown_tables(res))
     for label, acc in res["acceptance"].items():
         print(label, acc)

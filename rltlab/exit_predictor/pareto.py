@@ -17,6 +17,8 @@ results.json (per-problem scores of every setting on the same problems).
   (paired mean difference) against the quality-matched oracle: the oracle-like setting (plain
   or floored oracle) with the fewest rounds within the same loss. Savings = R - mean rounds.
   The oracle's rounds are its SELECTED rounds (it executes all R to find them).
+* Select-only vs LAST_EXITED (report.select_only_cost): at each Q-exit threshold run both
+  ways, the paired difference LAST_EXITED minus select-only.
 * Replay pattern: the per-decode-token executed rounds of one setting, in problem order
   (first output token of each problem excluded: it comes from the full-depth prefill), and an
   evenly spaced subsample of a given length for rltlab.bench.depth_gain --pattern.
@@ -31,6 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from rltlab.eval.metrics import paired_difference
+from rltlab.exit_predictor.report import select_only_cost
 
 
 def _row_key(row: dict) -> str:
@@ -291,6 +294,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     results = merge_results([read_json(p) for p in args.results])
     analysis = analyse(results, args.predictor, args.max_loss_pp)
     out: dict[str, Any] = {"analysis": analysis, "per_kind": per_kind(results),
+                           "select_only_vs_last_exited": select_only_cost(
+                               results["arithmetic"], results["scores"]),
                            "commands": args.command, "inputs": args.results,
                            "training": {name: training_record(d) for name, d in
                                         (t.split("=", 1) for t in args.training)}}
@@ -327,6 +332,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for p in v["points"]:
             print(f"  {p['setting']:>10} rounds {p['mean_rounds']:.3f} EM {p['quality']:.1f} "
                   f"vs Q-exit {p['diff_pp']:+.1f} +- {p['se_pp']:.1f} pp, z {p['z']:.2f}")
+    for c in out["select_only_vs_last_exited"]:
+        print(f"Q-exit {c['setting']}: LAST_EXITED {c['last_exited_quality']:.1f}% at "
+              f"{c['last_exited_rounds']:.3f} rounds vs select-only {c['select_only_quality']:.1f}% "
+              f"(selects {c['select_only_selected_rounds']:.3f}, executes "
+              f"{c['select_only_executed_rounds']:.0f}): {c['diff_pp']:+.1f} +- {c['se_pp']:.1f} pp")
     return out
 
 

@@ -90,6 +90,32 @@ def _versus(scores: dict[str, list[float]], row: dict, other: dict | None, z: fl
             "beats": bool(d.diff > 0 and d.diff >= z * d.se)}
 
 
+def select_only_cost(rows: list[dict], scores: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """What LAST_EXITED costs against select-only exit (REFERENCE.md section 2) at the same
+    Q-exit threshold: for each "select_only t=X" row that has a "q_exit t=X" row, the paired
+    difference (pp) of LAST_EXITED minus select-only, its SE and z, with both settings'
+    mean rounds. Select-only executes R rounds per token and only selects an earlier output
+    round (its mean_selected); LAST_EXITED executes what it selects. Thresholds without a
+    LAST_EXITED twin are left out."""
+    from rltlab.eval.metrics import paired_difference
+
+    last = {r["setting"]: r for r in rows if r["policy"] == "q_exit"}
+    out = []
+    for so in (r for r in rows if r["policy"] == "select_only"):
+        le = last.get(so["setting"])
+        if le is None:
+            continue
+        d = paired_difference(scores[le["key"]], scores[so["key"]])
+        out.append({"setting": so["setting"], "last_exited_quality": le["quality"],
+                    "select_only_quality": so["quality"], "diff_pp": 100 * d.diff,
+                    "se_pp": 100 * d.se, "z": d.z if math.isfinite(d.z) else None,
+                    "last_exited_only": d.a_only, "select_only_only": d.b_only,
+                    "last_exited_rounds": le["mean_rounds"],
+                    "select_only_selected_rounds": so.get("mean_selected", math.nan),
+                    "select_only_executed_rounds": so["mean_rounds"]})
+    return out
+
+
 def markdown_tables(results: dict[str, Any]) -> str:
     """Markdown tables of a results.json (arithmetic, text, throughput, acceptance)."""
     lines = ["| policy | setting | EM (%) | SE | paired diff vs depth 4 (pp) | SE | mean "
