@@ -4,7 +4,7 @@
 ln -sfn ../kernels rltlab/kernels; ln -sfn ../engine_patches rltlab/engine_patches
 export PYTHONPATH=$PWD
 D=docs/experiments/data
-N1=$(cat $D/2026-12-01-n_plus_2-v3-pattern-n1.txt); N0=$(cat $D/2026-12-01-n_plus_2-v3-pattern-n0n1.txt)
+N1=$(cat $D/2026-12-01-n_plus_2-v3-pattern-n_plus_2-p0.7.txt); N0=$(cat $D/2026-12-01-n_plus_2-v3-pattern-n0_then_n1-p0.9.txt)
 run() {  # name, args...
   local name=$1; shift
   timeout 100 python3 -m rltlab.bench.depth_gain --preset ouro-1.4b --device cuda --dtype bfloat16 "$@" > $OUT/$name.log 2>&1
