@@ -100,7 +100,7 @@ def _run(params, run_dir):
     return json.loads((Path(run_dir) / "metrics.json").read_text()), Path(run_dir)
 
 
-def test_bad_gate_is_caught_on_model_v2(tmp_path):
+def test_bad_gate_is_caught_on_the_embedded_model(tmp_path):
     """Embedded model v2 (k-hop exact match rises with rounds): the injected gate that exits
     every token at round 1 is rejected by validation (the gate stays, verdict UNCHANGED); pushed
     anyway (GATE_KEEP_WORSE) the held-out verdict calls it "worse" at the default margin."""
