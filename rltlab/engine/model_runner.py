@@ -189,9 +189,7 @@ class ModelRunner:
         self.last_exited_copy([slot for slot, _ in short], [d for _, d in short])
         if order == sorted(order):
             return hidden
-        inverse = torch.empty(len(order), dtype=torch.int64)
-        inverse[torch.tensor(order)] = torch.arange(len(order))
-        return hidden[inverse.to(hidden.device)]
+        return hidden[torch.tensor(order).argsort().to(hidden.device)]   # back to seqs' order
 
     def _decode_inputs(self, seqs: list[Sequence]) -> torch.Tensor:
         """Round input per row: the embedding (round 1) or the span's last hidden state."""

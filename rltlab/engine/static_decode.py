@@ -186,13 +186,8 @@ class StaticDecoder:
         -> (h_r [n, H] after model.norm, gate logits fp32 [n]), both fresh tensors."""
         n = hidden.shape[0]
         self.hidden_in[:n].copy_(hidden)
-        bucket = next(b for b in self.buckets if b >= n)
-        if self.cuda_graphs:
-            if bucket not in self._graphs:
-                self._graphs[bucket] = self._capture(lambda: self._round(bucket))
-            self._graphs[bucket].replay()
-        else:
-            self._round(bucket)
+        bucket = self._bucket(n)
+        self._launch(bucket, lambda: self._round(bucket))
         return self.hidden_out[:n].clone(), self.gate_out[:n].clone()
 
     def run_token(self, hidden: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,13 +198,8 @@ class StaticDecoder:
         if not 1 <= depth <= self.config.num_rounds:
             raise ValueError(f"depth must lie in 1..{self.config.num_rounds}, got {depth}")
         self.token_in[:n].copy_(hidden)
-        bucket = next(b for b in self.buckets if b >= n)
-        if self.cuda_graphs:
-            if (bucket, depth) not in self._graphs:
-                self._graphs[bucket, depth] = self._capture(lambda: self._token(bucket, depth))
-            self._graphs[bucket, depth].replay()
-        else:
-            self._token(bucket, depth)
+        bucket = self._bucket(n)
+        self._launch((bucket, depth), lambda: self._token(bucket, depth))
         return self.hidden_out[:n].clone(), self.token_gates[:n, :depth].clone()
 
     def run_token_ragged(self, hidden: torch.Tensor, depths: list[int]) -> torch.Tensor:
@@ -229,14 +219,8 @@ class StaticDecoder:
             going = sum(d > r for d in depths)
             if r:
                 self.hidden_in[:going].copy_(self.hidden_out[:going])
-            bucket = next(b for b in self.buckets if b >= going)
-            if self.cuda_graphs:
-                if (bucket, "plane", r) not in self._graphs:
-                    self._graphs[bucket, "plane", r] = self._capture(
-                        lambda: self._round(bucket, plane=r))
-                self._graphs[bucket, "plane", r].replay()
-            else:
-                self._round(bucket, plane=r)
+            bucket = self._bucket(going)
+            self._launch((bucket, "plane", r), lambda: self._round(bucket, plane=r))
             done = sum(d > r + 1 for d in depths)   # rows [done, going) exit after round r + 1
             out[done:going].copy_(self.hidden_out[done:going])
         return out
@@ -248,6 +232,18 @@ class StaticDecoder:
             self.hidden_in[:n].copy_(self.token_in[:n] if r == 0 else self.hidden_out[:n])
             self._round(n, plane=r)
             self.token_gates[:n, r].copy_(self.gate_out[:n])
+
+    def _bucket(self, rows: int) -> int:
+        return next(b for b in self.buckets if b >= rows)
+
+    def _launch(self, key, fn) -> None:
+        """Run fn: on CUDA as the graph captured under `key` (captured on first use)."""
+        if not self.cuda_graphs:
+            fn()
+            return
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(fn)
+        self._graphs[key].replay()
 
     def _capture(self, fn) -> torch.cuda.CUDAGraph:
         side = torch.cuda.Stream()
