@@ -75,13 +75,13 @@ def _round_scores(model, rows: list[list[int]], scored: list[list[bool]], batch_
     exit_mass = torch.zeros(R, dtype=torch.float64)
     oracle = torch.zeros(R, dtype=torch.long)
     count = oracle_count = 0
+    def target_mask(masks: list[list[bool]]) -> torch.Tensor:   # row masks -> next-token targets
+        return _padded([[int(s) for s in x] for x in masks])[:, 1:].bool().to(device)
+
     for start in range(0, len(rows), batch_size):
         ids = _padded(rows[start:start + batch_size]).to(device)
-        score = _padded([[int(s) for s in x] for x in scored[start:start + batch_size]])
-        score = score[:, 1:].bool().to(device)
-        oracle_score = _padded([[int(s) for s in x]
-                                for x in oracle_scored[start:start + batch_size]])
-        oracle_score = oracle_score[:, 1:].bool().to(device)
+        score = target_mask(scored[start:start + batch_size])
+        oracle_score = target_mask(oracle_scored[start:start + batch_size])
         out = model(ids, all_logits=True)
         target = ids[:, 1:]
         top = []
