@@ -139,6 +139,19 @@ def test_triton_small_batch_rounds_equal_the_reference_rounds():
 IN_PHASE = dict(block_size=4, prefill_chunk=64, max_num_seqs=8, max_num_batched_tokens=256)
 
 
+def round_and_whole_token_runs(model, prompts, params, engine_args):
+    """The same requests through the round-per-step engine and the whole-token one -> (round-step
+    outputs, whole-token outputs, the whole-token engine's run_token calls as (rows, depth): one
+    int, or one depth per row)."""
+    rounds = LLM(model, decode_path="static", fused_tokens=False, **engine_args).generate(
+        prompts, params)
+    llm = LLM(model, decode_path="static", **engine_args)
+    runner, calls = llm.llm_engine.runner, []
+    run_token = runner.run_token
+    runner.run_token = lambda seqs, d: calls.append((len(seqs), d)) or run_token(seqs, d)
+    return rounds, llm.generate(prompts, params), calls
+
+
 @pytest.mark.parametrize("depth", [4, 3, 2])
 @pytest.mark.parametrize("config", ["mixed", "in_phase"])
 def test_whole_token_steps_equal_round_steps_and_recompute(depth, config):
@@ -149,14 +162,8 @@ def test_whole_token_steps_equal_round_steps_and_recompute(depth, config):
     params = [SamplingParams(temperature=(0.0, 0.8)[i % 2], seed=i, max_tokens=4 + i % 5,
                              logprobs=1, exit_policy="fixed", exit_policy_args={"depth": depth})
               for i in range(len(prompts))]
-    engine_args = MIXED if config == "mixed" else IN_PHASE
-    rounds = LLM(model, decode_path="static", fused_tokens=False, **engine_args).generate(
-        prompts, params)
-    llm = LLM(model, decode_path="static", **engine_args)
-    runner, calls = llm.llm_engine.runner, []
-    run_token = runner.run_token
-    runner.run_token = lambda seqs, d: calls.append((len(seqs), d)) or run_token(seqs, d)
-    whole = llm.generate(prompts, params)
+    rounds, whole, calls = round_and_whole_token_runs(
+        model, prompts, params, MIXED if config == "mixed" else IN_PHASE)
     assert calls and all(d == depth for _, d in calls)
     if config == "in_phase":   # every decode token (all but the first of each request)
         assert sum(n for n, _ in calls) == sum(len(o.outputs[0].token_ids) - 1 for o in whole)
@@ -183,16 +190,10 @@ def test_whole_token_steps_with_mixed_depths_equal_round_steps(config, policy):
                                  else dict(exit_policy="fixed",
                                            exit_policy_args={"depth": 1 + i % 4})))
               for i in range(len(prompts))]
-    engine_args = MIXED if config == "mixed" else IN_PHASE
-    rounds = LLM(model, decode_path="static", fused_tokens=False, **engine_args).generate(
-        prompts, params)
-    llm = LLM(model, decode_path="static", **engine_args)
-    runner, calls = llm.llm_engine.runner, []
-    run_token = runner.run_token
-    runner.run_token = lambda seqs, d: calls.append(d) or run_token(seqs, d)
-    whole = llm.generate(prompts, params)
+    rounds, whole, calls = round_and_whole_token_runs(
+        model, prompts, params, MIXED if config == "mixed" else IN_PHASE)
     assert_same_rollouts(rounds, whole)
-    assert any(isinstance(d, list) and len(set(d)) > 1 for d in calls), calls
+    assert any(isinstance(d, list) and len(set(d)) > 1 for _, d in calls), calls
     for i, out in enumerate(whole):
         expected = (traces[i] + [2] * 20 if policy == "trace" else [4] + [1 + i % 4] * 20)
         assert out.exit_depths[1:] == expected[1: len(out.exit_depths)]
@@ -280,12 +281,7 @@ def test_sequences_out_of_phase_are_held_until_whole_tokens_line_up():
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, logprobs=0,
                             exit_policy="fixed", exit_policy_args={"depth": 3})
     staggered = dict(block_size=4, prefill_chunk=12, max_num_seqs=4, max_num_batched_tokens=24)
-    rounds = LLM(model, decode_path="static", fused_tokens=False, **staggered).generate(
-        prompts, params)
-    llm = LLM(model, decode_path="static", **staggered)
-    runner, calls = llm.llm_engine.runner, []
-    run_token = runner.run_token
-    runner.run_token = lambda seqs, d: calls.append(len(seqs)) or run_token(seqs, d)
-    whole = llm.generate(prompts, params)
+    rounds, whole, calls = round_and_whole_token_runs(model, prompts, params, staggered)
+    rows = [n for n, _ in calls]
     assert_same_rollouts(rounds, whole)
-    assert sum(calls) >= 0.75 * 4 * 9 and max(calls) == 4
+    assert sum(rows) >= 0.75 * 4 * 9 and max(rows) == 4
