@@ -8,6 +8,7 @@ from rltlab import kernels
 from rltlab.bench.engine import main as bench_main
 from rltlab.engine import LLM, SamplingParams
 from rltlab.engine.exit_policies import ExitPolicy, register_exit_policy
+from rltlab.engine.fused_prefill import FusedPrefill
 from rltlab.engine.static_decode import GEMV_ROWS, StaticDecoder
 from test_engine_exactness import (MIXED, POLICIES, assert_same_rollouts,
                                    check_against_recompute, check_exit_oracle, params_list,
@@ -130,6 +131,28 @@ def test_triton_small_batch_rounds_equal_the_reference_rounds():
                                   **runner._static_args)
     assert runner.static._small_rows == GEMV_ROWS == 1
     assert_same_rollouts(reference, llm.generate(prompts, params))
+
+
+@pytest.mark.skipif(not kernels.triton_available("cpu"), reason="needs TRITON_INTERPRET=1")
+def test_triton_fused_prefill_equals_gather_prefill():
+    """Prefill chunks through the fused layer with the Triton kernels (RoPE + K/V write, fused
+    norms, causal paged prefill attention), interpreted on CPU in fp32, against the same
+    engine with prefill on the gather path: chunks that start mid-prompt, rows at every round."""
+    model = tiny_engine_model(8)
+    prompts = random_prompts(4, seed=9)
+    params = params_list(prompts, POLICIES["q_exit"], seed0=30)
+    gather_llm = LLM(model, decode_path="static", fused_prefill=False, **MIXED)
+    assert gather_llm.llm_engine.runner.prefill is None
+    gather = gather_llm.generate(prompts, params)
+    llm = LLM(model, decode_path="static", **MIXED)
+    runner = llm.llm_engine.runner
+    runner.prefill = FusedPrefill(runner.model, runner.static.layers, runner.kv_cache,
+                                  triton=True)
+    chunks, run = [], runner.prefill.run
+    runner.prefill.run = lambda *a: chunks.extend(a[4]) or run(*a)
+    assert_same_rollouts(gather, llm.generate(prompts, params))
+    assert any(start > 0 for _, _, _, start in chunks)          # a later chunk of a prompt
+    assert {plane for _, _, plane, _ in chunks} == {0, 1, 2, 3}
 
 
 # MIXED: chunked prefill and 3 slots for 7 requests, so admissions interleave with decoding and

@@ -49,6 +49,9 @@ class EngineConfig:
     SiLU * up and RoPE + K/V write fused (rltlab.kernels.small_batch); False = cuBLAS.
     fused_tokens: with the static path, run all rounds of host-fixed-depth decode tokens in one
     launch when nothing needs to look between rounds (rltlab.engine.token_step).
+    fused_prefill: with the static path, run prefill chunks (rows of contiguous positions)
+    through the static path's fused layer with causal paged attention
+    (rltlab.engine.fused_prefill); False = the plain-torch gather path.
     fused_spec: with the static path and a DraftProposer, run each speculative iteration
     (K chained drafts, verification, acceptance / rejection sampling) as one device program,
     one CUDA graph on a GPU (rltlab.engine.spec_graph); False = the host-driven loop (one
@@ -74,6 +77,7 @@ class EngineConfig:
     compile: bool = False
     small_batch_kernels: bool = True
     fused_tokens: bool = True
+    fused_prefill: bool = True
     fused_spec: bool = True
 
     def __post_init__(self) -> None:
@@ -108,7 +112,7 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.decode_path must be one of {DECODE_PATHS}, "
                              f"got {self.decode_path!r}")
         for name in ("cuda_graphs", "compile", "small_batch_kernels", "fused_tokens",
-                     "fused_spec"):
+                     "fused_prefill", "fused_spec"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
         self.dtype = parse_dtype(self.dtype)

@@ -69,7 +69,8 @@ class LLMEngine:
                                   static_decode=static, max_batch=config.max_num_seqs,
                                   max_model_len=self.max_model_len,
                                   cuda_graphs=config.cuda_graphs, compile=config.compile,
-                                  small_batch_kernels=config.small_batch_kernels)
+                                  small_batch_kernels=config.small_batch_kernels,
+                                  fused_prefill=config.fused_prefill)
         self.weights = WeightUpdater(self.model, weight_version)
         self.eos_token_id = getattr(tokenizer, "eos_token_id", None)
         # every id of a list-valued config eos_token_id stops too (as in HF generate)

@@ -12,7 +12,9 @@ Two paths (EngineConfig.decode_path):
     recomputed spans always take it.
   * static (default on CUDA): decode rows go through rltlab.engine.static_decode (fused
     projections, Triton paged attention, one CUDA graph per batch bucket); the other rows of the
-    same step take the gather path. The step's rows come back decode rows first.
+    same step (prefill chunks) take rltlab.engine.fused_prefill, the same fused layer with
+    causal paged attention, when their positions are contiguous (fused_prefill=True, the
+    default), else the gather path. The step's rows come back decode rows first.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 
 from rltlab import kernels
 from rltlab.model.architecture import OuroForCausalLM, apply_rope, rope_cos_sin
+from rltlab.engine.fused_prefill import FusedPrefill, contiguous
 from rltlab.engine.sequence import Sequence
 from rltlab.engine.static_decode import StaticDecoder, fuse_projections
 
@@ -74,12 +77,17 @@ class RoundBatch:
     row_planes: torch.Tensor   # int64 [B]: plane (round - 1) each row reads
     tok_row: torch.Tensor      # int64 [T]: row of each token
     tok_col: torch.Tensor      # int64 [T]: index of each token within its row
-    key_slots: torch.Tensor    # int64 [B, max_ctx]
-    mask: torch.Tensor         # bool [B, 1, groups * max_q, max_ctx] (GQA: per query group)
     rows: StepRows             # the same, on the host
+    # Gather path only (None for the fused prefill path):
+    key_slots: torch.Tensor | None = None   # int64 [B, max_ctx]
+    mask: torch.Tensor | None = None        # bool [B, 1, groups * max_q, max_ctx] (GQA groups)
     # Every row is positions 0..n-1 of its sequence (a first prefill chunk): its keys are its
     # own fresh k/v, so attention is plain causal attention without the cache gather.
     from_start: bool = False
+    # Fused prefill path only: per row (first token index, tokens, plane, first position), and
+    # the rows' block tables (int32 [B, max_blocks]).
+    chunks: list[tuple[int, int, int, int]] | None = None
+    tables: torch.Tensor | None = None
 
     @property
     def row_sizes(self) -> list[int]:
@@ -94,7 +102,7 @@ class ModelRunner:
     def __init__(self, model: OuroForCausalLM, num_blocks: int, block_size: int, *,
                  static_decode: bool = False, max_batch: int = 1, max_model_len: int = 0,
                  cuda_graphs: bool = True, compile: bool = False,
-                 small_batch_kernels: bool = True):
+                 small_batch_kernels: bool = True, fused_prefill: bool = True):
         cfg = model.config
         self.model, self.config, self.block_size = model, cfg, block_size
         param = next(model.parameters())
@@ -115,6 +123,9 @@ class ModelRunner:
                                      cuda_graphs=cuda_graphs, compile=compile,
                                      small_batch_kernels=small_batch_kernels)
             self.static = StaticDecoder(model, max_batch=max_batch, **self._static_args)
+        self.prefill = (FusedPrefill(model, self.static.layers, self.kv_cache,
+                                     triton=self._use_triton)
+                        if self.static is not None and fused_prefill else None)
 
     # ------------------------------------------------------------------------------ one step
     def execute(self, seqs: list[Sequence]):
@@ -227,6 +238,17 @@ class ModelRunner:
         tables = torch.nn.utils.rnn.pad_sequence([s.block_table_t for s in seqs],
                                                  batch_first=True)
         slots = tables[row_t, pos_t // bs] * bs + pos_t % bs
+        token_rounds = torch.repeat_interleave(torch.tensor(rounds), torch.tensor(sizes))
+        rows = StepRows(sizes, slots.tolist(), token_rounds.tolist(), pos_t.tolist(), dev)
+        batch = RoundBatch(
+            hidden=torch.cat(hidden_parts), positions=pos_t.to(dev), rounds=token_rounds.to(dev),
+            slots=slots.to(dev), row_planes=torch.tensor(rounds, device=dev) - 1,
+            tok_row=row_t.to(dev), tok_col=col_t.to(dev), rows=rows)
+        if self.prefill is not None and contiguous(positions):
+            batch.chunks = list(zip(rows.offsets, sizes, [r - 1 for r in rounds],
+                                    [int(p[0]) for p in positions]))
+            batch.tables = tables.to(torch.int32).to(dev)
+            return batch
         max_q, max_ctx = max(sizes), int(pos_t.max()) + 1
         keys = torch.arange(max_ctx)
         key_slots = tables[:, keys // bs] * bs + keys % bs   # past a row's context: masked
@@ -234,21 +256,20 @@ class ModelRunner:
         query_pos[row_t, col_t] = pos_t
         mask = keys[None, None, :] <= query_pos[:, :, None]
         groups = self.config.num_attention_heads // self.config.num_key_value_heads
-        token_rounds = torch.repeat_interleave(torch.tensor(rounds), torch.tensor(sizes))
-        rows = StepRows(sizes, slots.tolist(), token_rounds.tolist(), pos_t.tolist(), dev)
+        batch.key_slots = key_slots.to(dev)
+        batch.mask = mask[:, None].repeat(1, 1, groups, 1).to(dev)
         # active offsets ascend, so last == n - 1 means exactly 0..n-1
-        from_start = all(s.span.start == 0 and int(p[-1]) == p.numel() - 1
-                         for s, p in zip(seqs, positions))
-        return RoundBatch(
-            hidden=torch.cat(hidden_parts), positions=pos_t.to(dev), rounds=token_rounds.to(dev),
-            slots=slots.to(dev), row_planes=torch.tensor(rounds, device=dev) - 1,
-            tok_row=row_t.to(dev), tok_col=col_t.to(dev), key_slots=key_slots.to(dev),
-            mask=mask[:, None].repeat(1, 1, groups, 1).to(dev), rows=rows, from_start=from_start)
+        batch.from_start = all(s.span.start == 0 and int(p[-1]) == p.numel() - 1
+                               for s, p in zip(seqs, positions))
+        return batch
 
     # ------------------------------------------------------------------------------ one round
     @torch.no_grad()
     def run_round(self, batch: RoundBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (h_r [T, H] after model.norm, gate logits fp32 [T])."""
+        if batch.chunks is not None:
+            return self.prefill.run(batch.hidden, batch.positions, batch.rounds - 1,
+                                    batch.slots, batch.chunks, batch.tables)
         cfg, model = self.config, self.model.model
         cos, sin = rope_cos_sin(batch.positions, cfg.head_dim, cfg.rope_theta, self.dtype)
         cos, sin = cos[:, None], sin[:, None]

@@ -1,0 +1,70 @@
+"""Prefill rounds through the static path's fused layer instead of the plain-torch gather path.
+
+A prefill chunk is one sequence's run of contiguous positions start..start+n-1 at one round.
+Its round here is the static decoder's layer (rltlab.engine.static_decode): q/k/v and gate/up
+as one matmul each, RoPE fused with the K/V write into the round's plane
+(kernels.rope_write_kv), the sandwich norms fused pairwise (kernels.add_rmsnorm), and causal
+flash attention over the plane through the block table (kernels.paged_prefill_attention), one
+launch per chunk. Nothing is padded, and no [rows, queries, keys] mask is built on the host.
+
+Why: on the H200 the gather path ran 1K-token prefill at a third of the bf16 matmul rate; its
+unfused norms, RoPE and padded attention copies cost as much as the matmuls
+(docs/benchmarks/2026-12-01-h200.md).
+
+Rows whose active positions are not contiguous (a recomputed span after some tokens exited)
+keep the gather path: ModelRunner checks `contiguous` before choosing. Each kernel has a torch
+reference with the same arguments, used off CUDA (and by the CPU tests).
+"""
+from __future__ import annotations
+
+import torch
+
+from rltlab import kernels
+from rltlab.engine.static_decode import post_attention
+from rltlab.model.architecture import OuroForCausalLM, rope_cos_sin
+
+
+def contiguous(positions: list[torch.Tensor]) -> bool:
+    """Every row's active positions are one run p0, p0 + 1, ... (they ascend)."""
+    return all(int(p[-1]) - int(p[0]) + 1 == p.numel() for p in positions)
+
+
+class FusedPrefill:
+    """One round for rows of contiguous positions; layer weights shared with the static decoder
+    (StaticDecoder.layers), so weight updates reach both."""
+
+    def __init__(self, model: OuroForCausalLM, layers: list[dict], kv_cache: torch.Tensor,
+                 triton: bool):
+        self.model, self.layers, self.kv_cache = model, layers, kv_cache
+        self.triton = triton
+        self._rmsnorm = kernels.rmsnorm if triton else kernels.rmsnorm_ref
+        self._add_rmsnorm = kernels.add_rmsnorm if triton else kernels.add_rmsnorm_ref
+        self._rope_write_kv = kernels.rope_write_kv if triton else kernels.rope_write_kv_ref
+        self._attention = (kernels.paged_prefill_attention if triton
+                           else kernels.paged_prefill_attention_ref)
+
+    @torch.no_grad()
+    def run(self, hidden: torch.Tensor, positions: torch.Tensor, planes: torch.Tensor,
+            slots: torch.Tensor, chunks: list[tuple[int, int, int, int]],
+            tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [T, H] round inputs; positions, planes (0-based), slots: per token [T];
+        chunks: per row (first token index, tokens, plane, first position); tables [B, blocks]
+        int32 block tables. -> (h_r [T, H] after model.norm, gate logits fp32 [T])."""
+        cfg, model = self.model.config, self.model.model
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, hidden.dtype)
+        heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        scale, eps = cfg.head_dim ** -0.5, cfg.rms_norm_eps
+        planes = planes.to(torch.int32)
+        x = hidden
+        y = self._rmsnorm(x, model.layers[0].input_layernorm.weight, eps)
+        for idx, w in enumerate(self.layers):
+            qkv = torch.nn.functional.linear(y, w["w_qkv"])
+            q = self._rope_write_kv(qkv, cos, sin, self.kv_cache, idx, planes, slots, *heads)
+            k_cache, v_cache = self.kv_cache[idx, 0], self.kv_cache[idx, 1]
+            attn = torch.cat([self._attention(q[lo: lo + n], k_cache, v_cache, plane,
+                                              tables[row], start, scale)
+                              for row, (lo, n, plane, start) in enumerate(chunks)])
+            x, y = post_attention(x, attn, w["w_o"], w["w_attn_out"], w["w_mlp_in"],
+                                  w["w_gate_up"], w["w_down"], w["w_mlp_out"], w["w_next"], eps,
+                                  self._add_rmsnorm)
+        return y, model.early_exit_gate(y).float().squeeze(-1)
