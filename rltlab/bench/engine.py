@@ -16,7 +16,8 @@ Modes: plain (the model's cached loop, batch 1: W1 only), gather (the engine's p
 eager (static decode path: Triton attention and, for <= 16 rows, the small-batch GEMV kernels;
 no graphs), graph (+ CUDA graphs), compile (+ torch.compile of the per-layer functions of
 buckets > 1), graph-rounds (graph, but one engine step per round instead of whole fixed-depth
-tokens, rltlab.engine.token_step), graph-cublas / compile-cublas (graph / compile with cuBLAS
+tokens, rltlab.engine.token_step), graph-gather-prefill (graph, but prefill chunks through the
+gather path instead of rltlab.engine.fused_prefill), graph-cublas / compile-cublas (graph / compile with cuBLAS
 for every bucket).
 
 Per workload and mode: closed-loop output tok/s, TTFT and TPOT (medians), and a decode-phase
@@ -68,6 +69,8 @@ MODES = {
     # Baselines: one engine step per round instead of whole fixed-depth tokens; cuBLAS instead of
     # the one-row Triton GEMV (the session-2 engine = graph-cublas with graph-rounds).
     "graph-rounds": dict(decode_path="static", cuda_graphs=True, fused_tokens=False),
+    # Baseline: prefill chunks through the plain-torch gather path (rltlab.engine.fused_prefill).
+    "graph-gather-prefill": dict(decode_path="static", cuda_graphs=True, fused_prefill=False),
     "graph-cublas": dict(decode_path="static", cuda_graphs=True, small_batch_kernels=False),
     "compile-cublas": dict(decode_path="static", cuda_graphs=True, compile=True,
                            small_batch_kernels=False),
