@@ -2,10 +2,12 @@
 # Issue 17: prefill through the fused layer (rltlab/engine/fused_prefill.py). CUDA exactness
 # check on the embedded model (fp32, Triton kernels, CUDA graphs), then the engine bench: W3
 # with prefill on the gather path (the baseline) and on the fused path, then the depth pairs.
-# Optional: N1 / N0 = exit-pattern files replayed at the 1.4B shape (issue 16).
+# Optional: N1 / N0 = exit-pattern files replayed at the 1.4B shape (issue 16); as run on
+# 2026-12-01: N1=docs/experiments/data/2026-12-01-n_plus_2-v4-pattern-n_plus_2-p0.7955.txt
+# N0=docs/experiments/data/2026-12-01-n_plus_2-v4-pattern-n0_then_n1-p0.98.txt
 ln -sfn ../kernels rltlab/kernels; ln -sfn ../engine_patches rltlab/engine_patches
 export PYTHONPATH=$PWD
-timeout 90 python3 - <<'PY'
+timeout 60 python3 - <<'PY'
 import random, torch
 from rltlab.engine import LLM, SamplingParams
 from rltlab.model.checkpoint import load_model_and_tokenizer
@@ -32,15 +34,16 @@ PY
 timeout 120 python3 -m rltlab.bench.engine --preset ouro-1.4b --device cuda --dtype bfloat16 \
   --workload W3 --modes graph-gather-prefill,graph --out $OUT/prefill.json > $OUT/prefill.log 2>&1
 echo "prefill bench rc $?"; grep -v '^{' $OUT/prefill.log | tail -30
-timeout 300 python3 -m rltlab.bench.engine --preset ouro-1.4b --device cuda --dtype bfloat16 \
-  --workload W3 W4 W6 W7 --modes graph --out $OUT/engine.json > $OUT/engine.log 2>&1
-echo "engine bench rc $?"; grep -v '^{' $OUT/engine.log | tail -40
-run() {  # name, args...
+run() {  # name, args...: one depth_gain run; its log and last-line JSON appended to replays.*
   local name=$1; shift
-  timeout 100 python3 -m rltlab.bench.depth_gain --preset ouro-1.4b --device cuda --dtype bfloat16 "$@" > $OUT/$name.log 2>&1
-  echo "$name rc $?: $(grep '^gain' $OUT/$name.log)"; tail -1 $OUT/$name.log > $OUT/$name.json
+  timeout 80 python3 -m rltlab.bench.depth_gain --preset ouro-1.4b --device cuda --dtype bfloat16 "$@" > /tmp/$name.log 2>&1
+  echo "$name rc $?: $(grep '^gain' /tmp/$name.log)"
+  { echo "== $name: $*"; cat /tmp/$name.log; } >> $OUT/replays.log
+  echo "{\"name\": \"$name\", \"result\": $(tail -1 /tmp/$name.log)}" >> $OUT/replays.jsonl
 }
 [ -n "$N1" ] && run n1-c1 --concurrency 1 --pattern "$(cat $N1)"
 [ -n "$N1" ] && run n1-c64 --concurrency 64 --pattern "$(cat $N1)"
 [ -n "$N0" ] && run n0n1-c64 --concurrency 64 --pattern "$(cat $N0)"
-cd $OUT && tar czf all.tgz --exclude all.tgz . && find . -type f ! -name all.tgz ! -name prefill.json ! -name engine.json -delete; ls -la
+timeout 280 python3 -m rltlab.bench.engine --preset ouro-1.4b --device cuda --dtype bfloat16 \
+  --workload W3 W4 W6 W7 --modes graph --out $OUT/engine.json > $OUT/engine.log 2>&1
+echo "engine bench rc $?"; grep -v '^{' $OUT/engine.log | tail -40
