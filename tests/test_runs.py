@@ -61,10 +61,15 @@ def test_resolve_notebook_short_names(tmp_path, monkeypatch):
         runs.resolve_notebook("99")
 
 
-def test_execute_list_and_resume(tmp_path, monkeypatch):
+def test_execute_list_and_resume(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("RLTLAB_RUNS_DIR", str(tmp_path))
+    caplog.set_level("INFO", logger="papermill")
     run_dir = runs.execute_notebook(NOTEBOOK, {"STEPS": "4", "LABEL": "hello"},
                                     name="tiny", progress=False)
+    # papermill's own reader cannot parse help comments with bounds ("[>= 0]"); its warnings
+    # are dropped, its other messages are not
+    assert not [r for r in caplog.records if "Unable to parse line" in r.getMessage()]
+    assert any("Input Notebook" in r.getMessage() for r in caplog.records)
     assert run_dir.parent == tmp_path and run_dir.name.endswith("-tiny")
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics == {"steps": 4, "total": 9.0, "label": "hello", "types": ["int", "float"]}

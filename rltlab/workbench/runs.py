@@ -23,6 +23,7 @@ notebook's ``parameters`` cell and checked against its bounds (rltlab.workbench.
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import os
 import re
 import socket
@@ -152,6 +153,7 @@ def execute_notebook(notebook_path: str | os.PathLike, parameters: dict[str, Any
         write_json_atomic(run_dir / RUN_FILE, record)
         start = time.time()
         try:
+            _quiet_papermill_inspection()
             papermill.execute_notebook(
                 str(notebook_path), str(run_dir / notebook_path.name), parameters=effective,
                 kernel_name=kernel_name, progress_bar=progress, cwd=str(REPO_ROOT),
@@ -162,6 +164,22 @@ def execute_notebook(notebook_path: str | os.PathLike, parameters: dict[str, Any
             raise
         _record_end(run_dir, record, "finished", start, None)
     return run_dir
+
+
+class _DropUnparsedLineWarnings(logging.Filter):
+    """papermill re-reads the parameters cell only to warn about unknown names, and its reader
+    warns "Unable to parse line ..." for every line whose help comment holds a bound such as
+    "[>= 1]" (a second '='). The names and bounds were already checked with `ast`
+    (coerce_parameters), so those warnings say nothing; every other papermill message stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Unable to parse line")
+
+
+def _quiet_papermill_inspection() -> None:
+    log = logging.getLogger("papermill.translators")
+    if not any(isinstance(f, _DropUnparsedLineWarnings) for f in log.filters):
+        log.addFilter(_DropUnparsedLineWarnings())
 
 
 def _prepare(notebook_path: Path, parameters: dict[str, Any], run_dir: Path,
