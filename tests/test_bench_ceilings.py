@@ -105,5 +105,7 @@ def test_bench_groups_and_decode_heavy_pair_run_tiny(capsys):
         assert mode["prefill_pct_of_matmul"] > 0
     pair = res["depth_pairs"]["W7/W6"]["gather"]
     assert pair["cheap_rounds"] < pair["base_rounds"] == 4.0
-    assert pair["ideal_e2e_gain"] == round(ceilings.ideal_e2e_gain(
-        pair["prefill_s"], pair["decode_s"], pair["cheap_rounds"], pair["base_rounds"]), 3)
+    # recomputed from the pair's own printed inputs, which are rounded (rounds to 3 decimals):
+    # equal to within that rounding, not to the last printed digit
+    assert pair["ideal_e2e_gain"] == pytest.approx(ceilings.ideal_e2e_gain(
+        pair["prefill_s"], pair["decode_s"], pair["cheap_rounds"], pair["base_rounds"]), abs=2e-3)
