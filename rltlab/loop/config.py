@@ -37,6 +37,8 @@ class LoopConfig:
     gate_patience: int = 5             # stop after this many checks without improvement
     gate_keep_worse: bool = False      # True: push a candidate that fails validation anyway
     curve_z: float = 2.0               # confidence of the curve checks (z paired SE)
+    gate_generation_check: bool = True  # a candidate that passed the trace checks is also
+    #                                    generated with on the validation prompts (gate_check.py)
     noninferiority_margin_pp: float = 5.0   # held-out verdict: "no worse" = every point's
     #                                    diff - z SE >= -margin (pp of exact match)
     inject_candidate: str | None = None     # test hook: replace the trained candidate gate

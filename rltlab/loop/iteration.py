@@ -15,6 +15,7 @@ from rltlab import workbench as W
 from rltlab.common.atomic import write_json_atomic
 from rltlab.loop.addons import draft_head_step, exit_predictor_step
 from rltlab.loop.config import LoopConfig, LoopState, SimulatedCrash
+from rltlab.loop.gate_check import judge_in_generation
 from rltlab.loop.metrics import compare_evaluations, gate_verdict
 from rltlab.loop.resume import RESULT_FILE, check_resume, read_result
 from rltlab.loop.stage2 import load_gate, push_weights, save_gate, train_gate_on_traces
@@ -183,6 +184,7 @@ def run_iteration(state: LoopState, k: int) -> dict[str, Any]:
             info={"iteration": k})
         rollout_versions = sorted({v for o in outs for v in o.outputs[0].weight_versions})
         trained = train_gate_on_traces(state.model, tmp / "traces", cfg)
+        judge_in_generation(trained, state.model, state.tokenizer, rolled, cfg)
         if k == cfg.crash_at_iteration:
             raise SimulatedCrash(f"simulated crash in iteration {k} (CRASH_AT_ITERATION)")
         addons: dict[str, Any] = {}

@@ -174,7 +174,8 @@ def train_gate_on_traces(model, trace_dir: str | os.PathLike, cfg: LoopConfig) -
         res["injected"] = cfg.inject_candidate
         if bool(val_m.any()):
             res["val_after"] = _val_bce(res["state"], tr, ce, val_m, cfg)
-    res["val_prompts"] = int(len(torch.unique(pid[val_m]))) if bool(val_m.any()) else 0
+    res["val_prompt_ids"] = sorted(int(i) for i in torch.unique(pid[val_m]))
+    res["val_prompts"] = len(res["val_prompt_ids"])
     res["train_prompts"] = n_prompts - res["val_prompts"]
     reasons = []
     if res["val_tokens"]:

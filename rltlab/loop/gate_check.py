@@ -1,0 +1,82 @@
+"""A candidate gate judged in real generation before it is pushed.
+
+train_gate_on_traces (stage2.py) judges a candidate on teacher-forced traces: a token's exit
+round is scored against the round-R token of the same rollout, with every earlier token fixed.
+In generation an early exit also changes what later tokens see (LAST_EXITED K/V; a wrong token
+changes the rest of a chain of thought), which the traces cannot show. On model v3 a candidate
+that passed every trace check lost 16 pp on the held-out problems once pushed
+(docs/workbench.md).
+
+So a candidate that passed the trace checks is also generated with: greedy Q-exit at every
+threshold of cfg.thresholds below 1, on the problems of the validation split's rollout prompts
+(training-split problems, never the held-out evaluation set), once with the current gate and
+once with the candidate. Both run through one private engine over a copy of the model (the
+serving engine's weight version and the caller's model are untouched), and the two
+quality-vs-depth curves are compared per problem (rltlab.eval.curves.compare_curves, z =
+cfg.curve_z): a point lower by more than z paired SE rejects the candidate.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Sequence
+
+import torch
+
+from rltlab.loop.config import LoopConfig
+
+
+def generation_curve(llm, tokenizer, problems: Sequence[dict], thresholds: Sequence[float],
+                     cfg: LoopConfig) -> list[tuple[float, list[float]]]:
+    """Q-exit (mean executed rounds, per-problem exact match) per threshold, by generation."""
+    from rltlab.eval.policies import evaluate_policies
+
+    rows, scores = evaluate_policies(llm, tokenizer, problems, thresholds=thresholds,
+                                     max_tokens=cfg.max_tokens, min_loops=cfg.min_loops)
+    return [(row["mean_rounds"], scores[row["key"]]) for row in rows]
+
+
+def check_in_generation(model, tokenizer, candidate: dict[str, torch.Tensor],
+                        problems: Sequence[dict], cfg: LoopConfig) -> dict[str, Any]:
+    """Current gate (the model's) vs `candidate` in generation on `problems`. -> compare_curves'
+    no_worse / worst_point / points / n / z, plus the thresholds and both curves."""
+    from rltlab.engine import LLM
+    from rltlab.eval.curves import compare_curves
+    from rltlab.loop.stage2 import push_weights
+
+    thresholds = [float(t) for t in cfg.thresholds if float(t) < 1.0]
+    if not thresholds or not problems:
+        raise ValueError("the generation check needs a threshold below 1 and a problem")
+    private = copy.deepcopy(model)
+    llm = LLM(private, tokenizer)
+    before = generation_curve(llm, tokenizer, problems, thresholds, cfg)
+    push_weights(llm, private, candidate, llm.get_weight_version() + 1)
+    after = generation_curve(llm, tokenizer, problems, thresholds, cfg)
+    cmp = compare_curves(before, after, z=cfg.curve_z)
+    return {**{k: cmp.get(k) for k in ("no_worse", "worst_point", "points", "n", "z")},
+            "thresholds": thresholds,
+            "curves": {name: [[x, 100 * sum(s) / len(s)] for x, s in curve]
+                       for name, curve in (("current", before), ("candidate", after))}}
+
+
+def judge_in_generation(trained: dict[str, Any], model, tokenizer, rollout_problems: Sequence[dict],
+                        cfg: LoopConfig) -> None:
+    """train_gate_on_traces' result, updated in place: a candidate that passed the trace checks
+    is checked in generation on its validation prompts' problems (`generation_check`); a worse
+    curve fails validation, and the current gate is kept unless cfg.gate_keep_worse."""
+    from rltlab.loop.stage2 import gate_state_of
+
+    if not (cfg.gate_generation_check and trained["validation_passed"]):
+        trained["generation_check"] = None
+        return
+    problems = [rollout_problems[i] for i in trained["val_prompt_ids"]]
+    check = check_in_generation(model, tokenizer, trained["candidate_state"], problems, cfg)
+    trained["generation_check"] = check
+    if check["no_worse"] is False:
+        w = check["worst_point"]
+        trained["reasons"].append(
+            f"validation prompts in generation worse (at {w['mean_rounds']:.3f} rounds "
+            f"{w['diff_pp']:+.2f} pp, SE {w['se_pp']:.2f}, {check['n']} problems)")
+        trained["validation_passed"] = False
+        trained["accepted"] = cfg.gate_keep_worse
+        if not trained["accepted"]:
+            trained["state"] = gate_state_of(model.model.early_exit_gate)
