@@ -101,13 +101,17 @@ def _run(params, run_dir):
 
 
 def test_bad_gate_is_caught_on_the_embedded_model(tmp_path):
-    """Embedded model v2 (k-hop exact match rises with rounds): the injected gate that exits
-    every token at round 1 is rejected by validation (the gate stays, verdict UNCHANGED); pushed
-    anyway (GATE_KEEP_WORSE) the held-out verdict calls it "worse" at the default margin."""
+    """Embedded model (k-hop exact match rises with rounds): the injected gate that exits every
+    token at round 1 is rejected by validation (the gate stays, verdict UNCHANGED); pushed anyway
+    (GATE_KEEP_WORSE) the held-out verdict calls it "worse" at the default margin. Threshold
+    0.3: on model v4 the stock gate runs ~3.4 rounds there, so the two Pareto curves overlap
+    where the pushed gate's (round 1 or round 4) is far below (at 0.5 the stock gate runs ~3.9
+    rounds, within 5 pp of depth 4 for any curve). 40 new tokens, so that the word problems
+    (half the set) can be solved at all and depth 4 is near 93%."""
     from rltlab.loop import GATE_BIAS, GATE_WEIGHT, load_gate
 
-    params = {"ITERATIONS": 1, "ROLLOUT_PROMPTS": 10, "MAX_TOKENS": 4, "EVAL_PROBLEMS": 60,
-              "THRESHOLDS": [0.5, 1.0], "DEPTHS": [], "GATE_STEPS": 20,
+    params = {"ITERATIONS": 1, "ROLLOUT_PROMPTS": 10, "MAX_TOKENS": 40, "EVAL_PROBLEMS": 60,
+              "THRESHOLDS": [0.3, 1.0], "DEPTHS": [], "GATE_STEPS": 20,
               "INJECT_CANDIDATE": "exit_round1", "TRAIN_EXIT_PREDICTOR": False,
               "TRAIN_DRAFT_HEAD": False}
     m, run_dir = _run(params, tmp_path / "rejected")
@@ -123,9 +127,9 @@ def test_bad_gate_is_caught_on_the_embedded_model(tmp_path):
     assert it["gate_accepted"] is True and it["gate_validation_passed"] is False
     pushed = load_gate(run_dir / "iter_0" / "gate.safetensors")
     assert bool((pushed[GATE_BIAS] == 30.0).all())
-    after = next(c for c in m["curves"] if c["policy"] == "v1 q_exit" and c["threshold"] == 0.5)
+    after = next(c for c in m["curves"] if c["policy"] == "v1 q_exit" and c["threshold"] == 0.3)
     assert after["mean_rounds"] == 1.0                     # every decode token at round 1
-    before = next(c for c in m["curves"] if c["policy"] == "v0 q_exit" and c["threshold"] == 0.5)
+    before = next(c for c in m["curves"] if c["policy"] == "v0 q_exit" and c["threshold"] == 0.3)
     assert before["mean_rounds"] > 1.2 and before["quality"] > after["quality"]
     gc = m["gate_curve"]
     assert gc["verdict"] == "worse" == m["headline"]["gate_verdict"]

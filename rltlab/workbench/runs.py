@@ -166,20 +166,25 @@ def execute_notebook(notebook_path: str | os.PathLike, parameters: dict[str, Any
     return run_dir
 
 
-class _DropUnparsedLineWarnings(logging.Filter):
+class _DropParameterCellWarnings(logging.Filter):
     """papermill re-reads the parameters cell only to warn about unknown names, and its reader
-    warns "Unable to parse line ..." for every line whose help comment holds a bound such as
-    "[>= 1]" (a second '='). The names and bounds were already checked with `ast`
-    (coerce_parameters), so those warnings say nothing; every other papermill message stays."""
+    fails on every line whose help comment holds a bound such as "[>= 1]" (a second '='): it
+    warns "Unable to parse line ..." for the line, then "Passed unknown parameter: ..." for
+    every name passed. The names and bounds were already checked with `ast`
+    (coerce_parameters rejects unknown names), so those warnings say nothing; every other
+    papermill message stays."""
+
+    SPURIOUS = ("Unable to parse line", "Passed unknown parameter")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Unable to parse line")
+        return not record.getMessage().startswith(self.SPURIOUS)
 
 
 def _quiet_papermill_inspection() -> None:
-    log = logging.getLogger("papermill.translators")
-    if not any(isinstance(f, _DropUnparsedLineWarnings) for f in log.filters):
-        log.addFilter(_DropUnparsedLineWarnings())
+    for name in ("papermill", "papermill.translators"):   # execute.py and the cell reader
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _DropParameterCellWarnings) for f in log.filters):
+            log.addFilter(_DropParameterCellWarnings())
 
 
 def _prepare(notebook_path: Path, parameters: dict[str, Any], run_dir: Path,
