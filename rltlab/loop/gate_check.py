@@ -17,7 +17,6 @@ cfg.curve_z): a point lower by more than z paired SE rejects the candidate.
 """
 from __future__ import annotations
 
-import copy
 from typing import Any, Sequence
 
 import torch
@@ -46,10 +45,10 @@ def check_in_generation(model, tokenizer, candidate: dict[str, torch.Tensor],
     thresholds = [float(t) for t in cfg.thresholds if float(t) < 1.0]
     if not thresholds or not problems:
         raise ValueError("the generation check needs a threshold below 1 and a problem")
-    private = copy.deepcopy(model)
-    llm = LLM(private, tokenizer)
+    llm = LLM(model, tokenizer)   # the engine holds its own copy of the weights
     before = generation_curve(llm, tokenizer, problems, thresholds, cfg)
-    push_weights(llm, private, candidate, llm.get_weight_version() + 1)
+    # named after the engine's own model, so the caller's model keeps its gate
+    push_weights(llm, llm.llm_engine.model, candidate, llm.get_weight_version() + 1)
     after = generation_curve(llm, tokenizer, problems, thresholds, cfg)
     cmp = compare_curves(before, after, z=cfg.curve_z)
     return {**{k: cmp.get(k) for k in ("no_worse", "worst_point", "points", "n", "z")},
