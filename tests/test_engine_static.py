@@ -155,6 +155,29 @@ def test_triton_fused_prefill_equals_gather_prefill():
     assert {plane for _, _, plane, _ in chunks} == {0, 1, 2, 3}
 
 
+def test_from_start_chunks_through_sdpa_equal_paged_attention():
+    """FusedPrefill._attend: chunks from position 0 (two of one length, one of another, on
+    different planes) go through SDPA in length groups, a chunk that starts mid-prompt through
+    the paged kernel; every chunk's output equals paged_prefill_attention_ref's (fp32, 1e-5)."""
+    llm = LLM(tiny_engine_model(8), decode_path="static", max_num_seqs=4, block_size=4)
+    runner = llm.llm_engine.runner
+    prefill, cache = runner.prefill, runner.kv_cache
+    gen = torch.Generator().manual_seed(4)
+    cache.normal_(generator=gen)
+    heads, dim = runner.config.num_attention_heads, runner.config.head_dim
+    tables = torch.tensor([[3, 7, 1, 0], [5, 2, 6, 4], [8, 9, 10, 11], [12, 13, 14, 15]],
+                          dtype=torch.int32)
+    chunks = [(0, 6, 1, 0), (6, 6, 3, 0), (12, 5, 0, 0), (17, 3, 2, 6)]   # lo, n, plane, start
+    q = torch.randn(20, heads, dim, generator=gen)
+    plan = prefill._from_start_plan(chunks, tables)
+    assert sorted(batch for batch, _, _ in plan) == [(1, 5), (2, 6)]
+    got = prefill._attend(1, q, chunks, tables, 0.3, plan)
+    for row, (lo, n, plane, start) in enumerate(chunks):
+        want = kernels.paged_prefill_attention_ref(q[lo: lo + n], cache[1, 0], cache[1, 1],
+                                                   plane, tables[row], start, 0.3)
+        torch.testing.assert_close(got[lo: lo + n], want, rtol=1e-5, atol=1e-5)
+
+
 # MIXED: chunked prefill and 3 slots for 7 requests, so admissions interleave with decoding and
 # sequences drift out of phase (whole-token steps need every running sequence at a token
 # boundary: only some steps qualify). IN_PHASE: every prompt prefilled in one step, so every

@@ -6,6 +6,10 @@ as one matmul each, RoPE fused with the K/V write into the round's plane
 (kernels.rope_write_kv), the sandwich norms fused pairwise (kernels.add_rmsnorm), and causal
 flash attention over the plane through the block table (kernels.paged_prefill_attention), one
 launch per chunk. Nothing is padded, and no [rows, queries, keys] mask is built on the host.
+Chunks that start at position 0 (a whole prompt, the common RL case) see only their own keys:
+those of one length are gathered from their planes and go through torch's fused causal
+attention together (F.scaled_dot_product_attention, FlashAttention on the H200; SDPA_BACKENDS
+says why not cuDNN). SiLU * up is one kernel (kernels.silu_mul).
 
 Why: on the H200 the gather path ran 1K-token prefill at a third of the bf16 matmul rate; its
 unfused norms, RoPE and padded attention copies cost as much as the matmuls
@@ -18,10 +22,18 @@ reference with the same arguments, used off CUDA (and by the CPU tests).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rltlab import kernels
-from rltlab.engine.static_decode import post_attention
+from rltlab.engine.static_decode import post_attention, to_device
 from rltlab.model.architecture import OuroForCausalLM, rope_cos_sin
+
+
+# Not cuDNN: it builds an execution plan for every new (chunks, length) shape, and admissions
+# of a few requests at a time bring a new one nearly every step (on the H200 such mixed steps
+# took ~42 ms each in a W7 closed loop; docs/benchmarks/2026-12-01-h200.md).
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def contiguous(positions: list[torch.Tensor]) -> bool:
@@ -42,6 +54,9 @@ class FusedPrefill:
         self._rope_write_kv = kernels.rope_write_kv if triton else kernels.rope_write_kv_ref
         self._attention = (kernels.paged_prefill_attention if triton
                            else kernels.paged_prefill_attention_ref)
+        self._silu_mul = kernels.silu_mul if triton else kernels.silu_mul_ref
+        cfg = model.config
+        self._groups = cfg.num_attention_heads // cfg.num_key_value_heads
 
     @torch.no_grad()
     def run(self, hidden: torch.Tensor, positions: torch.Tensor, planes: torch.Tensor,
@@ -55,16 +70,55 @@ class FusedPrefill:
         heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         scale, eps = cfg.head_dim ** -0.5, cfg.rms_norm_eps
         planes = planes.to(torch.int32)
+        plan = self._from_start_plan(chunks, tables)
         x = hidden
         y = self._rmsnorm(x, model.layers[0].input_layernorm.weight, eps)
         for idx, w in enumerate(self.layers):
             qkv = torch.nn.functional.linear(y, w["w_qkv"])
             q = self._rope_write_kv(qkv, cos, sin, self.kv_cache, idx, planes, slots, *heads)
-            k_cache, v_cache = self.kv_cache[idx, 0], self.kv_cache[idx, 1]
-            attn = torch.cat([self._attention(q[lo: lo + n], k_cache, v_cache, plane,
-                                              tables[row], start, scale)
-                              for row, (lo, n, plane, start) in enumerate(chunks)])
+            attn = self._attend(idx, q, chunks, tables, scale, plan)
             x, y = post_attention(x, attn, w["w_o"], w["w_attn_out"], w["w_mlp_in"],
                                   w["w_gate_up"], w["w_down"], w["w_mlp_out"], w["w_next"], eps,
-                                  self._add_rmsnorm)
+                                  self._add_rmsnorm, self._silu_mul)
         return y, model.early_exit_gate(y).float().squeeze(-1)
+
+    def _attend(self, idx: int, q: torch.Tensor, chunks, tables: torch.Tensor, scale: float,
+                plan) -> torch.Tensor:
+        """Causal attention of every chunk's queries q [T, Hq, D] over its plane -> [T, Hq, D]:
+        chunks from position 0 grouped by length through SDPA (plan: _from_start_plan), the
+        rest one paged launch each."""
+        k_cache, v_cache = self.kv_cache[idx, 0], self.kv_cache[idx, 1]
+        out = torch.empty_like(q)
+        for row, (lo, n, plane, start) in enumerate(chunks):
+            if start:
+                out[lo: lo + n] = self._attention(q[lo: lo + n], k_cache, v_cache, plane,
+                                                  tables[row], start, scale)
+        for batch, tokens, keys in plan:
+            heads = lambda t: t.view(*batch, *t.shape[1:]).transpose(1, 2)   # [B, H, n, D]
+            k = k_cache.flatten(0, 2).index_select(0, keys)
+            v = v_cache.flatten(0, 2).index_select(0, keys)
+            with sdpa_kernel(SDPA_BACKENDS):
+                o = F.scaled_dot_product_attention(heads(q.index_select(0, tokens)), heads(k),
+                                                   heads(v), is_causal=True, scale=scale,
+                                                   enable_gqa=self._groups > 1)
+            out.index_copy_(0, tokens, o.transpose(1, 2).flatten(0, 1))
+        return out
+
+    def _from_start_plan(self, chunks, tables: torch.Tensor):
+        """Per length n of the chunks that start at position 0: ((chunks, n), their queries'
+        token rows [B * n], their keys' rows in a layer's flattened [planes * blocks *
+        block_size] cache [B * n]). Built once per round, shared by every layer."""
+        _, planes, num_blocks, block_size = self.kv_cache.shape[1:5]
+        groups: dict[int, list[tuple[int, int, int]]] = {}
+        for row, (lo, n, plane, start) in enumerate(chunks):
+            if start == 0:
+                groups.setdefault(n, []).append((row, lo, plane))
+        plan = []
+        for n, group in groups.items():
+            rows, los, plane = (to_device([g[i] for g in group], torch.int64, tables.device)
+                                for i in range(3))
+            pos = torch.arange(n, device=tables.device)
+            slots = tables[rows][:, pos // block_size].long() * block_size + pos % block_size
+            keys = plane[:, None] * (num_blocks * block_size) + slots
+            plan.append(((len(group), n), (los[:, None] + pos).flatten(), keys.flatten()))
+        return plan

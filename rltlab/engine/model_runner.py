@@ -29,13 +29,7 @@ from rltlab import kernels
 from rltlab.model.architecture import OuroForCausalLM, apply_rope, rope_cos_sin
 from rltlab.engine.fused_prefill import FusedPrefill, contiguous
 from rltlab.engine.sequence import Sequence
-from rltlab.engine.static_decode import StaticDecoder, fuse_projections
-
-
-def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Host list -> device tensor without waiting for the device (pinned, async on CUDA)."""
-    tensor = torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
-    return tensor.to(device, non_blocking=True)
+from rltlab.engine.static_decode import StaticDecoder, fuse_projections, to_device
 
 
 @dataclass
@@ -330,11 +324,14 @@ class ModelRunner:
         """LAST_EXITED: tokens that exited at e < R get their round-e K/V in planes e+1..R."""
         if not slots:
             return
-        slots_t = to_device(slots, torch.int64, self.device)
-        planes_t = to_device([e - 1 for e in exit_rounds], torch.int32, self.device)
+        self.copy_exited(to_device(slots, torch.int64, self.device),
+                         to_device([e - 1 for e in exit_rounds], torch.int32, self.device))
+
+    @torch.no_grad()
+    def copy_exited(self, slots: torch.Tensor, exit_planes: torch.Tensor) -> None:
+        """last_exited_copy on device tensors: slots int64, exit planes (round - 1) int32."""
         copy = kernels.last_exited_copy if self._use_triton else kernels.last_exited_copy_ref
-        with torch.no_grad():
-            copy(self.kv_cache, slots_t, planes_t)
+        copy(self.kv_cache, slots, exit_planes)
 
 
 def place_model(model: OuroForCausalLM, dtype, device, copy: bool = True) -> OuroForCausalLM:

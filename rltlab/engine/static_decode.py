@@ -61,6 +61,12 @@ def _fuse(linears: list[nn.Linear]) -> torch.Tensor:
     return weight
 
 
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Host list -> device tensor without waiting for the device (pinned, async on CUDA)."""
+    tensor = torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
+    return tensor.to(device, non_blocking=True)
+
+
 def qkv_rope(y, w_qkv, cos, sin, num_heads: int, num_kv_heads: int, head_dim: int):
     """One matmul for q, k, v; RoPE on q and k. -> q [N, Hq, D], k, v [N, Hkv, D]."""
     qkv = F.linear(y, w_qkv)
@@ -72,11 +78,11 @@ def qkv_rope(y, w_qkv, cos, sin, num_heads: int, num_kv_heads: int, head_dim: in
 
 
 def post_attention(x, attn, w_o, w_attn_out, w_mlp_in, w_gate_up, w_down, w_mlp_out, w_next,
-                   eps: float, add_rmsnorm):
+                   eps: float, add_rmsnorm, silu_mul=kernels.silu_mul_ref):
     """o_proj, sandwich norms, SwiGLU MLP. -> (residual x, norm_next(x)) for the next layer."""
     x, m = add_rmsnorm(x, F.linear(attn.flatten(1), w_o), w_attn_out, w_mlp_in, eps)
-    gate, up = F.linear(m, w_gate_up).chunk(2, dim=-1)
-    return add_rmsnorm(x, F.linear(F.silu(gate) * up, w_down), w_mlp_out, w_next, eps)
+    return add_rmsnorm(x, F.linear(silu_mul(F.linear(m, w_gate_up)), w_down), w_mlp_out, w_next,
+                       eps)
 
 
 class StaticDecoder:
@@ -107,6 +113,8 @@ class StaticDecoder:
                                   if use_triton else {})
         # Under torch.compile the torch reference norm is fused by inductor with its neighbours.
         self._norm = kernels.add_rmsnorm if use_triton and not compile else kernels.add_rmsnorm_ref
+        # Under torch.compile inductor fuses SiLU * up itself.
+        self._silu_mul = kernels.silu_mul if use_triton and not compile else kernels.silu_mul_ref
         self._small_rows = GEMV_ROWS if use_triton and small_batch_kernels else 0
         # Where the fused RoPE + K/V write kernel replaces qkv_rope's RoPE and write_kv: every
         # Triton round except compiled ones (inductor already fuses RoPE into its neighbours).
@@ -186,9 +194,14 @@ class StaticDecoder:
         -> (h_r [n, H] after model.norm, gate logits fp32 [n]), both fresh tensors."""
         n = hidden.shape[0]
         self.hidden_in[:n].copy_(hidden)
+        self.launch_round(n)
+        return self.hidden_out[:n].clone(), self.gate_out[:n].clone()
+
+    def launch_round(self, n: int) -> None:
+        """One round for the first n staged rows on whatever hidden_in holds (the caller keeps
+        inputs and outputs in hidden_in / hidden_out: rltlab.engine.round_window)."""
         bucket = self._bucket(n)
         self._launch(bucket, lambda: self._round(bucket))
-        return self.hidden_out[:n].clone(), self.gate_out[:n].clone()
 
     def run_token(self, hidden: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Rounds 1..depth of the staged rows' tokens in one go (one graph replay on CUDA):
@@ -292,7 +305,7 @@ class StaticDecoder:
             else:
                 x, y = self._post(x, attn, w["w_o"], w["w_attn_out"], w["w_mlp_in"],
                                   w["w_gate_up"], w["w_down"], w["w_mlp_out"], w["w_next"], eps,
-                                  self._norm)
+                                  self._norm, self._silu_mul)
         self.hidden_out[:n].copy_(y)
         self.gate_out[:n].copy_(model.early_exit_gate(y).float().squeeze(-1))
 
