@@ -16,8 +16,9 @@ Modes: plain (the model's cached loop, batch 1: W1 only), gather (the engine's p
 eager (static decode path: Triton attention and, for <= 16 rows, the small-batch GEMV kernels;
 no graphs), graph (+ CUDA graphs), compile (+ torch.compile of the per-layer functions of
 buckets > 1), graph-rounds (graph, but one engine step per round instead of whole fixed-depth
-tokens, rltlab.engine.token_step), graph-gather-prefill (graph, but prefill chunks through the
-gather path instead of rltlab.engine.fused_prefill), graph-cublas / compile-cublas (graph / compile with cuBLAS
+tokens, rltlab.engine.token_step), graph-ragged (graph, but mixed depths as whole tokens deepest
+first instead of round windows, rltlab.engine.round_window), graph-gather-prefill (graph, but
+prefill chunks through the gather path instead of rltlab.engine.fused_prefill), graph-cublas / compile-cublas (graph / compile with cuBLAS
 for every bucket).
 
 Per workload and mode: closed-loop output tok/s, TTFT and TPOT (medians), and a decode-phase
@@ -69,6 +70,8 @@ MODES = {
     # Baselines: one engine step per round instead of whole fixed-depth tokens; cuBLAS instead of
     # the one-row Triton GEMV (the session-2 engine = graph-cublas with graph-rounds).
     "graph-rounds": dict(decode_path="static", cuda_graphs=True, fused_tokens=False),
+    # Baseline: mixed depths as whole tokens deepest first (no round windows, round_window.py).
+    "graph-ragged": dict(decode_path="static", cuda_graphs=True, round_window=0),
     # Baseline: prefill chunks through the plain-torch gather path (rltlab.engine.fused_prefill).
     "graph-gather-prefill": dict(decode_path="static", cuda_graphs=True, fused_prefill=False),
     "graph-cublas": dict(decode_path="static", cuda_graphs=True, small_batch_kernels=False),

@@ -49,6 +49,11 @@ class EngineConfig:
     SiLU * up and RoPE + K/V write fused (rltlab.kernels.small_batch); False = cuBLAS.
     fused_tokens: with the static path, run all rounds of host-fixed-depth decode tokens in one
     launch when nothing needs to look between rounds (rltlab.engine.token_step).
+    round_window: with whole-token steps on, decode rows at mixed host-fixed depths (greedy)
+    run up to this many round steps per host round trip (rltlab.engine.round_window); 0 = off
+    (whole tokens deepest first, token_step.py). round_window_admit: while windows run,
+    waiting requests are admitted (all that fit, at a window boundary) once this many of
+    max_num_seqs are free (round_window.py).
     fused_prefill: with the static path, run prefill chunks (rows of contiguous positions)
     through the static path's fused layer with causal paged attention
     (rltlab.engine.fused_prefill); False = the plain-torch gather path.
@@ -77,11 +82,14 @@ class EngineConfig:
     compile: bool = False
     small_batch_kernels: bool = True
     fused_tokens: bool = True
+    round_window: int = 16
+    round_window_admit: int = 1
     fused_prefill: bool = True
     fused_spec: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "prefill_chunk", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "prefill_chunk", "block_size",
+                     "round_window_admit"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
@@ -91,6 +99,10 @@ class EngineConfig:
                                       or value <= 0):
                 raise ValueError(f"EngineConfig.{name} must be a positive int or None, "
                                  f"got {value!r}")
+        if not isinstance(self.round_window, int) or isinstance(self.round_window, bool) \
+                or self.round_window < 0:
+            raise ValueError("EngineConfig.round_window must be an int >= 0 (0 = off), "
+                             f"got {self.round_window!r}")
         if not self.kv_cache_memory_gib > 0:
             raise ValueError("EngineConfig.kv_cache_memory_gib must be positive, got "
                              f"{self.kv_cache_memory_gib!r}")

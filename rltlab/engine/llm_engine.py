@@ -1,6 +1,8 @@
 """LLMEngine: requests in, one round per step, RequestOutputs out.
 
-    step():  schedule rows -> ask round-0 policies (decode tokens about to run round 1)
+    step():  [whole tokens (token_step.py) or a round window (round_window.py) when every row
+             decodes under host-fixed depths; otherwise:]
+             schedule rows -> ask round-0 policies (decode tokens about to run round 1)
              -> run one round -> decide exits -> tell observers
              -> advance spans (LAST_EXITED copies) -> samples waiting for a prompt computed
              now take it over (groups.py) -> sample exiting rows -> finished outputs
@@ -29,6 +31,7 @@ from rltlab.engine.outputs import RequestOutput, build_output
 from rltlab.engine.sampling import SamplingParams, sample
 from rltlab.engine.scheduler import Scheduler
 from rltlab.engine import select_only
+from rltlab.engine.round_window import RoundWindow
 from rltlab.engine.token_step import FusedTokenStep
 from rltlab.engine.sequence import Request, Sequence, SeqStatus
 from rltlab.engine.weights import WeightUpdater
@@ -92,6 +95,8 @@ class LLMEngine:
         # select_only needs every round's state of a token: no whole-token launches
         self._whole_tokens = (FusedTokenStep(self) if static and config.fused_tokens
                               and not self.select_only else None)
+        self._round_window = (RoundWindow(self, config.round_window)
+                              if self._whole_tokens and config.round_window else None)
         self._outputs: list[RequestOutput] = []
         self._failed: dict[int, str] = {}   # seq_id -> why, within one step
         self._streamed: dict[str, Request] = {}
@@ -182,7 +187,12 @@ class LLMEngine:
         if self.proposer is not None and self._spec.ready():   # all decoding: speculate
             return self._spec.step()
         depth = self._whole_tokens.ready() if self._whole_tokens else None
-        if depth:   # all decoding at one host-fixed depth: every round in one launch
+        if isinstance(depth, int):   # all decoding at one host-fixed depth: one launch a token
+            return self._whole_tokens.step(depth)
+        window = self._round_window.plan() if self._round_window else None
+        if window:   # mixed host-fixed depths: round steps, the host once per window
+            return self._round_window.step(window)
+        if depth:   # mixed depths, whole tokens deepest first
             return self._whole_tokens.step(depth)
         hold = self._whole_tokens.hold() if self._whole_tokens else frozenset()
         seqs = [] if self.paused else self.scheduler.schedule(hold)
@@ -266,13 +276,16 @@ class LLMEngine:
         result = sample(logits[keep], [s.params for s, _, _ in rows],
                         [s.generator for s, _, _ in rows], self.config.logprobs_mode)
         for i, (seq, _, depth) in enumerate(rows):
-            token = result.tokens[i]
-            executed = self.num_rounds if self.select_only else depth
-            seq.append_token(token, result.logprobs[i], result.top_logprobs[i], depth, executed,
-                             self.weights.version)
-            if seq.request.stream:
-                self._streamed[seq.request_id] = seq.request
-            self._check_stop(seq, token)
+            self._accept_token(seq, result.tokens[i], result.logprobs[i], result.top_logprobs[i],
+                               depth)
+
+    def _accept_token(self, seq: Sequence, token: int, logprob, top_logprobs, depth: int) -> None:
+        """Append a sampled token (its input position exited at round `depth`), then stop?"""
+        executed = self.num_rounds if self.select_only else depth
+        seq.append_token(token, logprob, top_logprobs, depth, executed, self.weights.version)
+        if seq.request.stream:
+            self._streamed[seq.request_id] = seq.request
+        self._check_stop(seq, token)
 
     def _check_stop(self, seq: Sequence, token: int) -> None:
         if token in self.eos_token_ids and not seq.params.ignore_eos:

@@ -38,15 +38,17 @@ class FusedTokenStep:
     def __init__(self, engine):
         self.engine = engine
 
-    def depth(self, seq: Sequence) -> int | None:
-        """The host-fixed depth of the sequence's next token, or None (the policy decides).
-        The round-step engine exits at min(policy's round, max_loops, R): so does this."""
+    def depth(self, seq: Sequence, index: int | None = None) -> int | None:
+        """The host-fixed depth of the input token that samples output token `index` (default:
+        the next, num_output_tokens), or None (the policy decides). The round-step engine
+        exits at min(policy's round, max_loops, R): so does this."""
         p, R = seq.params, self.engine.num_rounds
         policy = self.engine.policy(p.exit_policy)
         if isinstance(policy, FixedDepth):
             target = p.exit_policy_args.get("depth", p.max_loops)
         elif isinstance(policy, TraceReplay):
-            depths, i = p.exit_policy_args["depths"], seq.num_output_tokens
+            depths = p.exit_policy_args["depths"]
+            i = seq.num_output_tokens if index is None else index
             target = depths[i] if i < len(depths) else p.exit_policy_args.get("fallback", R)
         else:
             return None

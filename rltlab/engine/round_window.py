@@ -1,0 +1,272 @@
+"""Round windows: mixed host-fixed depths stepped one round at a time, the host once per window.
+
+With rows at different depths (an exit replay, requests at different fixed depths) the cheapest
+device schedule is round-level batching: every step runs ONE round for every row, each row at
+its own round and plane, and a row that reaches its depth samples and starts its next token in
+the following step. Every step reads the weights once and each row's own KV plane, so a token
+costs its depth in rounds. (Whole tokens run deepest first instead read the weights R times per
+token whenever any row needs round R: token_step.py.)
+
+Stepped by the engine, such a batch pays the host's per-step work (exit decisions, span
+bookkeeping, sampling read-back, scheduling) every round: at 128 rows on the H200 that is ~5 ms
+against a ~2.8 ms round (docs/benchmarks/2026-12-01-h200.md). But under host-fixed depths
+(`fixed`, `trace`) and greedy sampling nothing the host learns in a round changes the schedule:
+which row runs which round at which position and plane, and which rows exit, are known ahead.
+So `RoundWindow.step()` plans up to `EngineConfig.round_window` round steps on the host at once,
+ships their indices in one copy, runs them back to back (the same captured round graph as the
+round-per-step engine; the exiting rows' LM head, argmax, next-token embedding and LAST_EXITED
+copies stay on the device), and reads the sampled tokens back once at the end. The result is the
+round-per-step engine's: the same rounds through the same decoder in the same order, the same
+argmax and log-probs; tests compare them token for token.
+
+A row that reaches its length limit inside a window sits out the window's remaining steps as a
+padding row (no K/V write, nothing sampled); the window ends early only when every row has.
+A row that stops at EOS or a stop token inside a window keeps computing to the window's end;
+its later tokens are dropped (at most `round_window` rounds).
+
+Admission: with mixed depths, rows finish one by one. A window is never cut short for them, so
+waiting requests are admitted at window boundaries: all that fit, together, once at least
+`EngineConfig.round_window_admit` slots are free (default 1), and their prefills share the
+next few round steps. Ending a window at every finish instead (one-round windows, a prefill in
+nearly every step) lost ~1.2 s of a 19 s closed loop on the H200, and waiting for a quarter of
+the slots left a long tail of part-empty steps (~4.6 s): docs/benchmarks/2026-12-01-h200.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rltlab.engine.exit_policies import FixedDepth
+from rltlab.engine.model_runner import to_device
+from rltlab.engine.sampling import SAMPLING_EPS, needs_filtering
+from rltlab.engine.sequence import Sequence, Span
+
+
+@dataclass
+class WindowPlan:
+    """Host-side schedule of one window over rows (sequences in running order)."""
+    seqs: list[Sequence]
+    index: np.ndarray              # int32 [steps, static index size]: StaticDecoder.index per step
+    starts: list[list[int]]        # per step: rows whose round 1 starts (embedding input)
+    exits: list[list[int]]         # per step: rows that leave and sample
+    copies: list[list[tuple[int, int]]]   # per step: (slot, exit round) of LAST_EXITED copies
+    emitted: list[list[int]]       # per row: exit rounds of the tokens it samples, in order
+    rounds_done: list[int]         # per row: rounds of its current token done at the end
+    depth: list[int]               # per row: depth of its current token at the end
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.exits)
+
+
+class RoundWindow:
+    def __init__(self, engine, steps: int):
+        self.engine, self.steps = engine, steps
+
+    # ------------------------------------------------------------------------- eligibility
+    def plan(self) -> WindowPlan | None:
+        """The next window's plan, or None when this step must not take one."""
+        eng = self.engine
+        sch = eng.scheduler
+        seqs = sch.running
+        if eng.paused or eng.observers or eng.proposer is not None or not seqs or \
+                len(seqs) > eng.config.max_num_batched_tokens or self._admit_now():
+            return None
+        state = [self._row_state(seq) for seq in seqs]
+        if any(s is None for s in state):
+            return None
+        # One fixed depth for all: whole tokens (one launch per token) beat round steps.
+        if all(isinstance(eng.policy(s.params.exit_policy), FixedDepth) for s in seqs) and \
+                len({d for _, d in state}) == 1:
+            return None
+        return self._schedule(list(seqs), state)   # a copy: finishing edits sch.running
+
+    def _admit_now(self) -> bool:
+        """Waiting requests are admitted (no window this step) once they fit and enough of
+        max_num_seqs is free: see the module docstring."""
+        eng = self.engine
+        sch, cfg = eng.scheduler, eng.config
+        free = cfg.max_num_seqs - len(sch.running)
+        return sch.can_admit() and free >= min(cfg.round_window_admit, cfg.max_num_seqs)
+
+    def _row_state(self, seq: Sequence) -> tuple[int, int] | None:
+        """(rounds of the pending token done, its depth), or None if the row can't join."""
+        p, eng = seq.params, self.engine
+        if p.temperature >= SAMPLING_EPS or p.logprobs not in (None, 0) or \
+                needs_filtering([p], eng.model_config.vocab_size):
+            return None
+        depth = eng._whole_tokens.depth(seq)
+        if depth is None:
+            return None
+        if seq.at_token_boundary:
+            return 0, depth
+        span = seq.span
+        if span is None or span.exit_rounds is not None or span.pending or \
+                seq.num_computed != seq.num_tokens - 1 or not seq.output_token_ids:
+            return None
+        if span.round == 0:
+            return 0, depth
+        if span.planned_exit is None or span.planned_exit <= span.round:
+            return None
+        return span.round, span.planned_exit
+
+    # -------------------------------------------------------------------------------- plan
+    def _schedule(self, seqs: list[Sequence], state) -> WindowPlan:
+        eng, runner = self.engine, self.engine.runner
+        R, bs = eng.num_rounds, runner.block_size
+        static = runner.static_rows(len(seqs))
+        n, b, nb = len(seqs), static.max_batch, static.max_blocks
+        done = [k for k, _ in state]
+        depth = [d for _, d in state]
+        pos = [seq.num_tokens - 1 for seq in seqs]
+        count = [seq.num_output_tokens for seq in seqs]
+        tables = [seq.block_table for seq in seqs]
+        base = np.zeros(4 * b + b * nb, dtype=np.int32)
+        static._stage_padding(base, 0)   # every row a padding row (slot -1: no K/V write)
+        # until a step sets it; rows at their length limit stay one
+        table_view = base[4 * b:].reshape(b, nb)
+        for row, table in enumerate(tables):
+            table_view[row, : len(table)] = table
+        live = [count[i] < seq.max_output_tokens for i, seq in enumerate(seqs)]
+        rows, starts, exits, copies = [], [], [], []
+        emitted: list[list[int]] = [[] for _ in seqs]
+        for _ in range(self.steps):
+            going = [i for i in range(n) if live[i]]
+            if not going:
+                break
+            slots = {i: tables[i][pos[i] // bs] * bs + pos[i] % bs for i in going}
+            rows.append([(i, pos[i], done[i], slots[i]) for i in going])   # plane = rounds done
+            starts.append([i for i in going if done[i] == 0])
+            step_exits, step_copies = [], []
+            for i in going:
+                done[i] += 1
+                if done[i] < depth[i]:
+                    continue
+                step_exits.append(i)
+                emitted[i].append(depth[i])
+                if depth[i] < R:
+                    step_copies.append((slots[i], depth[i]))
+                count[i] += 1
+                # at its length limit: a padding row from now on (never past its reservation)
+                live[i] = count[i] < seqs[i].max_output_tokens
+                pos[i] += 1
+                done[i] = 0
+                depth[i] = eng._whole_tokens.depth(seqs[i], count[i])
+            exits.append(step_exits)
+            copies.append(step_copies)
+        index = np.tile(base, (len(rows), 1))
+        for s, step_rows in enumerate(rows):
+            for i, position, plane, slot in step_rows:
+                index[s, i], index[s, b + i], index[s, 2 * b + i] = position, plane, slot
+                index[s, 3 * b + i] = position + 1
+        return WindowPlan(seqs, index, starts, exits, copies, emitted, done, depth)
+
+    # -------------------------------------------------------------------------------- run
+    @torch.no_grad()
+    def step(self, plan: WindowPlan):
+        """Run the plan's round steps back to back, then hand the sampled tokens over."""
+        eng, runner = self.engine, self.engine.runner
+        static, device = runner.static, runner.device
+        seqs, n = plan.seqs, len(plan.seqs)
+        eng._failed = {}
+        index, rows, planes = self._to_device(plan, device)
+        pending = to_device([seq.output_token_ids[-1] for seq in seqs], torch.int64, device)
+        embed = runner.model.model.embed_tokens
+        starting = set(plan.starts[0])
+        for i, seq in enumerate(seqs):   # rows inside a token go on from their last state
+            if i not in starting:
+                static.hidden_in[i: i + 1].copy_(seq.span.hidden)
+        want_logprobs = any(seq.params.logprobs is not None for seq in seqs)
+        outs = []   # per step: (tokens, finite, log-probs | None) of its exiting rows
+        for s in range(plan.num_steps):
+            starts, exits, copy_slots = rows[s]
+            static.index.copy_(index[s])
+            if len(starts):   # round 1 of a token: its embedding
+                static.hidden_in.index_copy_(0, starts, embed(pending.index_select(0, starts)))
+            static.launch_round(n)
+            if len(exits):
+                outs.append(self._sample(runner, static, pending, exits, want_logprobs))
+            if len(copy_slots):
+                runner.copy_exited(copy_slots, planes[s])
+            if s + 1 < plan.num_steps:   # the next round's input: this round's output
+                static.hidden_in[:n].copy_(static.hidden_out[:n])
+        self._finish_window(plan, outs, static)
+        eng._finish_failed(seqs)
+        return eng._drain_outputs()
+
+    @staticmethod
+    def _to_device(plan: WindowPlan, device):
+        """Every step's indices in three copies -> (static index [steps, ...] int32, per step
+        (start rows, exit rows, LAST_EXITED slots) int64 views, per step exit planes int32)."""
+        pin = device.type == "cuda"
+        index = torch.from_numpy(plan.index)
+        index = (index.pin_memory() if pin else index).to(device, non_blocking=True)
+        flat, planes, bounds = [], [], []
+        for starts, exits, copies in zip(plan.starts, plan.exits, plan.copies):
+            parts = (starts, exits, [slot for slot, _ in copies])
+            bounds.append([len(part) for part in parts])
+            for part in parts:
+                flat += part
+            planes.append([rnd - 1 for _, rnd in copies])
+        flat_t = to_device(flat, torch.int64, device)
+        planes_t = to_device([p for step in planes for p in step], torch.int32, device)
+        rows, plane_views, at, at_plane = [], [], 0, 0
+        for sizes, step_planes in zip(bounds, planes):
+            views = []
+            for size in sizes:
+                views.append(flat_t[at: at + size])
+                at += size
+            rows.append(views)
+            plane_views.append(planes_t[at_plane: at_plane + len(step_planes)])
+            at_plane += len(step_planes)
+        return index, rows, plane_views
+
+    @staticmethod
+    def _sample(runner, static, pending, rows: torch.Tensor, want_logprobs: bool):
+        """Greedy tokens of the exiting rows, on the device (the sampler's greedy rule:
+        argmax of the fp32 logits; log-prob from their log-softmax); they become the rows'
+        pending tokens."""
+        logits = runner.logits(static.hidden_out.index_select(0, rows))
+        tokens = logits.argmax(dim=-1)
+        pending.index_copy_(0, rows, tokens)
+        logp = None
+        if want_logprobs:
+            logp = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+        return tokens, torch.isfinite(logits).all(dim=-1), logp
+
+    # ------------------------------------------------------------------------ back on host
+    def _finish_window(self, plan: WindowPlan, outs, static) -> None:
+        eng = self.engine
+        seqs = plan.seqs
+        tokens = torch.cat([t for t, _, _ in outs]).tolist() if outs else []
+        finite = torch.cat([f for _, f, _ in outs]).tolist() if outs else []
+        logps = (torch.cat([lp for _, _, lp in outs]).tolist()
+                 if outs and outs[0][2] is not None else None)
+        # the exits in step order, row order within a step
+        order = [i for step in plan.exits for i in step]
+        per_row: list[list[int]] = [[] for _ in seqs]
+        for flat, i in enumerate(order):
+            per_row[i].append(flat)
+        final_hidden = static.hidden_out[: len(seqs)]
+        for i, seq in enumerate(seqs):
+            for j, flat in enumerate(per_row[i]):
+                if seq.is_finished:
+                    break   # stopped earlier in the window: later tokens are dropped
+                if not finite[flat]:
+                    eng._failed[seq.seq_id] = "non-finite logits"
+                    break
+                logprob = logps[flat] if logps is not None and seq.params.logprobs is not None \
+                    else None
+                eng._accept_token(seq, tokens[flat], logprob, None, plan.emitted[i][j])
+            if seq.is_finished or seq.seq_id in eng._failed:
+                continue
+            position = seq.num_tokens - 1
+            seq.num_computed = position
+            if plan.rounds_done[i] == 0:
+                seq.span = None
+            else:
+                seq.span = Span(position, 1, None, emits=True, round=plan.rounds_done[i],
+                                hidden=final_hidden[i: i + 1].clone(),
+                                planned_exit=plan.depth[i])

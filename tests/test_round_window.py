@@ -1,0 +1,175 @@
+"""Round windows (rltlab.engine.round_window): decode rows at mixed host-fixed depths stepped one
+round at a time, planned and read back once per window. They must give the round-per-step
+engine's rollouts exactly (tokens, exit depths; log-probs within 1e-5) and the teacher-forced
+recompute's. fp32, CPU, torch reference kernels."""
+import pytest
+import torch
+
+from rltlab.engine import LLM, SamplingParams
+from rltlab.engine.config import EngineConfig
+from test_engine_exactness import MIXED, TOL, check_against_recompute, random_prompts
+from tiny_models import tiny_engine_model
+
+torch.set_num_threads(1)
+
+IN_PHASE = dict(block_size=4, prefill_chunk=64, max_num_seqs=8, max_num_batched_tokens=256)
+CONFIGS = {"mixed": MIXED, "in_phase": IN_PHASE}
+
+
+def replay_params(n: int, trace_seed: int, **overrides) -> list[SamplingParams]:
+    gen = torch.Generator().manual_seed(trace_seed)
+    traces = [[4] + torch.randint(1, 5, (16,), generator=gen).tolist() for _ in range(n)]
+    return [SamplingParams(**{**dict(temperature=0.0, max_tokens=5 + i % 4, ignore_eos=True,
+                                     logprobs=0, exit_policy="trace",
+                                     exit_policy_args={"depths": traces[i], "fallback": 2}),
+                              **overrides})
+            for i in range(n)]
+
+
+def assert_same_rollouts(a, b):
+    """Tokens, exit depths and finish reasons equal; log-probs within TOL (or both absent)."""
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert (x.token_ids, x.exit_depths, x.outputs[0].finish_reason) == \
+            (y.token_ids, y.exit_depths, y.outputs[0].finish_reason)
+        assert (x.logprobs is None) == (y.logprobs is None)
+        if x.logprobs is not None:
+            assert max(abs(u - v) for u, v in zip(x.logprobs, y.logprobs)) < TOL
+
+
+def round_and_window_runs(model, prompts, params, engine_args):
+    """-> (round-per-step outputs, windowed outputs, each window's (rows, steps))."""
+    rounds = LLM(model, decode_path="static", fused_tokens=False, **engine_args).generate(
+        prompts, params)
+    llm = LLM(model, decode_path="static", **engine_args)
+    window, calls = llm.llm_engine._round_window, []
+    step = window.step
+    window.step = lambda plan: calls.append((len(plan.seqs), plan.num_steps)) or step(plan)
+    return rounds, llm.generate(prompts, params), calls
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("policy", ["trace", "fixed"])
+def test_windows_equal_round_steps_and_recompute(config, policy):
+    """Exit replay, or requests at different fixed depths, with and without log-probs: the
+    windowed engine takes multi-step windows and gives the round-step engine's rollouts."""
+    model = tiny_engine_model(7)
+    prompts = random_prompts(7, seed=12)
+    params = replay_params(len(prompts), trace_seed=5)
+    for i, p in enumerate(params):
+        p.logprobs = (0, None)[i % 3 == 2]
+        if policy == "fixed":
+            p.exit_policy, p.exit_policy_args = "fixed", {"depth": 1 + i % 4}
+    rounds, windowed, calls = round_and_window_runs(model, prompts, params, CONFIGS[config])
+    assert calls and max(steps for _, steps in calls) > 1, calls
+    assert_same_rollouts(rounds, windowed)
+    if policy == "trace":
+        for out, p in zip(windowed, params):
+            assert out.exit_depths == p.exit_policy_args["depths"][: len(out.exit_depths)]
+    scored = [i for i, p in enumerate(params) if p.logprobs is not None]
+    check_against_recompute(model, [prompts[i] for i in scored], [windowed[i] for i in scored],
+                            greedy_rows=range(len(scored)))
+
+
+def test_window_length_caps_its_steps():
+    model = tiny_engine_model(7)
+    prompts = random_prompts(4, seed=3)
+    params = replay_params(4, trace_seed=8, max_tokens=12)
+    rounds, windowed, calls = round_and_window_runs(
+        model, prompts, params, dict(IN_PHASE, round_window=3))
+    assert calls and all(steps <= 3 for _, steps in calls)
+    assert_same_rollouts(rounds, windowed)
+
+
+def test_stop_token_inside_a_window_drops_the_tokens_after_it():
+    """A row that samples a stop token mid-window keeps computing to the window's end; what
+    it sampled after the stop token is dropped, as if it had stopped there."""
+    model = tiny_engine_model(7)
+    prompts = random_prompts(5, seed=21)
+    free = LLM(model, decode_path="static", fused_tokens=False, **IN_PHASE).generate(
+        prompts, replay_params(5, trace_seed=2, max_tokens=10))
+    stop = free[0].token_ids[4]   # a token the first rollout samples mid-way
+    params = replay_params(5, trace_seed=2, max_tokens=10, ignore_eos=False, stop_token_ids=[stop])
+    rounds, windowed, calls = round_and_window_runs(model, prompts, params, IN_PHASE)
+    assert calls
+    assert_same_rollouts(rounds, windowed)
+    assert windowed[0].token_ids[-1] == stop and len(windowed[0].token_ids) <= 5
+    assert windowed[0].outputs[0].finish_reason == "stop"
+
+
+def test_closed_loop_admits_new_requests_after_windows():
+    """More requests than rows: a window ends where a row reaches its length, the next step
+    admits a waiting request (a prefill among decode rows), and windows resume."""
+    model = tiny_engine_model(9)
+    prompts = random_prompts(9, seed=4)
+    params = replay_params(9, trace_seed=6)
+    for i, p in enumerate(params):
+        p.max_tokens = 8 + 3 * (i % 4)
+    rounds, windowed, calls = round_and_window_runs(
+        model, prompts, params, dict(IN_PHASE, max_num_seqs=4, round_window=4))
+    assert len(calls) >= 6
+    assert_same_rollouts(rounds, windowed)
+    check_against_recompute(model, prompts, windowed, greedy_rows=range(9))
+
+
+def test_admission_waits_for_enough_free_slots_and_rollouts_stay_the_same():
+    """round_window_admit=2 of 4 rows: a freed slot alone admits nobody while windows can
+    run; two free slots admit the waiting requests together. Rows at their length limit sit
+    out the rest of a window. Neither changes what any request computes."""
+    model = tiny_engine_model(9)
+    prompts = random_prompts(10, seed=4)
+    params = replay_params(10, trace_seed=6)
+    for i, p in enumerate(params):
+        p.max_tokens = 8 + 3 * (i % 4)
+    engine_args = dict(IN_PHASE, max_num_seqs=4, round_window=4, round_window_admit=2)
+    rounds = LLM(model, decode_path="static", fused_tokens=False, **engine_args).generate(
+        prompts, params)
+    llm = LLM(model, decode_path="static", **engine_args)
+    engine = llm.llm_engine
+    window, seen = engine._round_window, []
+    step = window.step
+
+    def spy(plan):
+        sch = engine.scheduler
+        seen.append((len(sch.running), bool(sch.waiting), plan.num_steps))
+        return step(plan)
+    window.step = spy
+    assert_same_rollouts(rounds, llm.generate(prompts, params))
+    assert all(running >= 3 for running, waiting, _ in seen if waiting), seen
+    assert any(running == 3 and waiting for running, waiting, _ in seen), seen
+    assert max(steps for _, _, steps in seen) == 4
+
+
+def test_sampled_or_gate_driven_rows_take_no_window():
+    model = tiny_engine_model(7)
+    prompts = random_prompts(4, seed=1)
+    sampled = replay_params(4, trace_seed=3, temperature=0.8, seed=0)
+    gated = [SamplingParams(temperature=0.0, max_tokens=6, exit_policy="q_exit")] * 4
+    top_logprobs = replay_params(4, trace_seed=3, logprobs=2)
+    for params in (sampled, gated, top_logprobs):
+        rounds, windowed, calls = round_and_window_runs(model, prompts, params, IN_PHASE)
+        assert calls == []
+        assert_same_rollouts(rounds, windowed)
+
+
+def test_one_fixed_depth_keeps_whole_tokens_and_round_window_0_turns_windows_off():
+    model = tiny_engine_model(7)
+    prompts = random_prompts(4, seed=1)
+    fixed = [SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, exit_policy="fixed",
+                            exit_policy_args={"depth": 3})] * 4
+    _, _, calls = round_and_window_runs(model, prompts, fixed, IN_PHASE)
+    assert calls == []
+    llm = LLM(model, decode_path="static", round_window=0, **IN_PHASE)
+    assert llm.llm_engine._round_window is None
+
+
+@pytest.mark.parametrize("bad", [-1, 2.0, True, "16"])
+def test_round_window_must_be_a_non_negative_int(bad):
+    with pytest.raises(ValueError, match="round_window"):
+        EngineConfig(round_window=bad)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_round_window_admit_must_be_a_positive_int(bad):
+    with pytest.raises(ValueError, match="round_window_admit"):
+        EngineConfig(round_window_admit=bad)
