@@ -110,3 +110,17 @@ def test_greedy_is_argmax_and_temperature_zero_ignores_seed():
         logits = model(ids).final_logits[0, 2:]
     assert a.token_ids == logits.argmax(-1).tolist()
     assert all(lp <= 0 and math.isfinite(lp) for lp in a.logprobs)
+
+
+def test_a_draw_at_the_top_of_the_cdf_lands_on_the_last_possible_token(monkeypatch):
+    """u * total can round up onto the CDF's end, past the last token with probability > 0
+    (here the top-k filter's -inf tail): the sampler then takes the last token it can emit."""
+    logits = torch.randn(3, 12, generator=torch.Generator().manual_seed(4))
+    logits[:, -1] = -10.0   # the last id is outside every top-k < 12
+    params = [SamplingParams(temperature=1.0, top_k=k) for k in (3, 7, 12)]
+    real_rand = torch.rand
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.ones_like(real_rand(*a, **k)))
+    tokens = sample(logits, params, gens(3), "raw_logprobs").tokens
+    for row, k in enumerate((3, 7, 12)):
+        kept = logits[row].topk(k).indices
+        assert tokens[row] == int(kept.max())   # the highest-index token of its support

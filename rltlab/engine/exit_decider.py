@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from rltlab.engine.exit_policies import RoundInfo
-from rltlab.engine.model_runner import StepRows, to_device
+from rltlab.common.device import to_device
+from rltlab.engine.model_runner import StepRows
 from rltlab.engine.sequence import PendingDecision, Sequence
 
 

@@ -43,7 +43,7 @@ import torch
 
 from rltlab.model import gates
 from rltlab.model.config import OuroConfig
-from rltlab.engine.model_runner import to_device
+from rltlab.common.device import to_device
 from rltlab.engine.sampling import SamplingParams
 
 

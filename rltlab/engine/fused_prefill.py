@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rltlab import kernels
-from rltlab.engine.static_decode import post_attention, to_device
+from rltlab.common.device import to_device
+from rltlab.engine.static_decode import post_attention
 from rltlab.model.architecture import OuroForCausalLM, rope_cos_sin
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from rltlab.engine.model_runner import to_device
+from rltlab.common.device import to_device
 from rltlab.engine.sequence import Sequence
 
 

@@ -26,10 +26,11 @@ import torch
 import torch.nn.functional as F
 
 from rltlab import kernels
+from rltlab.common.device import to_device
 from rltlab.model.architecture import OuroForCausalLM, apply_rope, rope_cos_sin
 from rltlab.engine.fused_prefill import FusedPrefill, contiguous
 from rltlab.engine.sequence import Sequence
-from rltlab.engine.static_decode import StaticDecoder, fuse_projections, to_device
+from rltlab.engine.static_decode import StaticDecoder, fuse_projections
 
 
 @dataclass

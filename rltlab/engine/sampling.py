@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from rltlab.common.device import to_device
+
 _SEED_MIX = 0x9E3779B97F4A7C15
 _SEED_MOD = 2 ** 63
 SAMPLING_EPS = 1e-5   # temperatures below this are greedy (module docstring)
@@ -158,45 +160,64 @@ class SampleResult:
     top_logprobs: list[dict[int, float] | None]
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator], logprobs_mode: str) -> SampleResult:
-    """One token per row of logits [N, V], row i drawn with generators[i] and params[i].
-    Greedy rows share one argmax and one read-back; sampled rows draw one by one (each has
-    its own generator)."""
+@dataclass
+class DeviceSample:
+    """sample_on_device's result, still on the device (no host sync yet)."""
+    tokens: torch.Tensor                  # int64 [N]
+    logprobs: torch.Tensor | None         # fp32 [N], the chosen tokens' (any row asked)
+    logp: torch.Tensor | None             # fp32 [N, V], for top log-probs on the host
+
+
+def sample_on_device(logits: torch.Tensor, params: list[SamplingParams],
+                     generators: list[torch.Generator], logprobs_mode: str) -> DeviceSample:
+    """One token per row of logits [N, V], row i drawn with generators[i] and params[i], all
+    on the device: greedy rows take the argmax; sampled rows invert their CDF at one uniform
+    draw each from their own generator (one launch per row, no read-back), as a batch."""
     device, vocab = logits.device, logits.shape[-1]
     logits = logits.float()
     filtering = needs_filtering(params, vocab)
     if filtering or any(p.temperature >= SAMPLING_EPS for p in params):
-        temperature = torch.tensor([p.temperature for p in params], device=device)
-        top_k = torch.tensor([p.top_k for p in params], device=device)
-        top_p = torch.tensor([p.top_p for p in params], device=device)
+        temperature = to_device([p.temperature for p in params], torch.float32, device)
+        top_k = to_device([p.top_k for p in params], torch.int64, device)
+        top_p = to_device([p.top_p for p in params], torch.float32, device)
         processed = process_logits(logits, temperature, top_k, top_p, filtering)
     else:   # all greedy, nothing filtered: processing would divide by 1 (no launches needed)
         processed = logits
-    tokens = processed.argmax(dim=-1).tolist()
+    tokens = processed.argmax(dim=-1)
     sampled = [row for row, p in enumerate(params) if p.temperature >= SAMPLING_EPS]
-    probs = torch.softmax(processed[sampled], dim=-1) if sampled else None
-    for i, row in enumerate(sampled):
-        gen = generators[row]
-        cdf = probs[i].cumsum(0)
-        u = torch.rand((), generator=gen, device=gen.device).to(device)
-        idx = int(torch.searchsorted(cdf, u * cdf[-1], right=True).clamp(max=cdf.numel() - 1))
-        if probs[i, idx] <= 0:   # u * total rounded up onto the end of the support
-            idx = int(torch.nonzero(probs[i] > 0)[-1])
-        tokens[row] = idx
-    want = [p.logprobs is not None for p in params]
-    result = SampleResult(tokens, [None] * len(params), [None] * len(params))
-    if not any(want):
+    if sampled:
+        rows = to_device(sampled, torch.int64, device)
+        probs = torch.softmax(processed.index_select(0, rows), dim=-1)
+        u = torch.stack([torch.rand((), generator=generators[row], device=generators[row].device)
+                         .to(device) for row in sampled])
+        cdf = probs.cumsum(dim=-1)
+        idx = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
+        idx = idx.squeeze(1).clamp(max=vocab - 1)
+        # u * total rounded up onto the end of the support: the last token it holds
+        off = probs.gather(1, idx[:, None]).squeeze(1) <= 0
+        last = vocab - 1 - (probs > 0).flip(-1).to(torch.uint8).argmax(dim=-1)
+        tokens = tokens.index_copy(0, rows, torch.where(off, last, idx))
+    if all(p.logprobs is None for p in params):
+        return DeviceSample(tokens, None, None)
+    logp = torch.log_softmax(logits if logprobs_mode == "raw_logprobs" else processed, dim=-1)
+    return DeviceSample(tokens, logp.gather(-1, tokens[:, None]).squeeze(-1), logp)
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams],
+           generators: list[torch.Generator], logprobs_mode: str) -> SampleResult:
+    """sample_on_device, read back: tokens, the chosen tokens' log-probs where asked, and the
+    top `logprobs` log-probs of rows that ask for more than the chosen one."""
+    drawn = sample_on_device(logits, params, generators, logprobs_mode)
+    result = SampleResult(drawn.tokens.tolist(), [None] * len(params), [None] * len(params))
+    if drawn.logprobs is None:
         return result
-    source = logits if logprobs_mode == "raw_logprobs" else processed
-    logp = torch.log_softmax(source, dim=-1)
-    chosen = logp.gather(-1, torch.tensor(tokens, device=device)[:, None]).squeeze(-1).tolist()
+    chosen = drawn.logprobs.tolist()
     for row, param in enumerate(params):
         if param.logprobs is None:
             continue
         result.logprobs[row] = chosen[row]
         if param.logprobs > 0:
-            vals, ids = logp[row].topk(param.logprobs)
+            vals, ids = drawn.logp[row].topk(param.logprobs)
             result.top_logprobs[row] = dict(zip(ids.tolist(), vals.tolist()))
     return result
 

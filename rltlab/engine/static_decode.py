@@ -61,12 +61,6 @@ def _fuse(linears: list[nn.Linear]) -> torch.Tensor:
     return weight
 
 
-def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Host list -> device tensor without waiting for the device (pinned, async on CUDA)."""
-    tensor = torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
-    return tensor.to(device, non_blocking=True)
-
-
 def qkv_rope(y, w_qkv, cos, sin, num_heads: int, num_kv_heads: int, head_dim: int):
     """One matmul for q, k, v; RoPE on q and k. -> q [N, Hq, D], k, v [N, Hkv, D]."""
     qkv = F.linear(y, w_qkv)
