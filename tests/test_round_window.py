@@ -140,13 +140,49 @@ def test_admission_waits_for_enough_free_slots_and_rollouts_stay_the_same():
     assert max(steps for _, _, steps in seen) == 4
 
 
-def test_sampled_or_gate_driven_rows_take_no_window():
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("logprobs_mode", ["raw_logprobs", "processed_logprobs"])
+def test_sampled_rows_draw_what_round_steps_draw(config, logprobs_mode):
+    """Temperature, top-k and top-p rows next to greedy ones: every row draws from its own
+    generator once per token, on the device inside the window, exactly as the round-per-step
+    engine's sampler does (same tokens, log-probs within 1e-5)."""
+    model = tiny_engine_model(7)
+    prompts = random_prompts(7, seed=13)
+    params = replay_params(len(prompts), trace_seed=9)
+    for i, p in enumerate(params):
+        p.temperature = (0.0, 0.8, 1.0, 1.3)[i % 4]
+        p.top_k, p.top_p, p.seed = (0, 5, 0, 20)[i % 4], (1.0, 1.0, 0.9, 0.7)[i % 4], 100 + i
+    engine_args = dict(CONFIGS[config], logprobs_mode=logprobs_mode)
+    rounds, windowed, calls = round_and_window_runs(model, prompts, params, engine_args)
+    assert calls and max(steps for _, steps in calls) > 1, calls
+    assert_same_rollouts(rounds, windowed)
+    assert len({tuple(o.token_ids) for o in windowed}) == len(prompts)
+
+
+@pytest.mark.parametrize("config", ["mixed", "in_phase"])
+def test_groups_of_samples_in_windows_equal_round_steps(config):
+    """n = 1..3 samples per prompt (one shared prefill, groups.py), temperature 1: the samples
+    join windows once forked and draw what the round-per-step engine draws."""
+    model = tiny_engine_model(7)
+    prompts = random_prompts(5, seed=31)
+    params = replay_params(len(prompts), trace_seed=11)
+    for i, p in enumerate(params):
+        p.n, p.temperature, p.seed, p.max_tokens = 1 + i % 3, 1.0, 50 + i, 9 + i
+    rounds, windowed, calls = round_and_window_runs(model, prompts, params, CONFIGS[config])
+    assert calls
+    for a, b in zip(rounds, windowed):
+        assert len(a.outputs) == len(b.outputs) == a.sampling_params.n
+        for x, y in zip(a.outputs, b.outputs):
+            assert (x.token_ids, x.exit_depths) == (y.token_ids, y.exit_depths)
+            assert max(abs(u - v) for u, v in zip(x.logprobs, y.logprobs)) < TOL
+
+
+def test_gate_driven_or_top_logprob_rows_take_no_window():
     model = tiny_engine_model(7)
     prompts = random_prompts(4, seed=1)
-    sampled = replay_params(4, trace_seed=3, temperature=0.8, seed=0)
     gated = [SamplingParams(temperature=0.0, max_tokens=6, exit_policy="q_exit")] * 4
     top_logprobs = replay_params(4, trace_seed=3, logprobs=2)
-    for params in (sampled, gated, top_logprobs):
+    for params in (gated, top_logprobs):
         rounds, windowed, calls = round_and_window_runs(model, prompts, params, IN_PHASE)
         assert calls == []
         assert_same_rollouts(rounds, windowed)

@@ -49,7 +49,7 @@ class EngineConfig:
     SiLU * up and RoPE + K/V write fused (rltlab.kernels.small_batch); False = cuBLAS.
     fused_tokens: with the static path, run all rounds of host-fixed-depth decode tokens in one
     launch when nothing needs to look between rounds (rltlab.engine.token_step).
-    round_window: with whole-token steps on, decode rows at mixed host-fixed depths (greedy)
+    round_window: with whole-token steps on, decode rows at mixed host-fixed depths
     run up to this many round steps per host round trip (rltlab.engine.round_window); 0 = off
     (whole tokens deepest first, token_step.py). round_window_admit: while windows run,
     waiting requests are admitted (all that fit, at a window boundary) once this many of

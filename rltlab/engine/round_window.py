@@ -10,14 +10,16 @@ token whenever any row needs round R: token_step.py.)
 Stepped by the engine, such a batch pays the host's per-step work (exit decisions, span
 bookkeeping, sampling read-back, scheduling) every round: at 128 rows on the H200 that is ~5 ms
 against a ~2.8 ms round (docs/benchmarks/2026-12-01-h200.md). But under host-fixed depths
-(`fixed`, `trace`) and greedy sampling nothing the host learns in a round changes the schedule:
-which row runs which round at which position and plane, and which rows exit, are known ahead.
-So `RoundWindow.step()` plans up to `EngineConfig.round_window` round steps on the host at once,
-ships their indices in one copy, runs them back to back (the same captured round graph as the
-round-per-step engine; the exiting rows' LM head, argmax, next-token embedding and LAST_EXITED
-copies stay on the device), and reads the sampled tokens back once at the end. The result is the
-round-per-step engine's: the same rounds through the same decoder in the same order, the same
-argmax and log-probs; tests compare them token for token.
+(`fixed`, `trace`) nothing the host learns in a round changes the schedule: which row runs
+which round at which position and plane, and which rows exit, are known ahead. So
+`RoundWindow.step()` plans up to `EngineConfig.round_window` round steps on the host at once,
+ships their indices in three copies, runs them back to back (the same captured round graph as
+the round-per-step engine; the exiting rows' LM head, sampling, next-token embedding and
+LAST_EXITED copies stay on the device), and reads the sampled tokens back once at the end.
+Sampling is the engine's own (`sampling.sample_on_device`: greedy or drawn, top-k / top-p,
+each row from its own generator, one draw per token), so the result is the round-per-step
+engine's: the same rounds through the same decoder in the same order, the same draws; tests
+compare them token for token. Rows asking for top log-probs (logprobs > 0) take no window.
 
 A row that reaches its length limit inside a window sits out the window's remaining steps as a
 padding row (no K/V write, nothing sampled); the window ends early only when every row has.
@@ -39,8 +41,8 @@ import numpy as np
 import torch
 
 from rltlab.engine.exit_policies import FixedDepth
-from rltlab.engine.model_runner import to_device
-from rltlab.engine.sampling import SAMPLING_EPS, needs_filtering
+from rltlab.common.device import to_device
+from rltlab.engine.sampling import sample_on_device
 from rltlab.engine.sequence import Sequence, Span
 
 
@@ -94,8 +96,7 @@ class RoundWindow:
     def _row_state(self, seq: Sequence) -> tuple[int, int] | None:
         """(rounds of the pending token done, its depth), or None if the row can't join."""
         p, eng = seq.params, self.engine
-        if p.temperature >= SAMPLING_EPS or p.logprobs not in (None, 0) or \
-                needs_filtering([p], eng.model_config.vocab_size):
+        if p.logprobs not in (None, 0):   # top log-probs: read back per token
             return None
         depth = eng._whole_tokens.depth(seq)
         if depth is None:
@@ -178,7 +179,6 @@ class RoundWindow:
         for i, seq in enumerate(seqs):   # rows inside a token go on from their last state
             if i not in starting:
                 static.hidden_in[i: i + 1].copy_(seq.span.hidden)
-        want_logprobs = any(seq.params.logprobs is not None for seq in seqs)
         outs = []   # per step: (tokens, finite, log-probs | None) of its exiting rows
         for s in range(plan.num_steps):
             starts, exits, copy_slots = rows[s]
@@ -187,7 +187,8 @@ class RoundWindow:
                 static.hidden_in.index_copy_(0, starts, embed(pending.index_select(0, starts)))
             static.launch_round(n)
             if len(exits):
-                outs.append(self._sample(runner, static, pending, exits, want_logprobs))
+                outs.append(self._sample(runner, static, pending, exits,
+                                         [seqs[i] for i in plan.exits[s]]))
             if len(copy_slots):
                 runner.copy_exited(copy_slots, planes[s])
             if s + 1 < plan.num_steps:   # the next round's input: this round's output
@@ -223,18 +224,18 @@ class RoundWindow:
             at_plane += len(step_planes)
         return index, rows, plane_views
 
-    @staticmethod
-    def _sample(runner, static, pending, rows: torch.Tensor, want_logprobs: bool):
-        """Greedy tokens of the exiting rows, on the device (the sampler's greedy rule:
-        argmax of the fp32 logits; log-prob from their log-softmax); they become the rows'
-        pending tokens."""
+    def _sample(self, runner, static, pending, rows: torch.Tensor, seqs: list[Sequence]):
+        """The exiting rows' tokens, drawn on the device by the engine's sampler (each row
+        with its own params and generator) -> (tokens, logits finite, chosen log-probs or
+        NaN); the tokens become the rows' pending tokens."""
         logits = runner.logits(static.hidden_out.index_select(0, rows))
-        tokens = logits.argmax(dim=-1)
-        pending.index_copy_(0, rows, tokens)
-        logp = None
-        if want_logprobs:
-            logp = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
-        return tokens, torch.isfinite(logits).all(dim=-1), logp
+        drawn = sample_on_device(logits, [seq.params for seq in seqs],
+                                 [seq.generator for seq in seqs],
+                                 self.engine.config.logprobs_mode)
+        pending.index_copy_(0, rows, drawn.tokens)
+        logp = drawn.logprobs if drawn.logprobs is not None else \
+            torch.full_like(logits[:, 0], float("nan"))
+        return drawn.tokens, torch.isfinite(logits).all(dim=-1), logp
 
     # ------------------------------------------------------------------------ back on host
     def _finish_window(self, plan: WindowPlan, outs, static) -> None:
@@ -242,8 +243,7 @@ class RoundWindow:
         seqs = plan.seqs
         tokens = torch.cat([t for t, _, _ in outs]).tolist() if outs else []
         finite = torch.cat([f for _, f, _ in outs]).tolist() if outs else []
-        logps = (torch.cat([lp for _, _, lp in outs]).tolist()
-                 if outs and outs[0][2] is not None else None)
+        logps = torch.cat([lp for _, _, lp in outs]).tolist() if outs else []
         # the exits in step order, row order within a step
         order = [i for step in plan.exits for i in step]
         per_row: list[list[int]] = [[] for _ in seqs]
@@ -257,8 +257,7 @@ class RoundWindow:
                 if not finite[flat]:
                     eng._failed[seq.seq_id] = "non-finite logits"
                     break
-                logprob = logps[flat] if logps is not None and seq.params.logprobs is not None \
-                    else None
+                logprob = logps[flat] if seq.params.logprobs is not None else None
                 eng._accept_token(seq, tokens[flat], logprob, None, plan.emitted[i][j])
             if seq.is_finished or seq.seq_id in eng._failed:
                 continue
