@@ -71,14 +71,16 @@ class RoundWindow:
     def plan(self) -> WindowPlan | None:
         """The next window's plan, or None when this step must not take one."""
         eng = self.engine
-        sch = eng.scheduler
-        seqs = sch.running
-        if eng.paused or eng.observers or eng.proposer is not None or not seqs or \
+        seqs = eng.scheduler.running
+        if not eng._whole_tokens.host_may_plan() or not seqs or \
                 len(seqs) > eng.config.max_num_batched_tokens or self._admit_now():
             return None
-        state = [self._row_state(seq) for seq in seqs]
-        if any(s is None for s in state):
-            return None
+        state = []
+        for seq in seqs:   # runs every step the engine takes: stop at the first misfit
+            row = self._row_state(seq)
+            if row is None:
+                return None
+            state.append(row)
         # One fixed depth for all: whole tokens (one launch per token) beat round steps.
         if all(isinstance(eng.policy(s.params.exit_policy), FixedDepth) for s in seqs) and \
                 len({d for _, d in state}) == 1:
@@ -204,25 +206,14 @@ class RoundWindow:
         pin = device.type == "cuda"
         index = torch.from_numpy(plan.index)
         index = (index.pin_memory() if pin else index).to(device, non_blocking=True)
-        flat, planes, bounds = [], [], []
-        for starts, exits, copies in zip(plan.starts, plan.exits, plan.copies):
-            parts = (starts, exits, [slot for slot, _ in copies])
-            bounds.append([len(part) for part in parts])
-            for part in parts:
-                flat += part
-            planes.append([rnd - 1 for _, rnd in copies])
-        flat_t = to_device(flat, torch.int64, device)
-        planes_t = to_device([p for step in planes for p in step], torch.int32, device)
-        rows, plane_views, at, at_plane = [], [], 0, 0
-        for sizes, step_planes in zip(bounds, planes):
-            views = []
-            for size in sizes:
-                views.append(flat_t[at: at + size])
-                at += size
-            rows.append(views)
-            plane_views.append(planes_t[at_plane: at_plane + len(step_planes)])
-            at_plane += len(step_planes)
-        return index, rows, plane_views
+        parts = [part for starts, exits, copies in zip(plan.starts, plan.exits, plan.copies)
+                 for part in (starts, exits, [slot for slot, _ in copies])]
+        planes = [[rnd - 1 for _, rnd in copies] for copies in plan.copies]
+        flat = to_device([i for part in parts for i in part], torch.int64, device)
+        views = flat.split([len(part) for part in parts])
+        rows = [views[3 * s: 3 * s + 3] for s in range(plan.num_steps)]
+        exit_planes = to_device([p for step in planes for p in step], torch.int32, device)
+        return index, rows, exit_planes.split([len(step) for step in planes])
 
     def _sample(self, runner, static, pending, rows: torch.Tensor, seqs: list[Sequence]):
         """The exiting rows' tokens, drawn on the device by the engine's sampler (each row

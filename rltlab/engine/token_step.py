@@ -80,12 +80,16 @@ class FusedTokenStep:
 
     def _candidates(self) -> list[Sequence] | None:
         """The running sequences, or None if the engine state rules whole tokens out."""
-        eng = self.engine
-        sch = eng.scheduler
-        if eng.paused or eng.observers or eng.proposer is not None or not sch.running \
-                or sch.can_admit():
+        sch = self.engine.scheduler
+        if not self.host_may_plan() or not sch.running or sch.can_admit():
             return None
         return sch.running
+
+    def host_may_plan(self) -> bool:
+        """Nothing needs to look between rounds: not paused, no round observers, no proposer
+        (also the round windows' precondition, round_window.py)."""
+        eng = self.engine
+        return not (eng.paused or eng.observers or eng.proposer is not None)
 
     def _depths(self, seqs: list[Sequence]) -> list[int] | None:
         depths = [self.depth(seq) for seq in seqs]
