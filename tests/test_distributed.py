@@ -67,6 +67,21 @@ def test_gather_and_sharded_generate_in_one_process():
         dist.gather_indexed(state, [(0, "a"), (2, "c")], 3)
 
 
+def test_shutdown_destroys_an_initialised_group_and_is_a_no_op_without_one(tmp_path):
+    # a rank's entry point ends with dist.shutdown(); a rank exiting with its gloo group alive
+    # aborted once in CI (exit -6) after its work was done
+    dist.shutdown()                              # no group: nothing happens
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        assert torch.distributed.is_initialized()
+        dist.shutdown()
+        assert not torch.distributed.is_initialized()
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
 def test_single_process_path_equals_collect_traces(tmp_path):
     model = tiny_engine_model(0)
     gen = torch.Generator().manual_seed(1)

@@ -157,6 +157,16 @@ def configure_threads(threads: int | None, device: str) -> int:
     return torch.get_num_threads()
 
 
+def shutdown() -> None:
+    """End this rank's process group: a last barrier, then destroy it. A rank that leaves the
+    interpreter with its gloo group alive can abort in the C++ teardown after its work is done
+    ("terminate called without an active exception", exit -6: seen once in CI on a collect
+    whose result was already written). No group (one process): nothing to do."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

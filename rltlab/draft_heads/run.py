@@ -190,4 +190,7 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+    from rltlab.common.distributed import shutdown
+
     main()
+    shutdown()   # every rank tears its process group down before exit

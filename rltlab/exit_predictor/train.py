@@ -369,4 +369,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    from rltlab.common.distributed import shutdown
+
     main()
+    shutdown()   # every rank tears its process group down before exit

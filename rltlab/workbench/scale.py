@@ -302,3 +302,4 @@ def delegate_evaluate(llm, problems, *, model_dir, thresholds, depths, max_token
 
 if __name__ == "__main__":
     main()
+    dist.shutdown()   # every rank tears its process group down before exit
