@@ -94,6 +94,32 @@ def test_savings_share_against_the_quality_matched_oracle():
     assert math.isnan(none["share"]) and none["met"] is False
 
 
+def test_per_problem_oracle_picks_the_cheapest_setting_that_keeps_each_problems_score():
+    # three problems; decode rounds leave out each problem's first (prefill) token
+    rows, scores = _table([("fixed", "depth=4", 4.0, [1, 1, 0]),
+                           ("oracle", "oracle", 1.2, [1, 0, 0]),
+                           ("oracle_floor", "min=3", 3.2, [1, 1, 1]),
+                           ("n2", "p>=0.9", 3.5, [1, 1, 0])])
+    executed = {"fixed depth=4": [[4, 4, 4], [4, 4], [4, 4, 4, 4]],
+                "oracle oracle": [[4, 1, 1], [4, 2], [4, 1, 2, 1]],
+                "oracle_floor min=3": [[4, 3, 3], [4, 3], [4, 3, 3, 4]]}
+    res = pareto.savings_share(rows, "n2", R, scores=scores, executed=executed)
+    oracle = res["per_problem_oracle"]
+    # problem 0: the oracle (1.0); problem 1: the oracle fails where depth 4 succeeds, so the
+    # floored oracle (3.0); problem 2: depth 4 fails too, so the oracle (4/3) is allowed
+    assert oracle["problems_per_setting"] == {"oracle oracle": 2, "oracle_floor min=3": 1}
+    assert oracle["mean_rounds"] == pytest.approx((2 + 3 + 4) / 6)
+    assert oracle["decode_tokens"] == 6 and oracle["diff_pp"] == 0
+    assert res["per_problem_share"] == pytest.approx((4 - 3.5) / (4 - 1.5))
+    assert res["per_problem_met"] is False
+    # the one-setting quality-matched oracle is the floored one, as before
+    assert res["quality_matched_oracle"]["setting"] == "min=3"
+    assert res["share"] == pytest.approx((4 - 3.5) / (4 - 3.2))
+    del executed["oracle_floor min=3"]
+    with pytest.raises(ValueError, match="oracle_floor min=3"):
+        pareto.savings_share(rows, "n2", R, scores=scores, executed=executed)
+
+
 def test_replay_pattern_drops_the_prefill_token_and_keeps_the_mix():
     executed = [[4, 3, 3, 2], [4, 4], [4, 2, 3, 3, 3, 4]]
     pat = pareto.replay_pattern(executed, 4)
@@ -194,3 +220,47 @@ def test_an_offset_slice_of_the_mixed_set_is_fresh_and_still_mixed():
     fresh = longer[200:]
     assert not {p["question"] for p in fresh} & {p["question"] for p in first}
     assert {p["kind"] for p in fresh} == {"hops", "arith"}
+
+
+def test_cli_writes_the_analysis_and_reanalyse_recomputes_it_in_place(tmp_path, capsys):
+    import json
+
+    from rltlab.common.atomic import read_json
+
+    rows, scores = _table([("fixed", "depth=4", 4.0, [1, 1, 0]),
+                           ("fixed", "depth=1", 1.0, [0, 0, 0]),
+                           ("q_exit", "t=0.5", 2.5, [1, 0, 0]),
+                           ("oracle", "oracle", 1.5, [1, 0, 0]),
+                           ("n2", "p>=0.9", 3.5, [1, 1, 0])])
+    executed = {"fixed depth=4": [[4, 4, 4], [4, 4], [4, 4]],
+                "fixed depth=1": [[4, 1, 1], [4, 1], [4, 1]],
+                "q_exit t=0.5": [[4, 2, 3], [4, 3], [4, 2]],
+                "oracle oracle": [[4, 1, 2], [4, 2], [4, 1]],
+                "n2 p>=0.9": [[4, 3, 4], [4, 3], [4, 4]]}
+    results = {"reference": f"fixed depth={R}", "problems": 3, "model_hash": "h",
+               "problem_set": [{"kind": "hops", "hops": 1}] * 3, "max_tokens": 4, "text": [],
+               "predictors": {}, "arithmetic": rows, "scores": scores,
+               "executed_rounds": executed}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    out = tmp_path / "analysis.json"
+    pareto.main(["--results", str(tmp_path / "results.json"), "--predictor", "n2",
+                 "--out", str(out), "--command", "the command"])
+    first = read_json(out)
+    savings = first["analysis"]["n2"]["savings"]
+    # problem 1: the oracle fails where depth 4 succeeds -> depth 4; else the oracle
+    assert savings["per_problem_oracle"]["mean_rounds"] == pytest.approx((3 + 4 + 1) / 4)
+    assert "per-problem oracle's" in capsys.readouterr().out
+    # an analysis from before the per-problem oracle, recomputed from the embedded results
+    del savings["per_problem_oracle"], savings["per_problem_share"]
+    out.write_text(json.dumps(first))
+    again = pareto.main(["--reanalyse", str(out), "--figures", str(tmp_path), "--stem", "p"])
+    for analysis in (again["analysis"], read_json(out)["analysis"]):   # returned and written
+        assert analysis["n2"]["savings"]["per_problem_share"] == pytest.approx(
+            (4 - 3.5) / (4 - 2.0))
+    assert again["commands"] == ["the command"] and (tmp_path / "p.png").is_file()
+    before = out.read_text()
+    with pytest.raises(SystemExit, match="no such policy"):
+        pareto.main(["--reanalyse", str(out), "--predictor", "n3"])
+    with pytest.raises(SystemExit, match="not a pareto.py output"):
+        pareto.main(["--reanalyse", str(tmp_path / "results.json")])
+    assert out.read_text() == before

@@ -13,10 +13,9 @@ results.json (per-problem scores of every setting on the same problems).
   se = sd(d) / sqrt(n), z = diff / se. The mixture's mean rounds are w x_a + (1 - w) x_b = x
   (problem-weighted; the per-token mean differs by how long the answers of a and b are).
 * "beats Q-exit": some point has z >= z_crit and no point has z <= -z_crit.
-* Savings share: the predictor's fewest-rounds point within max_loss_pp of fixed depth R
-  (paired mean difference) against the quality-matched oracle: the oracle-like setting (plain
-  or floored oracle) with the fewest rounds within the same loss. Savings = R - mean rounds.
-  The oracle's rounds are its SELECTED rounds (it executes all R to find them).
+* Savings share (rltlab.exit_predictor.savings): the predictor's fewest-rounds point within
+  max_loss_pp of fixed depth R against the quality-matched oracle, as one oracle-like setting
+  and as the per-problem oracle (always defined).
 * Select-only vs LAST_EXITED (report.select_only_cost): at each Q-exit threshold run both
   ways, the paired difference LAST_EXITED minus select-only.
 * Replay pattern: the per-decode-token executed rounds of one setting, in problem order
@@ -34,6 +33,7 @@ import numpy as np
 
 from rltlab.eval.metrics import paired_difference
 from rltlab.exit_predictor.report import select_only_cost
+from rltlab.exit_predictor.savings import savings_share
 
 
 def _row_key(row: dict) -> str:
@@ -110,37 +110,6 @@ def compare_at_equal_rounds(rows: Sequence[dict], scores: dict[str, Sequence[flo
                                        if not math.isnan(p["z"]) and p["z"] <= -z_crit]}
 
 
-def _fewest_rounds_within(rows: Sequence[dict], policies: Sequence[str],
-                          max_loss_pp: float) -> dict | None:
-    ok = [r for r in rows if r["policy"] in policies and r["diff_pp"] >= -max_loss_pp]
-    return min(ok, key=lambda r: r["mean_rounds"]) if ok else None
-
-
-def savings_share(rows: Sequence[dict], label: str, R: int, max_loss_pp: float = 0.5,
-                  target: float = 0.8) -> dict[str, Any]:
-    """The share of the quality-matched oracle's round savings that `label` reaches at
-    <= max_loss_pp loss vs fixed depth R (module docstring)."""
-    oracle = _fewest_rounds_within(rows, ("oracle", "oracle_floor"), max_loss_pp)
-    best = _fewest_rounds_within(rows, (label,), max_loss_pp)
-    out: dict[str, Any] = {"policy": label, "max_loss_pp": max_loss_pp, "target_share": target}
-    if oracle is not None:
-        out["quality_matched_oracle"] = {k: oracle[k] for k in (
-            "policy", "setting", "mean_rounds", "quality", "diff_pp", "diff_se_pp")}
-    if best is not None:
-        out["point"] = {k: best[k] for k in ("setting", "mean_rounds", "quality", "diff_pp",
-                                              "diff_se_pp")}
-    if oracle is None or best is None:
-        out.update(share=math.nan, met=False,
-                   why=("no oracle-like setting" if oracle is None else f"no {label} setting")
-                   + f" within {max_loss_pp} pp of depth {R}")
-        return out
-    saved, oracle_saved = R - best["mean_rounds"], R - oracle["mean_rounds"]
-    share = saved / oracle_saved if oracle_saved > 0 else math.nan
-    out.update(saved_rounds=saved, oracle_saved_rounds=oracle_saved, share=share,
-               met=bool(not math.isnan(share) and share >= target))
-    return out
-
-
 def replay_pattern(executed: Sequence[Sequence[int]], length: int) -> dict[str, Any]:
     """Decode-token executed rounds in problem order (first output token of each problem
     dropped) and an evenly spaced subsample of `length` of them (for depth_gain --pattern)."""
@@ -183,75 +152,6 @@ def per_kind(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-# ----------------------------------------------------------------------------- figure
-
-STYLE = {"fixed": ("black", "s"), "q_exit": ("tab:blue", "o"), "oracle": ("tab:gray", "D"),
-         "oracle_floor": ("tab:gray", "d"), "select_only": ("tab:red", "x")}
-PREDICTOR_COLORS = ("tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:olive")
-
-
-def plot_pareto(results: dict[str, Any], analysis: dict[str, dict], out_dir, stem: str
-                ) -> list[Path]:
-    """Left: EM vs mean executed rounds, error bars = paired SE vs fixed depth R; middle: the
-    same, zoomed on the top; right: each predictor point's paired difference against the best
-    Q-exit mixture at the same mean rounds, error bars = 2 SE."""
-    import matplotlib.pyplot as plt
-
-    from rltlab.eval.plots import save_figure
-
-    rows, R = results["arithmetic"], int(results["reference"].split("=")[-1])
-    fig, (ax, zx, bx) = plt.subplots(1, 3, figsize=(18, 5.4))
-    colors = dict(zip(analysis, PREDICTOR_COLORS))
-    for axis in (ax, zx):
-        _quality_panel(axis, rows, R, analysis, colors)
-    top = max(r["quality"] for r in rows)
-    zx.set_ylim(top - 12, top + 2.5)
-    zx.set_xlim(1.9, R + 0.1)
-    zx.set_title("zoom", fontsize=9)
-    zx.get_legend().remove()
-    ax.set_title(f"Real generation (LAST_EXITED), {results['problems']} problems; "
-                 f"bars: paired SE vs depth {R}", fontsize=9)
-    for label, res in analysis.items():
-        pts = [p for p in res["vs_q_exit"]["points"] if not math.isnan(p["diff_pp"])]
-        bx.errorbar([p["mean_rounds"] for p in pts], [p["diff_pp"] for p in pts],
-                    yerr=[2 * p["se_pp"] for p in pts], color=colors[label], marker="o",
-                    capsize=3, label=label)
-    bx.axhline(0, color="black", lw=0.8)
-    bx.set_xlabel("mean executed rounds per decode token")
-    bx.set_ylabel("EM minus best Q-exit mixture at equal rounds (pp)")
-    bx.set_title("Predictor vs Q-exit at equal mean rounds (paired, bars: 2 SE)", fontsize=9)
-    bx.grid(alpha=0.3)
-    bx.legend(fontsize=8)
-    return save_figure(fig, out_dir, stem)
-
-
-def _quality_panel(ax, rows, R, analysis, colors) -> None:
-    for policy in dict.fromkeys(r["policy"] for r in rows):
-        pts = sorted((r for r in rows if r["policy"] == policy), key=lambda r: r["mean_rounds"])
-        color, marker = STYLE.get(policy, (colors.get(policy, "tab:cyan"), "o"))
-        x = [r["mean_rounds"] for r in pts]
-        label = {"oracle": "oracle (x = selected rounds; executes R)",
-                 "oracle_floor": "floored oracle (x = selected rounds)",
-                 "select_only": f"select-only Q-exit (executes {R})"}.get(policy, policy)
-        ax.errorbar(x, [r["quality"] for r in pts], yerr=[r["diff_se_pp"] for r in pts],
-                    color=color, marker=marker, ms=5, capsize=2, lw=1.2,
-                    ls="-" if policy in ("fixed", "q_exit") or policy in analysis else "none",
-                    label=label)
-        if policy == "select_only":
-            ax.scatter([r["mean_selected"] for r in pts], [r["quality"] for r in pts],
-                       facecolors="none", edgecolors=color, marker="o", s=30,
-                       label="select-only at its SELECTED rounds (not executed)")
-    env = [next(r for r in rows if _row_key(r) == k)
-           for k in next(iter(analysis.values()))["vs_q_exit"]["envelope"]] if analysis else []
-    if env:
-        ax.plot([r["mean_rounds"] for r in env], [r["quality"] for r in env], ls="--",
-                color="tab:blue", alpha=0.5, label="Q-exit envelope (mixtures)")
-    ax.set_xlabel("mean executed rounds per decode token")
-    ax.set_ylabel("exact match (%), mixed held-out set")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-
-
 # ----------------------------------------------------------------------------- CLI
 
 def analyse(results: dict[str, Any], predictors: Sequence[str], max_loss_pp: float = 0.5
@@ -259,7 +159,9 @@ def analyse(results: dict[str, Any], predictors: Sequence[str], max_loss_pp: flo
     R = int(results["reference"].split("=")[-1])
     return {label: {"vs_q_exit": compare_at_equal_rounds(results["arithmetic"],
                                                          results["scores"], label, R),
-                    "savings": savings_share(results["arithmetic"], label, R, max_loss_pp)}
+                    "savings": savings_share(results["arithmetic"], label, R, max_loss_pp,
+                                             scores=results["scores"],
+                                             executed=results["executed_rounds"])}
             for label in predictors}
 
 
@@ -268,11 +170,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     ap = argparse.ArgumentParser(prog="python -m rltlab.exit_predictor.pareto",
                                  description=__doc__.split("\n\n")[0])
-    ap.add_argument("--results", nargs="+", required=True,
-                    help="evaluate.run results.json file(s) on the same problems (merged)")
-    ap.add_argument("--predictor", action="append", required=True,
-                    help="policy label to analyse (repeatable)")
-    ap.add_argument("--out", required=True, help="analysis + raw results JSON")
+    source = ap.add_mutually_exclusive_group(required=True)
+    source.add_argument("--results", nargs="+",
+                        help="evaluate.run results.json file(s) on the same problems (merged)")
+    source.add_argument("--reanalyse", default=None, metavar="JSON",
+                        help="recompute the analysis of an earlier --out file from the raw "
+                             "results it embeds (after a change to the analysis); written "
+                             "back in place unless --out is given; --figures redraws the "
+                             "Pareto figure")
+    ap.add_argument("--predictor", action="append", default=[],
+                    help="policy label to analyse (repeatable; required with --results; "
+                         "default with --reanalyse: the file's own)")
+    ap.add_argument("--out", default=None, help="analysis + raw results JSON")
     ap.add_argument("--figures", default=None, help="directory of the Pareto figure")
     ap.add_argument("--stem", default="n_plus_2_pareto")
     ap.add_argument("--max-loss-pp", type=float, default=0.5)
@@ -291,6 +200,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--command", action="append", default=[],
                     help="the commands that made the inputs (recorded in --out)")
     args = ap.parse_args(argv)
+    if args.reanalyse:
+        return reanalyse(args.reanalyse, args.predictor, args.max_loss_pp, args.out,
+                         args.figures, args.stem)
+    if not args.predictor or not args.out:
+        ap.error("--results needs --predictor and --out")
     results = merge_results([read_json(p) for p in args.results])
     analysis = analyse(results, args.predictor, args.max_loss_pp)
     out: dict[str, Any] = {"analysis": analysis, "per_kind": per_kind(results),
@@ -301,6 +215,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                         (t.split("=", 1) for t in args.training)}}
     if args.figures:
         from rltlab.eval.plots import plot_depth_histogram
+        from rltlab.exit_predictor.pareto_plot import plot_pareto
 
         paths = plot_pareto(results, analysis, args.figures, args.stem)
         R = int(results["reference"].split("=")[-1])
@@ -325,10 +240,42 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         out["patterns"].append({"setting": key, "file": path, **pat})
     out["results"] = results
     write_json_atomic(args.out, out, indent=None)
-    for label, res in analysis.items():
+    _print_summary(out)
+    return out
+
+
+def reanalyse(path, predictors: Sequence[str], max_loss_pp: float, out_path=None,
+              figures=None, stem: str = "n_plus_2_pareto") -> dict[str, Any]:
+    """Recompute `analysis` of an earlier pareto.py output from the raw results it embeds;
+    everything else (commands, training, patterns) is kept. Written to out_path (default:
+    back to path, atomically)."""
+    from rltlab.common.atomic import read_json, write_json_atomic
+
+    out = read_json(path)
+    if out is None or "results" not in out or "analysis" not in out:
+        raise SystemExit(f"--reanalyse {path}: not a pareto.py output (no 'results' and "
+                         "'analysis')")
+    predictors = list(predictors) or list(out["analysis"])
+    unknown = [p for p in predictors if not any(r["policy"] == p for r in
+                                                out["results"]["arithmetic"])]
+    if unknown:
+        raise SystemExit(f"--predictor {unknown}: no such policy in {path}")
+    out["analysis"] = analyse(out["results"], predictors, max_loss_pp)
+    if figures:
+        from rltlab.exit_predictor.pareto_plot import plot_pareto
+
+        plot_pareto(out["results"], out["analysis"], figures, stem)
+    write_json_atomic(out_path or path, out, indent=None)
+    _print_summary(out)
+    return out
+
+
+def _print_summary(out: dict[str, Any]) -> None:
+    for label, res in out["analysis"].items():
         v, s = res["vs_q_exit"], res["savings"]
         print(f"{label}: beats Q-exit {v['beats_q_exit']} (best z {v['best_z']:.2f}, worst z "
-              f"{v['worst_z']:.2f}); savings share {s['share']:.3f} (met {s['met']})")
+              f"{v['worst_z']:.2f}); savings share {s['share']:.3f} (met {s['met']}), of the "
+              f"per-problem oracle's {s['per_problem_share']:.3f} (met {s['per_problem_met']})")
         for p in v["points"]:
             print(f"  {p['setting']:>10} rounds {p['mean_rounds']:.3f} EM {p['quality']:.1f} "
                   f"vs Q-exit {p['diff_pp']:+.1f} +- {p['se_pp']:.1f} pp, z {p['z']:.2f}")
@@ -337,7 +284,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
               f"{c['last_exited_rounds']:.3f} rounds vs select-only {c['select_only_quality']:.1f}% "
               f"(selects {c['select_only_selected_rounds']:.3f}, executes "
               f"{c['select_only_executed_rounds']:.0f}): {c['diff_pp']:+.1f} +- {c['se_pp']:.1f} pp")
-    return out
 
 
 def training_record(train_dir) -> dict[str, Any]:

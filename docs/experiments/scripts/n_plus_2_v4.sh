@@ -49,3 +49,10 @@ python -m rltlab.exit_predictor.pareto --results /tmp/np4/eval_confirm/results.j
   --training n_plus_2=/tmp/np4/pred_mlp --training n0_n_plus_2=/tmp/np4/pred0_mlp \
   --command "$EVAL4" --command "full script: docs/experiments/scripts/n_plus_2_v4.sh"
 rm -f $F/n_plus_2_v4_*.svg    # PNG only (the Pareto SVG is large)
+# 6. (added later) the per-problem oracle in `analysis`, recomputed from the raw results each JSON
+#    embeds; the v3 files the same way
+for f in v4-pareto v4-confirm v3-pareto v3-confirm; do
+  python -m rltlab.exit_predictor.pareto --reanalyse $D/2026-12-01-n_plus_2-$f.json \
+    --figures $F --stem n_plus_2_$(echo $f | tr - _)
+done
+rm -f $F/n_plus_2_v*.svg
