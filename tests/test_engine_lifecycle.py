@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from rltlab.engine import (LLM, AsyncLLM, CapacityError, ExitPolicy, SamplingParams,
+from rltlab.engine import (LLM, AsyncLLM, CapacityError, ExitPolicy, RoundInfo, SamplingParams,
                            register_exit_policy)
 from rltlab.model.architecture import OuroForCausalLM
 from tiny_models import tiny_engine_model
@@ -231,6 +231,45 @@ def test_round_observer_hook():
     assert len(events) == R + 4
     with pytest.raises(TypeError):
         llm.set_proposer(object())
+
+
+class _HiddenProbe(ExitPolicy):
+    name = "hidden_probe_test"
+    reads_gates = False
+    seen: list = []
+
+    def decide(self, info):
+        self.seen.append(info.hidden.clone())
+        return torch.zeros_like(info.rounds)      # never early: round R exits by itself
+
+
+register_exit_policy("hidden_probe_test", lambda cfg: _HiddenProbe(), overwrite=True)
+
+
+def test_policies_get_their_rows_hidden_and_only_when_they_read_it(monkeypatch):
+    # the decider hands RoundInfo the step's whole hidden and the asking rows' offsets; the
+    # gather runs on first read, so policies that never read h_r (here Q-exit) cost none
+    model = tiny_model(6)
+    llm = LLM(model, block_size=4, prefill_chunk=5)     # prompt chunks share steps with decode
+    events = []
+    llm.add_round_observer(events.append)
+    _HiddenProbe.seen = []
+    prompts = [prompt(3, 4), prompt(11, 5), prompt(7, 6)]
+    llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True,
+                                         exit_policy="hidden_probe_test"))
+    asked = [ev.hidden[ev.is_decode & (ev.rounds < R)] for ev in events]
+    asked = torch.cat([h for h in asked if len(h)])
+    assert len(asked) == 3 * 3 * (R - 1)     # 3 decode tokens per request, asked after 1..R-1
+    assert torch.equal(torch.cat(_HiddenProbe.seen), asked)
+    reads = []
+    gather = RoundInfo.hidden.func
+    monkeypatch.setattr(RoundInfo, "hidden", property(lambda info: reads.append(1) or
+                                                      gather(info)))
+    out = llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True,
+                                               exit_policy="q_exit", exit_threshold=0.5))
+    assert reads == [] and all(len(o.token_ids) == 4 for o in out)
+    llm.generate(prompts[:1], SamplingParams(max_tokens=2, exit_policy="hidden_probe_test"))
+    assert reads                                  # the probe itself still reads through it
 
 
 def test_async_concurrent_rollouts_and_cancellation():

@@ -124,8 +124,8 @@ class ExitDecider:
             hist_rows = to_device([seq.gate_row for _, seq in rows], torch.int64, hidden.device)
             done = torch.arange(self.engine.num_rounds)[None, :] < rounds[:, None]
             gates = self.gate_history[hist_rows] * done.to(hidden.device, non_blocking=True)
-        info = RoundInfo(rounds, gates, hidden[[lo for lo, _ in rows]],
-                         [seq for _, seq in rows], self.engine.num_rounds)
+        info = RoundInfo(rounds, gates, hidden, [seq for _, seq in rows], self.engine.num_rounds,
+                         source_rows=[lo for lo, _ in rows])
         try:
             targets = policy.decide(info)
             if len(targets) != len(rows):

@@ -35,6 +35,7 @@ sequence (Sequence.emit_hidden). Other policies are first asked after round 1.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -52,13 +53,31 @@ class RoundInfo:
     rounds: torch.Tensor        # int64 [N] on the host: round r just completed (1-based)
     gate_logits: torch.Tensor | None   # fp32 [N, R] on the model's device: g_1..g_r, zeros
                                        # after r (None for a policy with reads_gates False)
-    hidden: torch.Tensor        # [N, H] on the model's device: h_r
+    hidden_source: torch.Tensor  # [T, H] on the model's device: the step's h_r (see hidden)
     seqs: list                  # the rows' Sequences (params, num_output_tokens, ...)
     num_rounds: int
+    source_rows: list[int] | None = None   # the rows' indices into hidden_source (None: all)
+
+    @functools.cached_property
+    def hidden(self) -> torch.Tensor:
+        """[N, H] h_r of the rows, gathered on first use: a policy that never reads it (fixed
+        depth, trace replay) costs no index upload and no gather."""
+        if self.source_rows is None:
+            return self.hidden_source
+        return self.hidden_source[to_device(self.source_rows, torch.int64, self.device)]
 
     @property
     def device(self) -> torch.device:
-        return self.hidden.device
+        return self.hidden_source.device
+
+    def select(self, rows: list[int]) -> "RoundInfo":
+        """The same round for a subset of the rows (hidden still gathered only when read)."""
+        idx = torch.tensor(rows, dtype=torch.int64)
+        source = self.source_rows
+        return RoundInfo(self.rounds[idx],
+                         None if self.gate_logits is None else self.gate_logits[idx.to(self.device)],
+                         self.hidden_source, [self.seqs[i] for i in rows], self.num_rounds,
+                         [source[i] for i in rows] if source is not None else list(rows))
 
     def per_row(self, values: list, dtype=torch.float32) -> torch.Tensor:
         """A per-row host list as a tensor on the model's device (no sync: a host->device copy)."""

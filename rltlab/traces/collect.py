@@ -35,8 +35,7 @@ from typing import Any, Sequence
 
 import torch
 
-from rltlab.engine.exit_policies import (ExitPolicy, RoundInfo, create_exit_policy,
-                                         register_exit_policy)
+from rltlab.engine.exit_policies import ExitPolicy, create_exit_policy, register_exit_policy
 from rltlab.traces.stats import stats_from_logprobs
 from rltlab.traces.storage import MANIFEST, TraceWriter, dtype_name
 
@@ -83,10 +82,7 @@ class _TeacherPolicy(ExitPolicy):
             if key not in self.selected:
                 groups.setdefault(seq.params.exit_policy_args["teacher_of"], []).append(row)
         for name, rows in groups.items():
-            idx = torch.tensor(rows)
-            sub = RoundInfo(info.rounds[idx], info.gate_logits[idx], info.hidden[idx],
-                            [info.seqs[i] for i in rows], info.num_rounds)
-            targets = self._inner(name).decide(sub).tolist()
+            targets = self._inner(name).decide(info.select(rows)).tolist()
             for row, target in zip(rows, targets):
                 seq, rnd = info.seqs[row], int(rounds[row])
                 if target >= rnd:  # exit now (== r) or a committed later round (> r)
