@@ -33,11 +33,7 @@ import numpy as np
 
 from rltlab.eval.metrics import paired_difference
 from rltlab.exit_predictor.report import select_only_cost
-from rltlab.exit_predictor.savings import savings_share
-
-
-def _row_key(row: dict) -> str:
-    return row.get("key") or f"{row['policy']} {row['setting']}"
+from rltlab.exit_predictor.savings import row_key, savings_share
 
 
 def q_exit_family(rows: Sequence[dict], R: int) -> list[dict]:
@@ -93,16 +89,16 @@ def compare_at_equal_rounds(rows: Sequence[dict], scores: dict[str, Sequence[flo
         if mix is None:
             entry.update(diff_pp=math.nan, se_pp=math.nan, z=math.nan, reference=None)
         else:
-            ref = sum(w * np.asarray(scores[_row_key(r)], dtype=float) for r, w in mix)
-            d = paired_difference(scores[_row_key(row)], ref)
+            ref = sum(w * np.asarray(scores[row_key(r)], dtype=float) for r, w in mix)
+            d = paired_difference(scores[row_key(row)], ref)
             entry.update(diff_pp=100 * d.diff, se_pp=100 * d.se, z=d.z,
                          q_exit_quality=100 * float(np.mean(ref)),
-                         reference=[{"setting": _row_key(r), "weight": w,
+                         reference=[{"setting": row_key(r), "weight": w,
                                      "mean_rounds": r["mean_rounds"]} for r, w in mix])
         points.append(entry)
     zs = [p["z"] for p in points if not math.isnan(p["z"])]
     return {"policy": label, "z_crit": z_crit, "points": points,
-            "envelope": [_row_key(r) for r in envelope],
+            "envelope": [row_key(r) for r in envelope],
             "best_z": max(zs) if zs else math.nan,
             "worst_z": min(zs) if zs else math.nan,
             "beats_q_exit": bool(zs) and max(zs) >= z_crit and min(zs) > -z_crit,
@@ -138,7 +134,7 @@ def per_kind(results: dict[str, Any]) -> list[dict[str, Any]]:
             groups.setdefault(f"hops={p['hops']}", []).append(i)
     out = []
     for row in results["arithmetic"]:
-        key = _row_key(row)
+        key = row_key(row)
         s = np.asarray(results["scores"][key], dtype=float)
         ex = results["executed_rounds"][key]
         entry: dict[str, Any] = {"key": key, "n": {g: len(ix) for g, ix in groups.items()}}
@@ -222,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         keys = args.hist or [results["reference"], "oracle oracle"] + [
             f"{label} {res['savings']['point']['setting']}" for label, res in analysis.items()
             if res["savings"].get("point")]
-        hist = {k: next(r["executed_hist"] for r in results["arithmetic"] if _row_key(r) == k)
+        hist = {k: next(r["executed_hist"] for r in results["arithmetic"] if row_key(r) == k)
                 for k in keys}
         paths += plot_depth_histogram(hist, args.figures, num_rounds=R,
                                       title="Rounds per decode token (oracle: selected)",
@@ -323,7 +319,7 @@ def merge_results(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
             if other[field] != base[field]:
                 raise ValueError(f"results to merge differ in {field!r}")
         for row in other["arithmetic"]:
-            key = _row_key(row)
+            key = row_key(row)
             if key in base["scores"]:
                 if list(other["scores"][key]) != list(base["scores"][key]):
                     raise ValueError(f"setting {key!r} scored differently in two results "

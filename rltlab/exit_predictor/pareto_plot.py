@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rltlab.exit_predictor.pareto import _row_key
+from rltlab.exit_predictor.savings import row_key
 
 STYLE = {"fixed": ("black", "s"), "q_exit": ("tab:blue", "o"), "oracle": ("tab:gray", "D"),
          "oracle_floor": ("tab:gray", "d"), "select_only": ("tab:red", "x")}
@@ -70,7 +70,7 @@ def _quality_panel(ax, rows, R, analysis, colors) -> None:
     if oracle:
         ax.scatter([oracle["mean_rounds"]], [oracle["quality"]], marker="*", s=140,
                    color="tab:gray", zorder=5, label="per-problem oracle (quality-matched)")
-    env = [next(r for r in rows if _row_key(r) == k)
+    env = [next(r for r in rows if row_key(r) == k)
            for k in next(iter(analysis.values()))["vs_q_exit"]["envelope"]] if analysis else []
     if env:
         ax.plot([r["mean_rounds"] for r in env], [r["quality"] for r in env], ls="--",

@@ -27,6 +27,11 @@ from rltlab.eval.metrics import decode_depths, paired_difference
 ORACLE_POLICIES = ("oracle", "oracle_floor")
 
 
+def row_key(row: dict) -> str:
+    """A results row's setting key, "POLICY SETTING" (the keys of scores / executed_rounds)."""
+    return row.get("key") or f"{row['policy']} {row['setting']}"
+
+
 def _fewest_rounds_within(rows: Sequence[dict], policies: Sequence[str],
                           max_loss_pp: float) -> dict | None:
     ok = [r for r in rows if r["policy"] in policies and r["diff_pp"] >= -max_loss_pp]
@@ -40,7 +45,7 @@ def per_problem_oracle(rows: Sequence[dict], scores: Mapping[str, Sequence[float
     per-token `executed` rounds (first output token of each problem excluded, as in every
     row's mean_rounds)."""
     reference = f"fixed depth={R}"
-    keys = [r["key"] for r in rows if r["policy"] in ORACLE_POLICIES] + [reference]
+    keys = [row_key(r) for r in rows if r["policy"] in ORACLE_POLICIES] + [reference]
     missing = [k for k in keys if k not in scores or k not in executed]
     if missing:
         raise ValueError(f"per-problem scores or executed rounds missing for {missing}")
