@@ -109,3 +109,10 @@ def test_bench_groups_and_decode_heavy_pair_run_tiny(capsys):
     # equal to within that rounding, not to the last printed digit
     assert pair["ideal_e2e_gain"] == pytest.approx(ceilings.ideal_e2e_gain(
         pair["prefill_s"], pair["decode_s"], pair["cheap_rounds"], pair["base_rounds"]), abs=2e-3)
+
+
+def test_bench_reports_round_windows_and_how_many_ran_a_plan_made_ahead(capsys):
+    res = bench_main(["--preset", "tiny", "--device", "cpu", "--workload", "W7", "--scale",
+                      "0.02", "--modes", "eager", "--kv-gib", "0.05"])
+    windows = res["workloads"]["W7"]["modes"]["eager"]["round_windows"]
+    assert windows["windows"] > 1 and 0 < windows["prepared_used"] < windows["windows"]

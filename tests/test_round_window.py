@@ -97,6 +97,35 @@ def test_stop_token_inside_a_window_drops_the_tokens_after_it():
     assert windowed[0].outputs[0].finish_reason == "stop"
 
 
+def test_the_next_window_is_planned_during_the_last_and_used_only_for_the_same_rows():
+    """While a window runs, the host plans the next one for the rows it will leave; plan() runs
+    it only for exactly those rows and states. After an abort between windows it plans afresh,
+    and the other rollouts stay the round-step engine's."""
+    model = tiny_engine_model(7)
+    prompts = random_prompts(5, seed=3)
+    params = replay_params(5, trace_seed=8, max_tokens=14)
+    rounds = LLM(model, decode_path="static", fused_tokens=False, **IN_PHASE).generate(
+        prompts, params)
+    engine = LLM(model, decode_path="static", **dict(IN_PHASE, round_window=3)).llm_engine
+    window, prepared = engine._round_window, []
+    step = window.step
+    window.step = lambda plan: prepared.append(plan.uploaded is not None) or step(plan)
+    for i, (prompt, sp) in enumerate(zip(prompts, params)):
+        engine.add_request(f"r{i}", prompt, sp)
+    outs, aborted_after = {}, None
+    while engine.has_unfinished_requests():
+        outs.update((o.request_id, o) for o in engine.step())
+        if aborted_after is None and sum(prepared) >= 2:
+            engine.abort_request("r0")
+            aborted_after = len(prepared)
+    assert aborted_after is not None and len(prepared) > aborted_after + 1, prepared
+    assert prepared[aborted_after] is False            # made for rows that include r0
+    assert any(prepared[aborted_after + 1:]), prepared  # and then again for the four left
+    assert window.stats == {"windows": len(prepared), "prepared_used": sum(prepared)}
+    assert outs["r0"].outputs[0].finish_reason == "abort"
+    assert_same_rollouts(rounds[1:], [outs[f"r{i}"] for i in range(1, 5)])
+
+
 def test_closed_loop_admits_new_requests_after_windows():
     """More requests than rows: a window ends where a row reaches its length, the next step
     admits a waiting request (a prefill among decode rows), and windows resume."""

@@ -163,6 +163,10 @@ def run_mode(model, spec: dict, mode: str, prompts, params, kv_gib: float,
         if spec["requests"] > 1:
             result["closed_loop"], _ = engine_checks.closed_loop(llm, prompts, params, c, costs)
         result["prefill"] = engine_checks.prefill_only(llm, prompts, params, c, costs)
+        window = llm.llm_engine._round_window
+        if window is not None and window.stats["windows"]:
+            # over every generate of this mode, warm-up included
+            result["round_windows"] = dict(window.stats)
         return result
     finally:   # the next mode needs the KV cache's memory back
         del llm

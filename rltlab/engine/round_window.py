@@ -21,6 +21,10 @@ each row from its own generator, one draw per token), so the result is the round
 engine's: the same rounds through the same decoder in the same order, the same draws; tests
 compare them token for token. Rows asking for top log-probs (logprobs > 0) take no window.
 
+Planned ahead: before reading window k back, while the device runs it, the host plans and
+uploads window k + 1 for the rows window k will leave, at their end states; plan() runs it only
+if the running rows and states turn out exactly those (_key), else it schedules afresh.
+
 A row that reaches its length limit inside a window sits out the window's remaining steps as a
 padding row (no K/V write, nothing sampled); the window ends early only when every row has.
 A row that stops at EOS or a stop token inside a window keeps computing to the window's end;
@@ -57,20 +61,34 @@ class WindowPlan:
     emitted: list[list[int]]       # per row: exit rounds of the tokens it samples, in order
     rounds_done: list[int]         # per row: rounds of its current token done at the end
     depth: list[int]               # per row: depth of its current token at the end
+    uploaded: tuple | None = None  # its _to_device() tensors when uploaded ahead (_prepare_next)
 
     @property
     def num_steps(self) -> int:
         return len(self.exits)
 
 
+@dataclass
+class _Prepared:
+    """A plan made while the previous window ran, for the rows and states it will most likely
+    leave (every row not at its length limit, each at the window's end state)."""
+    key: list[tuple[int, int, int, int, int]]   # _key() of the rows it was made for
+    plan: WindowPlan
+    static: object                               # the StaticDecoder its index layout fits
+
+
 class RoundWindow:
     def __init__(self, engine, steps: int):
         self.engine, self.steps = engine, steps
+        self._prepared: _Prepared | None = None
+        # windows run, and how many of them ran a plan prepared during the previous window
+        self.stats = {"windows": 0, "prepared_used": 0}
 
     # ------------------------------------------------------------------------- eligibility
     def plan(self) -> WindowPlan | None:
         """The next window's plan, or None when this step must not take one."""
         eng = self.engine
+        prepared, self._prepared = self._prepared, None
         seqs = eng.scheduler.running
         if not eng._whole_tokens.host_may_plan() or not seqs or \
                 len(seqs) > eng.config.max_num_batched_tokens or self._admit_now():
@@ -85,7 +103,35 @@ class RoundWindow:
         if all(isinstance(eng.policy(s.params.exit_policy), FixedDepth) for s in seqs) and \
                 len({d for _, d in state}) == 1:
             return None
+        if prepared is not None and prepared.static is eng.runner.static and \
+                prepared.key == self._key(seqs, state):
+            return prepared.plan   # made from exactly these rows and states
         return self._schedule(list(seqs), state)   # a copy: finishing edits sch.running
+
+    @staticmethod
+    def _key(seqs, state) -> list[tuple[int, int, int, int, int]]:
+        """Everything of the rows that _schedule reads and that changes between windows (their
+        block tables, limits and params are fixed while they run)."""
+        return [(seq.seq_id, done, depth, seq.num_tokens, seq.num_output_tokens)
+                for seq, (done, depth) in zip(seqs, state)]
+
+    def _prepare_next(self, plan: WindowPlan) -> None:
+        """Plan (and upload) the window after `plan` while the device runs it: for the rows
+        that do not reach their length limit in it, at its end state. A row that stops at EOS
+        or a stop token, an admission or anything else that changes the rows makes plan() see
+        another key and schedule afresh."""
+        stay = [i for i, seq in enumerate(plan.seqs)
+                if seq.num_output_tokens + len(plan.emitted[i]) < seq.max_output_tokens]
+        if not stay:
+            return
+        seqs = [plan.seqs[i] for i in stay]
+        state = [(plan.rounds_done[i], plan.depth[i]) for i in stay]
+        grown = [len(plan.emitted[i]) for i in stay]
+        key = [(seq.seq_id, done, depth, seq.num_tokens + k, seq.num_output_tokens + k)
+               for seq, (done, depth), k in zip(seqs, state, grown)]
+        nxt = self._schedule(seqs, state, grown)
+        nxt.uploaded = self._to_device(nxt, self.engine.runner.device)
+        self._prepared = _Prepared(key, nxt, self.engine.runner.static)
 
     def _admit_now(self) -> bool:
         """Waiting requests are admitted (no window this step) once they fit and enough of
@@ -116,15 +162,19 @@ class RoundWindow:
         return span.round, span.planned_exit
 
     # -------------------------------------------------------------------------------- plan
-    def _schedule(self, seqs: list[Sequence], state) -> WindowPlan:
+    def _schedule(self, seqs: list[Sequence], state, grown: list[int] | None = None
+                  ) -> WindowPlan:
+        """grown: tokens each row will have gained by the time the plan runs (_prepare_next;
+        default none)."""
         eng, runner = self.engine, self.engine.runner
         R, bs = eng.num_rounds, runner.block_size
         static = runner.static_rows(len(seqs))
         n, b, nb = len(seqs), static.max_batch, static.max_blocks
         done = [k for k, _ in state]
         depth = [d for _, d in state]
-        pos = [seq.num_tokens - 1 for seq in seqs]
-        count = [seq.num_output_tokens for seq in seqs]
+        grown = grown or [0] * n
+        pos = [seq.num_tokens - 1 + k for seq, k in zip(seqs, grown)]
+        count = [seq.num_output_tokens + k for seq, k in zip(seqs, grown)]
         tables = [seq.block_table for seq in seqs]
         base = np.zeros(4 * b + b * nb, dtype=np.int32)
         static._stage_padding(base, 0)   # every row a padding row (slot -1: no K/V write)
@@ -174,7 +224,9 @@ class RoundWindow:
         static, device = runner.static, runner.device
         seqs, n = plan.seqs, len(plan.seqs)
         eng._failed = {}
-        index, rows, planes = self._to_device(plan, device)
+        index, rows, planes = plan.uploaded or self._to_device(plan, device)
+        self.stats["windows"] += 1
+        self.stats["prepared_used"] += plan.uploaded is not None
         pending = to_device([seq.output_token_ids[-1] for seq in seqs], torch.int64, device)
         embed = runner.model.model.embed_tokens
         starting = set(plan.starts[0])
@@ -195,6 +247,7 @@ class RoundWindow:
                 runner.copy_exited(copy_slots, planes[s])
             if s + 1 < plan.num_steps:   # the next round's input: this round's output
                 static.hidden_in[:n].copy_(static.hidden_out[:n])
+        self._prepare_next(plan)   # host work while the device runs (before the read-back)
         self._finish_window(plan, outs, static)
         eng._finish_failed(seqs)
         return eng._drain_outputs()
