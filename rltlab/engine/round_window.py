@@ -230,9 +230,10 @@ class RoundWindow:
         pending = to_device([seq.output_token_ids[-1] for seq in seqs], torch.int64, device)
         embed = runner.model.model.embed_tokens
         starting = set(plan.starts[0])
-        for i, seq in enumerate(seqs):   # rows inside a token go on from their last state
-            if i not in starting:
-                static.hidden_in[i: i + 1].copy_(seq.span.hidden)
+        going_on = [i for i in range(n) if i not in starting]
+        if going_on:   # rows inside a token go on from their last state: one gather, one copy
+            static.hidden_in.index_copy_(0, to_device(going_on, torch.int64, device),
+                                         torch.cat([seqs[i].span.hidden for i in going_on]))
         outs = []   # per step: (tokens, finite, log-probs | None) of its exiting rows
         for s in range(plan.num_steps):
             starts, exits, copy_slots = rows[s]
@@ -293,7 +294,7 @@ class RoundWindow:
         per_row: list[list[int]] = [[] for _ in seqs]
         for flat, i in enumerate(order):
             per_row[i].append(flat)
-        final_hidden = static.hidden_out[: len(seqs)]
+        final_hidden = static.hidden_out[: len(seqs)].clone()   # one copy; rows keep views
         for i, seq in enumerate(seqs):
             for j, flat in enumerate(per_row[i]):
                 if seq.is_finished:
@@ -311,5 +312,5 @@ class RoundWindow:
                 seq.span = None
             else:
                 seq.span = Span(position, 1, None, emits=True, round=plan.rounds_done[i],
-                                hidden=final_hidden[i: i + 1].clone(),
+                                hidden=final_hidden[i: i + 1],
                                 planned_exit=plan.depth[i])
