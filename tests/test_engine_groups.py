@@ -125,10 +125,12 @@ def test_group_equals_independent_requests_and_recompute(name, path):
     params = [group_params(POLICY_CASES[name], seed=40 + i) for i in range(len(PROMPTS))]
     llm = LLM(model, decode_path=path, **ENGINE)
     pool, prompt_rounds = spy_pool(llm), count_prompt_token_rounds(llm)
-    whole_tokens = llm.llm_engine._whole_tokens
-    if whole_tokens is not None:   # count the whole-token steps (the static path's fast path)
-        token_steps, step = [], whole_tokens.step
-        whole_tokens.step = lambda depth: token_steps.append(depth) or step(depth)
+    engine = llm.llm_engine
+    token_steps = []   # whole-token steps and token windows (the static path's fast paths)
+    for fast in (engine._whole_tokens, engine._token_window):
+        if fast is not None:
+            fast.step = (lambda step: lambda depth: token_steps.append(depth) or step(depth))(
+                fast.step)
     outs = llm.generate(PROMPTS, params)
     if path == "static" and name == "fixed_2":
         assert token_steps and set(token_steps) == {2}

@@ -186,12 +186,13 @@ IN_PHASE = dict(block_size=4, prefill_chunk=64, max_num_seqs=8, max_num_batched_
 
 
 def round_and_whole_token_runs(model, prompts, params, engine_args):
-    """The same requests through the round-per-step engine and the whole-token one -> (round-step
-    outputs, whole-token outputs, the whole-token engine's run_token calls as (rows, depth): one
-    int, or one depth per row)."""
+    """The same requests through the round-per-step engine and the whole-token one (one token per
+    step: token windows, tests/test_token_window.py, off) -> (round-step outputs, whole-token
+    outputs, the whole-token engine's run_token calls as (rows, depth): one int, or one depth
+    per row)."""
     rounds = LLM(model, decode_path="static", fused_tokens=False, **engine_args).generate(
         prompts, params)
-    llm = LLM(model, decode_path="static", **engine_args)
+    llm = LLM(model, decode_path="static", **{"token_window": 0, **engine_args})
     runner, calls = llm.llm_engine.runner, []
     run_token = runner.run_token
     runner.run_token = lambda seqs, d: calls.append((len(seqs), d)) or run_token(seqs, d)

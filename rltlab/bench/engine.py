@@ -17,7 +17,9 @@ eager (static decode path: Triton attention and, for <= 16 rows, the small-batch
 no graphs), graph (+ CUDA graphs), compile (+ torch.compile of the per-layer functions of
 buckets > 1), graph-rounds (graph, but one engine step per round instead of whole fixed-depth
 tokens, rltlab.engine.token_step), graph-ragged (graph, but mixed depths as whole tokens deepest
-first instead of round windows, rltlab.engine.round_window), graph-gather-prefill (graph, but
+first instead of round windows, rltlab.engine.round_window), graph-one-token (graph, but one
+whole token per host round trip at one depth instead of token windows,
+rltlab.engine.token_window), graph-gather-prefill (graph, but
 prefill chunks through the gather path instead of rltlab.engine.fused_prefill), graph-cublas / compile-cublas (graph / compile with cuBLAS
 for every bucket).
 
@@ -72,6 +74,8 @@ MODES = {
     "graph-rounds": dict(decode_path="static", cuda_graphs=True, fused_tokens=False),
     # Baseline: mixed depths as whole tokens deepest first (no round windows, round_window.py).
     "graph-ragged": dict(decode_path="static", cuda_graphs=True, round_window=0),
+    # Baseline: one depth, one whole token per host round trip (no token windows).
+    "graph-one-token": dict(decode_path="static", cuda_graphs=True, token_window=0),
     # Baseline: prefill chunks through the plain-torch gather path (rltlab.engine.fused_prefill).
     "graph-gather-prefill": dict(decode_path="static", cuda_graphs=True, fused_prefill=False),
     "graph-cublas": dict(decode_path="static", cuda_graphs=True, small_batch_kernels=False),

@@ -54,6 +54,9 @@ class EngineConfig:
     (whole tokens deepest first, token_step.py). round_window_admit: while windows run,
     waiting requests are admitted (all that fit, at a window boundary) once this many of
     max_num_seqs are free (round_window.py).
+    token_window: with whole-token steps on, rows that all decode at one host-fixed depth run
+    up to this many tokens per host round trip (rltlab.engine.token_window); 0 or 1 = one
+    token per step.
     fused_prefill: with the static path, run prefill chunks (rows of contiguous positions)
     through the static path's fused layer with causal paged attention
     (rltlab.engine.fused_prefill); False = the plain-torch gather path.
@@ -84,6 +87,7 @@ class EngineConfig:
     fused_tokens: bool = True
     round_window: int = 16
     round_window_admit: int = 1
+    token_window: int = 8
     fused_prefill: bool = True
     fused_spec: bool = True
 
@@ -99,10 +103,11 @@ class EngineConfig:
                                       or value <= 0):
                 raise ValueError(f"EngineConfig.{name} must be a positive int or None, "
                                  f"got {value!r}")
-        if not isinstance(self.round_window, int) or isinstance(self.round_window, bool) \
-                or self.round_window < 0:
-            raise ValueError("EngineConfig.round_window must be an int >= 0 (0 = off), "
-                             f"got {self.round_window!r}")
+        for name in ("round_window", "token_window"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"EngineConfig.{name} must be an int >= 0 (0 = off), "
+                                 f"got {value!r}")
         if not self.kv_cache_memory_gib > 0:
             raise ValueError("EngineConfig.kv_cache_memory_gib must be positive, got "
                              f"{self.kv_cache_memory_gib!r}")

@@ -1,7 +1,7 @@
 """LLMEngine: requests in, one round per step, RequestOutputs out.
 
-    step():  [whole tokens (token_step.py) or a round window (round_window.py) when every row
-             decodes under host-fixed depths; otherwise:]
+    step():  [a token window (token_window.py), whole tokens (token_step.py) or a round window
+             (round_window.py) when every row decodes under host-fixed depths; otherwise:]
              schedule rows -> ask round-0 policies (decode tokens about to run round 1)
              -> run one round -> decide exits -> tell observers
              -> advance spans (LAST_EXITED copies) -> samples waiting for a prompt computed
@@ -33,6 +33,7 @@ from rltlab.engine.scheduler import Scheduler
 from rltlab.engine import select_only
 from rltlab.engine.round_window import RoundWindow
 from rltlab.engine.token_step import FusedTokenStep
+from rltlab.engine.token_window import TokenWindow
 from rltlab.engine.sequence import Request, Sequence, SeqStatus
 from rltlab.engine.weights import WeightUpdater
 from rltlab.model.architecture import SELECT_ONLY, OuroForCausalLM
@@ -97,6 +98,8 @@ class LLMEngine:
                               and not self.select_only else None)
         self._round_window = (RoundWindow(self, config.round_window)
                               if self._whole_tokens and config.round_window else None)
+        self._token_window = (TokenWindow(self, config.token_window)
+                              if self._whole_tokens and config.token_window > 1 else None)
         self._outputs: list[RequestOutput] = []
         self._failed: dict[int, str] = {}   # seq_id -> why, within one step
         self._streamed: dict[str, Request] = {}
@@ -188,6 +191,8 @@ class LLMEngine:
             return self._spec.step()
         depth = self._whole_tokens.ready() if self._whole_tokens else None
         if isinstance(depth, int):   # all decoding at one host-fixed depth: one launch a token
+            if self._token_window and self._token_window.fits(self.scheduler.running):
+                return self._token_window.step(depth)   # several tokens, one read-back
             return self._whole_tokens.step(depth)
         window = self._round_window.plan() if self._round_window else None
         if window:   # mixed host-fixed depths: round steps, the host once per window

@@ -202,12 +202,17 @@ class StaticDecoder:
         round r reads and writes plane r - 1 for every row, whatever stage() put in planes.
         hidden [n, H]: the embeddings. -> (h_depth [n, H], gate logits fp32 [n, depth])."""
         n = hidden.shape[0]
+        self.launch_token(n, depth, hidden)
+        return self.hidden_out[:n].clone(), self.token_gates[:n, :depth].clone()
+
+    def launch_token(self, n: int, depth: int, hidden: torch.Tensor) -> None:
+        """run_token for the first n staged rows, its h_depth left in hidden_out (the caller
+        reads it before the next launch: rltlab.engine.token_window)."""
         if not 1 <= depth <= self.config.num_rounds:
             raise ValueError(f"depth must lie in 1..{self.config.num_rounds}, got {depth}")
         self.token_in[:n].copy_(hidden)
         bucket = self._bucket(n)
         self._launch((bucket, depth), lambda: self._token(bucket, depth))
-        return self.hidden_out[:n].clone(), self.token_gates[:n, :depth].clone()
 
     def run_token_ragged(self, hidden: torch.Tensor, depths: list[int]) -> torch.Tensor:
         """Rounds 1..depths[i] of staged row i's token, rows ordered deepest first: round r

@@ -1,0 +1,132 @@
+"""Token windows (rltlab.engine.token_window): rows at one host-fixed depth run several whole
+tokens per host round trip. They must give the one-token whole-token steps' rollouts exactly
+(tokens, exit depths, finish reasons; log-probs within 1e-5) and the teacher-forced
+recompute's. fp32, CPU, torch reference kernels."""
+import pytest
+import torch
+
+from rltlab.engine import LLM, SamplingParams
+from rltlab.engine.config import EngineConfig
+from test_engine_exactness import MIXED, check_against_recompute, random_prompts
+from test_round_window import assert_same_rollouts
+from tiny_models import tiny_engine_model
+
+torch.set_num_threads(1)
+
+IN_PHASE = dict(block_size=4, prefill_chunk=64, max_num_seqs=8, max_num_batched_tokens=256)
+CONFIGS = {"mixed": MIXED, "in_phase": IN_PHASE}
+
+
+def fixed_params(n: int, depth: int, **overrides) -> list[SamplingParams]:
+    """Greedy and sampled rows, with and without chosen-token log-probs, different lengths."""
+    return [SamplingParams(**{**dict(temperature=(1.0, 0.0)[i % 2], top_k=(0, 7)[i % 3 == 1],
+                                     seed=30 + i, max_tokens=5 + i % 4, ignore_eos=True,
+                                     logprobs=(0, None)[i % 3 == 2], exit_policy="fixed",
+                                     exit_policy_args={"depth": depth}), **overrides})
+            for i in range(n)]
+
+
+def one_token_and_window_runs(model, prompts, params, engine_args):
+    """-> (one-token whole-token outputs, token-window outputs, each window's (rows, tokens))."""
+    single = LLM(model, decode_path="static", **{**engine_args, "token_window": 0}).generate(
+        prompts, params)
+    llm = LLM(model, decode_path="static", **engine_args)
+    window, calls = llm.llm_engine._token_window, []
+    plan = window._plan
+
+    def spy(seqs, static, depth):
+        index, live = plan(seqs, static, depth)
+        calls.append((len(seqs), len(live)))
+        return index, live
+    window._plan = spy
+    return single, llm.generate(prompts, params), calls
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("depth", [1, 3, 4])
+def test_windows_equal_one_token_steps_and_recompute(config, depth):
+    model = tiny_engine_model(7)
+    prompts = random_prompts(7, seed=12)
+    params = fixed_params(len(prompts), depth)
+    single, windowed, calls = one_token_and_window_runs(model, prompts, params, CONFIGS[config])
+    assert calls and max(tokens for _, tokens in calls) > 1, calls
+    assert_same_rollouts(single, windowed)
+    assert all(out.exit_depths[1:] == [depth] * (len(out.token_ids) - 1) for out in windowed)
+    greedy = [i for i, p in enumerate(params) if p.temperature == 0 and p.logprobs is not None]
+    check_against_recompute(model, [prompts[i] for i in greedy], [windowed[i] for i in greedy],
+                            greedy_rows=range(len(greedy)))
+
+
+def test_a_shared_trace_runs_windows_up_to_each_change_of_depth():
+    """Replayed rows whose depths agree token by token take token windows, cut where the depth
+    changes; tokens after a shallow stretch read the LAST_EXITED copies it left."""
+    model = tiny_engine_model(7)
+    prompts = random_prompts(5, seed=8)
+    depths = [4] + [2] * 4 + [4] * 3 + [1] * 3 + [3] * 4
+    params = [SamplingParams(temperature=0.0, max_tokens=15, ignore_eos=True, logprobs=0,
+                             exit_policy="trace", exit_policy_args={"depths": depths})] * 5
+    single, windowed, calls = one_token_and_window_runs(model, prompts, params, IN_PHASE)
+    assert [tokens for _, tokens in calls] == [4, 3, 3, 4], calls
+    assert_same_rollouts(single, windowed)
+    assert all(out.exit_depths == depths for out in windowed)
+    check_against_recompute(model, prompts, windowed, greedy_rows=range(5))
+
+
+def test_window_length_caps_its_tokens_and_rows_at_their_limit_sit_out():
+    model = tiny_engine_model(7)
+    prompts = random_prompts(4, seed=3)
+    params = fixed_params(4, 2)
+    for i, p in enumerate(params):
+        p.max_tokens = 3 + 4 * i          # 3 .. 15: rows reach their limits in different windows
+    single, windowed, calls = one_token_and_window_runs(
+        model, prompts, params, dict(IN_PHASE, token_window=3))
+    assert calls and all(tokens <= 3 for _, tokens in calls) and len(calls) >= 4
+    assert_same_rollouts(single, windowed)
+    assert [len(out.token_ids) for out in windowed] == [3, 7, 11, 15]
+
+
+def test_stop_token_inside_a_window_drops_the_tokens_after_it():
+    model = tiny_engine_model(7)
+    prompts = random_prompts(5, seed=21)
+    free = LLM(model, decode_path="static", token_window=0, **IN_PHASE).generate(
+        prompts, fixed_params(5, 3, max_tokens=12, temperature=0.0))
+    stop = free[0].token_ids[4]   # a token the first rollout samples mid-way
+    params = fixed_params(5, 3, max_tokens=12, temperature=0.0, ignore_eos=False,
+                          stop_token_ids=[stop])
+    single = LLM(model, decode_path="static", token_window=0, **IN_PHASE).generate(
+        prompts, params)
+    llm = LLM(model, decode_path="static", **IN_PHASE)
+    engine, finished = llm.llm_engine, []
+    finish = engine._finish
+    engine._finish = lambda seq, *a: finished.append(seq) or finish(seq, *a)
+    windowed = llm.generate(prompts, params)
+    assert_same_rollouts(single, windowed)
+    # nothing sampled after the stop token reaches the sequence either
+    assert sorted(seq.output_token_ids for seq in finished) == sorted(
+        out.token_ids for out in windowed)
+    assert windowed[0].token_ids[-1] == stop and len(windowed[0].token_ids) <= 5
+    assert windowed[0].outputs[0].finish_reason == "stop"
+
+
+def test_closed_loop_admits_after_windows_and_top_logprob_rows_take_none():
+    model = tiny_engine_model(9)
+    prompts = random_prompts(9, seed=4)
+    params = fixed_params(9, 2)
+    for i, p in enumerate(params):
+        p.max_tokens = 8 + 3 * (i % 4)
+    single, windowed, calls = one_token_and_window_runs(
+        model, prompts, params, dict(IN_PHASE, max_num_seqs=4))
+    assert len(calls) >= 4
+    assert_same_rollouts(single, windowed)
+    top = fixed_params(4, 2, logprobs=2)
+    single, windowed, calls = one_token_and_window_runs(model, prompts[:4], top, IN_PHASE)
+    assert calls == []
+    assert_same_rollouts(single, windowed)
+
+
+@pytest.mark.parametrize("bad", [-1, 2.0, True, "8"])
+def test_token_window_must_be_a_non_negative_int(bad):
+    with pytest.raises(ValueError, match="token_window"):
+        EngineConfig(token_window=bad)
+    assert LLM(tiny_engine_model(0), decode_path="static", token_window=1).llm_engine \
+        ._token_window is None
