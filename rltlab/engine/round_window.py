@@ -46,8 +46,8 @@ import torch
 
 from rltlab.engine.exit_policies import FixedDepth
 from rltlab.common.device import to_device
-from rltlab.engine.sampling import sample_on_device
 from rltlab.engine.sequence import Sequence, Span
+from rltlab.engine.window_io import accept, padded_index, read_back, sample_rows, upload_index
 
 
 @dataclass
@@ -169,19 +169,14 @@ class RoundWindow:
         eng, runner = self.engine, self.engine.runner
         R, bs = eng.num_rounds, runner.block_size
         static = runner.static_rows(len(seqs))
-        n, b, nb = len(seqs), static.max_batch, static.max_blocks
+        n, b = len(seqs), static.max_batch
         done = [k for k, _ in state]
         depth = [d for _, d in state]
         grown = grown or [0] * n
         pos = [seq.num_tokens - 1 + k for seq, k in zip(seqs, grown)]
         count = [seq.num_output_tokens + k for seq, k in zip(seqs, grown)]
         tables = [seq.block_table for seq in seqs]
-        base = np.zeros(4 * b + b * nb, dtype=np.int32)
-        static._stage_padding(base, 0)   # every row a padding row (slot -1: no K/V write)
-        # until a step sets it; rows at their length limit stay one
-        table_view = base[4 * b:].reshape(b, nb)
-        for row, table in enumerate(tables):
-            table_view[row, : len(table)] = table
+        base = padded_index(static, seqs)   # rows at their length limit stay padding rows
         live = [count[i] < seq.max_output_tokens for i, seq in enumerate(seqs)]
         rows, starts, exits, copies = [], [], [], []
         emitted: list[list[int]] = [[] for _ in seqs]
@@ -242,8 +237,8 @@ class RoundWindow:
                 static.hidden_in.index_copy_(0, starts, embed(pending.index_select(0, starts)))
             static.launch_round(n)
             if len(exits):
-                outs.append(self._sample(runner, static, pending, exits,
-                                         [seqs[i] for i in plan.exits[s]]))
+                outs.append(sample_rows(eng, static.hidden_out, pending, exits,
+                                        [seqs[i] for i in plan.exits[s]]))
             if len(copy_slots):
                 runner.copy_exited(copy_slots, planes[s])
             if s + 1 < plan.num_steps:   # the next round's input: this round's output
@@ -257,9 +252,7 @@ class RoundWindow:
     def _to_device(plan: WindowPlan, device):
         """Every step's indices in three copies -> (static index [steps, ...] int32, per step
         (start rows, exit rows, LAST_EXITED slots) int64 views, per step exit planes int32)."""
-        pin = device.type == "cuda"
-        index = torch.from_numpy(plan.index)
-        index = (index.pin_memory() if pin else index).to(device, non_blocking=True)
+        index = upload_index(plan.index, device)
         parts = [part for starts, exits, copies in zip(plan.starts, plan.exits, plan.copies)
                  for part in (starts, exits, [slot for slot, _ in copies])]
         planes = [[rnd - 1 for _, rnd in copies] for copies in plan.copies]
@@ -269,26 +262,11 @@ class RoundWindow:
         exit_planes = to_device([p for step in planes for p in step], torch.int32, device)
         return index, rows, exit_planes.split([len(step) for step in planes])
 
-    def _sample(self, runner, static, pending, rows: torch.Tensor, seqs: list[Sequence]):
-        """The exiting rows' tokens, drawn on the device by the engine's sampler (each row
-        with its own params and generator) -> (tokens, logits finite, chosen log-probs or
-        NaN); the tokens become the rows' pending tokens."""
-        logits = runner.logits(static.hidden_out.index_select(0, rows))
-        drawn = sample_on_device(logits, [seq.params for seq in seqs],
-                                 [seq.generator for seq in seqs],
-                                 self.engine.config.logprobs_mode)
-        pending.index_copy_(0, rows, drawn.tokens)
-        logp = drawn.logprobs if drawn.logprobs is not None else \
-            torch.full_like(logits[:, 0], float("nan"))
-        return drawn.tokens, torch.isfinite(logits).all(dim=-1), logp
-
     # ------------------------------------------------------------------------ back on host
     def _finish_window(self, plan: WindowPlan, outs, static) -> None:
         eng = self.engine
         seqs = plan.seqs
-        tokens = torch.cat([t for t, _, _ in outs]).tolist() if outs else []
-        finite = torch.cat([f for _, f, _ in outs]).tolist() if outs else []
-        logps = torch.cat([lp for _, _, lp in outs]).tolist() if outs else []
+        tokens, finite, logps = read_back(outs)
         # the exits in step order, row order within a step
         order = [i for step in plan.exits for i in step]
         per_row: list[list[int]] = [[] for _ in seqs]
@@ -297,13 +275,9 @@ class RoundWindow:
         final_hidden = static.hidden_out[: len(seqs)].clone()   # one copy; rows keep views
         for i, seq in enumerate(seqs):
             for j, flat in enumerate(per_row[i]):
-                if seq.is_finished:
-                    break   # stopped earlier in the window: later tokens are dropped
-                if not finite[flat]:
-                    eng._failed[seq.seq_id] = "non-finite logits"
+                if not accept(eng, seq, tokens[flat], finite[flat], logps[flat],
+                              plan.emitted[i][j]):
                     break
-                logprob = logps[flat] if seq.params.logprobs is not None else None
-                eng._accept_token(seq, tokens[flat], logprob, None, plan.emitted[i][j])
             if seq.is_finished or seq.seq_id in eng._failed:
                 continue
             position = seq.num_tokens - 1

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from rltlab.common.device import to_device
-from rltlab.engine.sampling import sample_on_device
 from rltlab.engine.sequence import Sequence
+from rltlab.engine.window_io import accept, padded_index, read_back, sample_rows, upload_index
 
 
 class TokenWindow:
@@ -52,12 +52,8 @@ class TokenWindow:
     def _plan(self, seqs: list[Sequence], static, depth: int
               ) -> tuple[np.ndarray, list[list[int]]]:
         """Each token step's static index rows and the rows that compute and sample in it."""
-        bs, b, nb = self.engine.runner.block_size, static.max_batch, static.max_blocks
-        base = np.zeros(4 * b + b * nb, dtype=np.int32)
-        static._stage_padding(base, 0)   # every row a padding row until a step sets it
-        tables = base[4 * b:].reshape(b, nb)
-        for row, seq in enumerate(seqs):
-            tables[row, : len(seq.block_table)] = seq.block_table
+        bs, b = self.engine.runner.block_size, static.max_batch
+        base = padded_index(static, seqs)
         left = [seq.max_output_tokens - seq.num_output_tokens for seq in seqs]
         steps = self._steps(seqs, depth, left)
         index, live = np.tile(base, (steps, 1)), []
@@ -80,9 +76,7 @@ class TokenWindow:
         static = runner.static_rows(n)
         eng._failed = {}
         index, live = self._plan(seqs, static, depth)
-        pin = device.type == "cuda"
-        index = torch.from_numpy(index)
-        index = (index.pin_memory() if pin else index).to(device, non_blocking=True)
+        index = upload_index(index, device)
         rows = to_device([i for going in live for i in going], torch.int64, device).split(
             [len(going) for going in live])
         slots = index[:, 2 * static.max_batch: 3 * static.max_batch].long()
@@ -95,32 +89,12 @@ class TokenWindow:
             static.launch_token(n, depth, embed(pending))
             if depth < R:   # LAST_EXITED: planes depth..R-1 get round depth's K/V
                 runner.copy_exited(slots[s].index_select(0, rows[s]), planes[: len(going)])
-            logits = runner.logits(static.hidden_out.index_select(0, rows[s]))
-            drawn = sample_on_device(logits, [seqs[i].params for i in going],
-                                     [seqs[i].generator for i in going],
-                                     eng.config.logprobs_mode)
-            pending.index_copy_(0, rows[s], drawn.tokens)
-            logp = drawn.logprobs if drawn.logprobs is not None else \
-                torch.full_like(logits[:, 0], float("nan"))
-            outs.append((drawn.tokens, torch.isfinite(logits).all(dim=-1), logp))
-        self._accept(seqs, live, outs, depth)
+            outs.append(sample_rows(eng, static.hidden_out, pending, rows[s],
+                                    [seqs[i] for i in going]))
+        tokens, finite, logps = read_back(outs)
+        for flat, i in enumerate(i for going in live for i in going):
+            accept(eng, seqs[i], tokens[flat], finite[flat], logps[flat], depth)
+        for seq in seqs:   # the last sampled token is pending: every earlier position is final
+            seq.num_computed = seq.num_tokens - 1
         eng._finish_failed(seqs)
         return eng._drain_outputs()
-
-    def _accept(self, seqs, live, outs, depth: int) -> None:
-        eng = self.engine
-        tokens = torch.cat([t for t, _, _ in outs]).tolist()   # the one read-back
-        finite = torch.cat([f for _, f, _ in outs]).tolist()
-        logps = torch.cat([lp for _, _, lp in outs]).tolist()
-        flat = 0
-        for going in live:
-            for i in going:
-                seq = seqs[i]
-                if not seq.is_finished and seq.seq_id not in eng._failed:
-                    if not finite[flat]:
-                        eng._failed[seq.seq_id] = "non-finite logits"
-                    else:
-                        seq.num_computed = seq.num_tokens
-                        logprob = logps[flat] if seq.params.logprobs is not None else None
-                        eng._accept_token(seq, tokens[flat], logprob, None, depth)
-                flat += 1
