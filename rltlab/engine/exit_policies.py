@@ -74,8 +74,8 @@ class RoundInfo:
         """The same round for a subset of the rows (hidden still gathered only when read)."""
         idx = torch.tensor(rows, dtype=torch.int64)
         source = self.source_rows
-        return RoundInfo(self.rounds[idx],
-                         None if self.gate_logits is None else self.gate_logits[idx.to(self.device)],
+        gates = None if self.gate_logits is None else self.gate_logits[idx.to(self.device)]
+        return RoundInfo(self.rounds[idx], gates,
                          self.hidden_source, [self.seqs[i] for i in rows], self.num_rounds,
                          [source[i] for i in rows] if source is not None else list(rows))
 

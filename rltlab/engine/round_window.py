@@ -109,11 +109,12 @@ class RoundWindow:
         return self._schedule(list(seqs), state)   # a copy: finishing edits sch.running
 
     @staticmethod
-    def _key(seqs, state) -> list[tuple[int, int, int, int, int]]:
+    def _key(seqs, state, grown: list[int] | None = None) -> list[tuple[int, int, int, int, int]]:
         """Everything of the rows that _schedule reads and that changes between windows (their
-        block tables, limits and params are fixed while they run)."""
-        return [(seq.seq_id, done, depth, seq.num_tokens, seq.num_output_tokens)
-                for seq, (done, depth) in zip(seqs, state)]
+        block tables, limits and params are fixed while they run); grown as in _schedule."""
+        grown = grown or [0] * len(seqs)
+        return [(seq.seq_id, done, depth, seq.num_tokens + k, seq.num_output_tokens + k)
+                for seq, (done, depth), k in zip(seqs, state, grown)]
 
     def _prepare_next(self, plan: WindowPlan) -> None:
         """Plan (and upload) the window after `plan` while the device runs it: for the rows
@@ -127,11 +128,9 @@ class RoundWindow:
         seqs = [plan.seqs[i] for i in stay]
         state = [(plan.rounds_done[i], plan.depth[i]) for i in stay]
         grown = [len(plan.emitted[i]) for i in stay]
-        key = [(seq.seq_id, done, depth, seq.num_tokens + k, seq.num_output_tokens + k)
-               for seq, (done, depth), k in zip(seqs, state, grown)]
         nxt = self._schedule(seqs, state, grown)
         nxt.uploaded = self._to_device(nxt, self.engine.runner.device)
-        self._prepared = _Prepared(key, nxt, self.engine.runner.static)
+        self._prepared = _Prepared(self._key(seqs, state, grown), nxt, self.engine.runner.static)
 
     def _admit_now(self) -> bool:
         """Waiting requests are admitted (no window this step) once they fit and enough of
