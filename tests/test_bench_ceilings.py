@@ -116,3 +116,31 @@ def test_bench_reports_round_windows_and_how_many_ran_a_plan_made_ahead(capsys):
                       "0.02", "--modes", "eager", "--kv-gib", "0.05"])
     windows = res["workloads"]["W7"]["modes"]["eager"]["round_windows"]
     assert windows["windows"] > 1 and 0 < windows["prepared_used"] < windows["windows"]
+
+
+def test_run_mode_leaves_no_engine_alive_for_the_next_mode(monkeypatch):
+    """Each mode's KV cache must be freed before the next mode allocates its own (on the H200 a
+    leaked 108 GiB cache made every later mode fail with out-of-memory)."""
+    import weakref
+
+    from rltlab.bench import engine as bench_engine
+    from rltlab.engine import LLM
+
+    engines = []
+    real_init = LLM.__init__
+
+    def recording_init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        engines.append(weakref.ref(self.llm_engine))
+
+    monkeypatch.setattr(LLM, "__init__", recording_init)
+    model = build_model(SimpleNamespace(model=None, preset="tiny", device="cpu", dtype="float32"))
+    spec = bench_engine.scaled(bench_engine.WORKLOADS["W7"], 0.02)
+    prompts = bench_engine.prompts_for(spec["requests"], spec["prompt_len"],
+                                       model.config.vocab_size, seed=7)
+    params = bench_engine.workload_params(spec, model.config.num_rounds, spec["requests"],
+                                          model.config.vocab_size)
+    result = bench_engine.run_mode(model, spec, "eager", prompts, params, 0.05,
+                                   ModelCosts.of(model))
+    assert result["round_windows"]["windows"] > 0   # the path that once kept the engine alive
+    assert len(engines) == 1 and engines[0]() is None

@@ -167,15 +167,23 @@ def run_mode(model, spec: dict, mode: str, prompts, params, kv_gib: float,
         if spec["requests"] > 1:
             result["closed_loop"], _ = engine_checks.closed_loop(llm, prompts, params, c, costs)
         result["prefill"] = engine_checks.prefill_only(llm, prompts, params, c, costs)
-        window = llm.llm_engine._round_window
-        if window is not None and window.stats["windows"]:
-            # over every generate of this mode, warm-up included
-            result["round_windows"] = dict(window.stats)
+        windows = round_window_stats(llm)
+        if windows["windows"]:
+            result["round_windows"] = windows
         return result
-    finally:   # the next mode needs the KV cache's memory back
+    finally:
+        # The next mode needs the KV cache's memory back. The engine's parts refer to each
+        # other, so only a collection frees it, and only once no local here refers to a part.
         del llm
         gc.collect()
         engine_checks.free_device_memory()
+
+
+def round_window_stats(llm: LLM) -> dict:
+    """Round windows run and run from a plan made ahead, over every generate of this engine
+    (warm-up included); zeros when the engine has no round windows."""
+    window = llm.llm_engine._round_window
+    return dict(window.stats) if window is not None else {"windows": 0, "prepared_used": 0}
 
 
 def depth_pairs(workloads: dict) -> dict:
