@@ -17,19 +17,19 @@ from .activation import silu_mul, silu_mul_ref
 from .fused_norm import add_rmsnorm, add_rmsnorm_ref, rmsnorm, rmsnorm_ref
 from .kv_copy import last_exited_copy, last_exited_copy_ref, write_kv, write_kv_ref
 from .paged_attention import (
-    INTERPRETED,
     paged_decode_attention,
     paged_decode_attention_ref,
     paged_prefill_attention,
     paged_prefill_attention_ref,
 )
+from .pdl import INTERPRETED, pdl_available
 from .small_batch import rope_write_kv, rope_write_kv_ref, small_m_linear, small_m_linear_ref
 
 __all__ = [
     "add_rmsnorm", "add_rmsnorm_ref", "rmsnorm", "rmsnorm_ref",
     "last_exited_copy", "last_exited_copy_ref", "write_kv", "write_kv_ref",
     "paged_decode_attention", "paged_decode_attention_ref",
-    "paged_prefill_attention", "paged_prefill_attention_ref",
+    "paged_prefill_attention", "paged_prefill_attention_ref", "pdl_available",
     "rope_write_kv", "rope_write_kv_ref", "silu_mul", "silu_mul_ref", "small_m_linear",
     "small_m_linear_ref", "triton_available",
 ]

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import await_previous_kernel, launch_options
+
 
 def rmsnorm_ref(x, w, eps):
     x32 = x.float()
@@ -45,8 +47,9 @@ def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, eps, hidden, stride_x, stride_y, BLOCK:
 @triton.jit
 def _add_rmsnorm_kernel(
     h_ptr, x_ptr, w_post_ptr, w_next_ptr, h_out_ptr, y_ptr, eps, hidden,
-    stride_h, stride_x, stride_h_out, stride_y, BLOCK: tl.constexpr,
+    stride_h, stride_x, stride_h_out, stride_y, BLOCK: tl.constexpr, GDC: tl.constexpr,
 ):
+    await_previous_kernel(GDC)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
@@ -79,9 +82,11 @@ def rmsnorm(x, w, eps):
     return y
 
 
-def add_rmsnorm(h, x, w_post, w_next, eps):
-    """Triton version of add_rmsnorm_ref -> (h_new, y); all tensors share one dtype."""
+def add_rmsnorm(h, x, w_post, w_next, eps, *, pdl=False):
+    """Triton version of add_rmsnorm_ref -> (h_new, y); all tensors share one dtype (pdl:
+    kernels/pdl.py)."""
     _check_rows(h, x, w_post, w_next)
+    launch = launch_options(pdl, h.device)
     h_new, y = torch.empty_like(h), torch.empty_like(h)
     hidden = h.shape[1]
     _add_rmsnorm_kernel[(h.shape[0],)](
@@ -90,6 +95,6 @@ def add_rmsnorm(h, x, w_post, w_next, eps):
         BLOCK=triton.next_power_of_2(hidden), num_warps=8 if hidden >= 2048 else 4,
         # Without this the compiler fuses (normed * w_post) + h into one bf16 FMA, skipping the
         # rounding of the product that torch does: ~25% of h_new would differ by one bf16 step.
-        enable_fp_fusion=False,
+        enable_fp_fusion=False, **launch,
     )
     return h_new, y

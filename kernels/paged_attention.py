@@ -12,7 +12,8 @@ size is independent of ``block_size`` (any block size works, power of two or not
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
+
+from .pdl import INTERPRETED, await_previous_kernel, launch_options
 
 _LOG2E = 1.4426950408889634
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -111,8 +112,9 @@ def _decode_kernel(
     stride_ob, stride_oh, stride_os,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, INPUT_PRECISION: tl.constexpr, GDC: tl.constexpr,
 ):
+    await_previous_kernel(GDC)
     # One program = (row, kv head, split of the key range). Its GQA group of query heads forms
     # the M side of tl.dot (padded to >= 16 rows), so every K/V element is read once per row.
     # Decode is memory bound, but the dot path gets Triton's pipelined loads: on an H200 it ran
@@ -159,16 +161,12 @@ def _decode_kernel(
     tl.store(lse_ptr + lse_offs, lse, mask=g_mask)
 
 
-# triton.jit chose interpreter or compiler when the kernel above was defined (TRITON_INTERPRET at
-# import time); setting the variable later has no effect, so record what actually happened.
-INTERPRETED = isinstance(_decode_kernel, InterpretedFunction)
-
-
 @triton.jit
 def _merge_splits_kernel(
     part_ptr, lse_ptr, out_ptr, num_heads, num_splits, stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, GDC: tl.constexpr,
 ):
+    await_previous_kernel(GDC)
     # Combine per-split softmax results: weight each split's normalized output by exp2(lse).
     pid = tl.program_id(0)  # row * num_heads + head
     s = tl.arange(0, BLOCK_S)
@@ -198,12 +196,14 @@ def _default_num_splits(work_items, max_context_len, block_n, device):
 
 
 def paged_decode_attention(q, k_cache, v_cache, planes, block_tables, context_lens, scale, *,
-                           max_context_len=None, num_splits=None, block_n=None):
+                           max_context_len=None, num_splits=None, block_n=None, pdl=False):
     """Triton version of paged_decode_attention_ref (same arguments and result).
 
     max_context_len: host-side upper bound on context_lens (default: block table capacity);
     only used to size the key-range split. num_splits / block_n override the heuristics.
+    pdl: launch with programmatic dependent launch (kernels/pdl.py).
     """
+    launch = launch_options(pdl, q.device)
     batch, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[2], k_cache.shape[3]
     group = num_heads // num_kv_heads
@@ -234,13 +234,13 @@ def paged_decode_attention(q, k_cache, v_cache, planes, block_tables, context_le
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
         DOT_DTYPE=dot_dtype, INPUT_PRECISION=precision,
-        num_warps=DECODE_CONFIG["num_warps"], num_stages=DECODE_CONFIG["num_stages"],
+        num_warps=DECODE_CONFIG["num_warps"], num_stages=DECODE_CONFIG["num_stages"], **launch,
     )
     if num_splits > 1:
         _merge_splits_kernel[(batch * num_heads,)](
             part, lse, out, num_heads, num_splits, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-            BLOCK_S=triton.next_power_of_2(num_splits),
+            BLOCK_S=triton.next_power_of_2(num_splits), **launch,
         )
     return out
 

@@ -11,7 +11,8 @@ RoPE + K/V write run as separate small kernels. Here:
     Accumulation in fp32; one rounding to x's dtype at the end.
   * rope_write_kv(qkv, ...) splits a fused q|k|v row, applies rotate-half RoPE to q and k (fp32,
     one rounding), writes k and v into the paged cache (plane, slot) and returns q. One program
-    per row; a negative slot marks a padding row (nothing written).
+    per row; a negative slot marks a padding row (nothing written). With k_out it also stores
+    the RoPE'd k there (prefill attention over a chunk's own keys needs no cache gather).
 
 Both have torch references with the same arguments (``*_ref``), which are the spec in the tests.
 Rounding differs from the references only in where bf16 rounding happens (fp32 inside, once at
@@ -24,6 +25,7 @@ import triton
 import triton.language as tl
 
 from .kv_copy import write_kv_ref
+from .pdl import await_previous_kernel, launch_options
 
 MAX_ROWS = 16
 ACTIVATIONS = (None, "silu_mul")
@@ -38,35 +40,50 @@ def small_m_linear_ref(x, w, act=None):
 
 
 @triton.jit
+def _accumulate_tile(acc, w, x_ptr, rows, ks, row_ok, K, stride_xm, SILU_MUL: tl.constexpr,
+                     BLOCK_M: tl.constexpr, IEEE: tl.constexpr):
+    """acc + act(x[:, ks]) @ w.T for one [BLOCK_N, BLOCK_K] weight tile w."""
+    x_at = x_ptr + rows[:, None] * stride_xm + ks[None, :]
+    x_ok = row_ok[:, None] & (ks < K)[None, :]
+    if SILU_MUL:
+        gate = tl.load(x_at, mask=x_ok, other=0.0).to(tl.float32)
+        up = tl.load(x_at + K, mask=x_ok, other=0.0).to(tl.float32)
+        x = gate * tl.sigmoid(gate) * up
+    else:
+        x = tl.load(x_at, mask=x_ok, other=0.0).to(tl.float32)
+    if BLOCK_M == 1:
+        # One row: a broadcast multiply and a row sum keep every loaded weight in fp32 FMAs.
+        acc += tl.sum(w.to(tl.float32) * x, axis=1)[None, :]
+    elif IEEE:
+        acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
+    else:
+        acc += tl.dot(x.to(w.dtype), tl.trans(w))
+    return acc
+
+
+@triton.jit
 def _small_m_linear_kernel(
     x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
     SILU_MUL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_K: tl.constexpr, IEEE: tl.constexpr, GDC: tl.constexpr,
 ):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
     col_ok, row_ok = cols < N, rows < M
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    # The first weight tile is loaded before waiting for the previous kernel (under PDL the
+    # weight stream starts while it drains); the loop takes the rest. Same order either way.
+    ks = tl.arange(0, BLOCK_K)
+    w = tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :],
+                mask=col_ok[:, None] & (ks < K)[None, :], other=0.0)
+    await_previous_kernel(GDC)
+    acc = _accumulate_tile(acc, w, x_ptr, rows, ks, row_ok, K, stride_xm, SILU_MUL, BLOCK_M, IEEE)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < K
         w = tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :],
-                    mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        x_at = x_ptr + rows[:, None] * stride_xm + ks[None, :]
-        x_ok = row_ok[:, None] & k_ok[None, :]
-        if SILU_MUL:
-            gate = tl.load(x_at, mask=x_ok, other=0.0).to(tl.float32)
-            up = tl.load(x_at + K, mask=x_ok, other=0.0).to(tl.float32)
-            x = gate * tl.sigmoid(gate) * up
-        else:
-            x = tl.load(x_at, mask=x_ok, other=0.0).to(tl.float32)
-        if BLOCK_M == 1:
-            # One row: a broadcast multiply and a row sum keep every loaded weight in fp32 FMAs.
-            acc += tl.sum(w.to(tl.float32) * x, axis=1)[None, :]
-        elif IEEE:
-            acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
-        else:
-            acc += tl.dot(x.to(w.dtype), tl.trans(w))
+                    mask=col_ok[:, None] & (ks < K)[None, :], other=0.0)
+        acc = _accumulate_tile(acc, w, x_ptr, rows, ks, row_ok, K, stride_xm, SILU_MUL, BLOCK_M,
+                               IEEE)
     tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
@@ -75,7 +92,9 @@ def _small_m_linear_kernel(
 # default and per (N, K) weight shape. One row needs many programs in flight to saturate HBM
 # (N / BLOCK_N of them); 2..16 rows use tensor cores (tl.dot needs BLOCK_N >= 16). The per-shape
 # entries are the Ouro-1.4B layer's, measured by `python -m rltlab.bench.gemv --sweep` on the
-# H200 (docs/benchmarks/2026-11-30-engine-h200.md).
+# H200 (docs/benchmarks/2026-11-30-engine-h200.md). Under PDL the same tiles serve: the ones a
+# --sweep --pdl picked per shape made the engine's interleaved one-row round 4% slower
+# (docs/benchmarks/2026-12-02-h200.md).
 TILES = {
     "one_row": (4, 1024, 4, 2), "few_rows": (16, 256, 4, 3),
     ("one_row", 6144, 2048): (4, 1024, 4, 2), ("one_row", 2048, 2048): (4, 1024, 8, 5),
@@ -90,8 +109,8 @@ def tiles_for(rows: int, n: int, k: int) -> tuple[int, int, int, int]:
     return TILES.get((kind, n, k), TILES[kind])
 
 
-def small_m_linear(x, w, act=None, tiles=None):
-    """Triton version of small_m_linear_ref for 1 <= M <= 16 rows."""
+def small_m_linear(x, w, act=None, tiles=None, *, pdl=False):
+    """Triton version of small_m_linear_ref for 1 <= M <= 16 rows (pdl: kernels/pdl.py)."""
     if act not in ACTIVATIONS:
         raise ValueError(f"act must be one of {ACTIVATIONS}, got {act!r}")
     m, n, k = x.shape[0], w.shape[0], w.shape[1]
@@ -102,21 +121,23 @@ def small_m_linear(x, w, act=None, tiles=None):
                          f"needs {2 * k if act == 'silu_mul' else k}")
     if x.dtype != w.dtype or x.stride(-1) != 1 or w.stride(-1) != 1:
         raise ValueError("x and w must share one dtype and be contiguous in their last dim")
+    launch = launch_options(pdl, x.device)
     block_m = 1 if m == 1 else 16
     block_n, block_k, warps, stages = tiles or tiles_for(m, n, k)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     _small_m_linear_kernel[(triton.cdiv(n, block_n),)](
         x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
         SILU_MUL=act == "silu_mul", BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        IEEE=w.dtype == torch.float32, num_warps=warps, num_stages=stages,
+        IEEE=w.dtype == torch.float32, num_warps=warps, num_stages=stages, **launch,
     )
     return out
 
 
 def rope_write_kv_ref(qkv, cos, sin, kv_cache, layer, planes, slots, num_heads, num_kv_heads,
-                      head_dim):
+                      head_dim, *, k_out=None):
     """q, k, v from qkv [N, (Hq + 2 Hkv) D]; RoPE (rotate-half, cos/sin [N, D]) on q and k;
-    k, v written to kv_cache[layer, :, planes[n], slots[n]] (slot < 0: skipped). -> q [N, Hq, D]."""
+    k, v written to kv_cache[layer, :, planes[n], slots[n]] (slot < 0: skipped); the RoPE'd k
+    of every row also to k_out [N, Hkv, D] if given. -> q [N, Hq, D]."""
     q_end, k_end = num_heads * head_dim, (num_heads + num_kv_heads) * head_dim
     q = qkv[:, :q_end].view(-1, num_heads, head_dim)
     k = qkv[:, q_end:k_end].view(-1, num_kv_heads, head_dim)
@@ -128,6 +149,8 @@ def rope_write_kv_ref(qkv, cos, sin, kv_cache, layer, planes, slots, num_heads, 
         return t * cos + torch.cat([-t[..., half:], t[..., :half]], dim=-1) * sin
 
     write_kv_ref(kv_cache, layer, planes, slots, rope(k), v)
+    if k_out is not None:
+        k_out.copy_(rope(k))
     return rope(q)
 
 
@@ -145,12 +168,14 @@ def _rope_rows(base, cos, sin, heads, d, HALF: tl.constexpr, HEAD_DIM: tl.conste
 
 @triton.jit
 def _rope_write_kv_kernel(
-    qkv_ptr, cos_ptr, sin_ptr, q_ptr, kv_ptr, planes_ptr, slots_ptr, block_size,
-    stride_qkv, stride_cos, stride_q,
+    qkv_ptr, cos_ptr, sin_ptr, q_ptr, kv_ptr, planes_ptr, slots_ptr, k_out_ptr, block_size,
+    stride_qkv, stride_cos, stride_q, stride_k_out,
     stride_kv, stride_p, stride_b, stride_s, stride_h,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_D: tl.constexpr, K_OUT: tl.constexpr,
+    GDC: tl.constexpr,
 ):
+    await_previous_kernel(GDC)
     n = tl.program_id(0)
     d = tl.arange(0, BLOCK_D)
     cos = tl.load(cos_ptr + n * stride_cos + d, mask=d < HEAD_DIM, other=0.0).to(tl.float32)
@@ -161,12 +186,15 @@ def _rope_write_kv_kernel(
     q, q_mask = _rope_rows(row, cos, sin, heads, d, HALF, HEAD_DIM, NUM_HEADS)
     tl.store(q_ptr + n * stride_q + heads[:, None] * HEAD_DIM + d[None, :],
              q.to(q_ptr.dtype.element_ty), mask=q_mask)
+    kv_heads = tl.arange(0, BLOCK_KV)
+    k, kv_mask = _rope_rows(row + NUM_HEADS * HEAD_DIM, cos, sin, kv_heads, d, HALF, HEAD_DIM,
+                            NUM_KV_HEADS)
+    if K_OUT:
+        tl.store(k_out_ptr + n * stride_k_out + kv_heads[:, None] * HEAD_DIM + d[None, :],
+                 k.to(k_out_ptr.dtype.element_ty), mask=kv_mask)
     slot = tl.load(slots_ptr + n).to(tl.int64)
     if slot >= 0:
         plane = tl.load(planes_ptr + n).to(tl.int64)
-        kv_heads = tl.arange(0, BLOCK_KV)
-        k, kv_mask = _rope_rows(row + NUM_HEADS * HEAD_DIM, cos, sin, kv_heads, d, HALF,
-                                HEAD_DIM, NUM_KV_HEADS)
         v = tl.load(row + (NUM_HEADS + NUM_KV_HEADS) * HEAD_DIM + kv_heads[:, None] * HEAD_DIM
                     + d[None, :], mask=kv_mask, other=0.0)
         dst = (kv_ptr + plane * stride_p + (slot // block_size) * stride_b
@@ -176,9 +204,16 @@ def _rope_write_kv_kernel(
 
 
 def rope_write_kv(qkv, cos, sin, kv_cache, layer, planes, slots, num_heads, num_kv_heads,
-                  head_dim):
-    """Triton version of rope_write_kv_ref (planes: int32 [N], slots: int [N])."""
+                  head_dim, *, k_out=None, pdl=False):
+    """Triton version of rope_write_kv_ref (planes: int32 [N], slots: int [N]; pdl:
+    kernels/pdl.py)."""
     n = qkv.shape[0]
+    launch = launch_options(pdl, qkv.device)
+    if k_out is not None and (k_out.shape != (n, num_kv_heads, head_dim) or not
+                              k_out.is_contiguous() or k_out.dtype != kv_cache.dtype):
+        raise ValueError(f"k_out must be a contiguous [N, Hkv, D] = [{n}, {num_kv_heads}, "
+                         f"{head_dim}] tensor of the cache's dtype, got {tuple(k_out.shape)} "
+                         f"{k_out.dtype}")
     if qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim or qkv.stride(-1) != 1:
         raise ValueError(f"qkv {tuple(qkv.shape)} is not [N, (Hq + 2 Hkv) * D] contiguous")
     if cos.shape != (n, head_dim) or sin.shape != cos.shape or cos.stride() != sin.stride():
@@ -188,10 +223,11 @@ def rope_write_kv(qkv, cos, sin, kv_cache, layer, planes, slots, num_heads, num_
     q = torch.empty(n, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     layer_cache = kv_cache[layer]   # [2, P, NB, BS, Hkv, D]
     _rope_write_kv_kernel[(n,)](
-        qkv, cos, sin, q, layer_cache, planes, slots, kv_cache.shape[4],
-        qkv.stride(0), cos.stride(0), q.stride(0), *layer_cache.stride()[:5],
+        qkv, cos, sin, q, layer_cache, planes, slots, q if k_out is None else k_out,
+        kv_cache.shape[4], qkv.stride(0), cos.stride(0), q.stride(0),
+        0 if k_out is None else k_out.stride(0), *layer_cache.stride()[:5],
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_KV=triton.next_power_of_2(num_kv_heads),
-        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_D=triton.next_power_of_2(head_dim), K_OUT=k_out is not None, **launch,
     )
     return q

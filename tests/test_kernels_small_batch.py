@@ -104,6 +104,23 @@ def test_rope_write_kv_matches_reference_fp32(head_dim):
                                    qkv[row, 6 * head_dim:].view(2, head_dim))
 
 
+def test_rope_write_kv_k_out_holds_every_rows_roped_k():
+    qkv, cos, sin, cache, planes, slots = _rope_case(torch.float32, 12, seed=5)
+    assert (slots < 0).any()   # a padding row: no cache write, but k_out still gets its k
+    ref_cache = cache.clone()
+    k_out = _randn(qkv.shape[0], 2, 12, seed=9)
+    k_ref = _randn(qkv.shape[0], 2, 12, seed=10)
+    q = rope_write_kv(qkv, cos, sin, cache, 1, planes, slots, 4, 2, 12, k_out=k_out)
+    q_ref = rope_write_kv_ref(qkv, cos, sin, ref_cache, 1, planes, slots, 4, 2, 12, k_out=k_ref)
+    k_roped = apply_rope(qkv[:, 48:72].view(-1, 2, 12), cos[:, None], sin[:, None])
+    torch.testing.assert_close(k_out, k_roped, **FP32)
+    torch.testing.assert_close(k_ref, k_roped, **FP32)
+    torch.testing.assert_close(q, q_ref, **FP32)
+    torch.testing.assert_close(cache, ref_cache, **FP32)
+    with pytest.raises(ValueError, match="k_out"):
+        rope_write_kv(qkv, cos, sin, cache, 1, planes, slots, 4, 2, 12, k_out=k_out[:, :1])
+
+
 def test_rope_write_kv_padding_row_and_other_layers_untouched():
     qkv, cos, sin, cache, planes, slots = _rope_case(torch.float32, seed=7)
     before = cache.clone()

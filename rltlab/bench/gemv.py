@@ -1,6 +1,7 @@
 """Small-batch GEMV (kernels/small_batch.small_m_linear) vs cuBLAS on one decode round's weights.
 
-    python -m rltlab.bench.gemv --preset ouro-1.4b [--rows 1 2 4 8 16] [--sweep] [--out FILE]
+    python -m rltlab.bench.gemv --preset ouro-1.4b [--rows 1 2 4 8 16] [--sweep] [--pdl]
+                                [--out FILE]
 
 For a model shape, the four matmuls of a layer (q/k/v fused, o, gate/up fused, down with
 SiLU * up) with L distinct weight copies each (L = num_hidden_layers, so the weights stream
@@ -9,6 +10,8 @@ from HBM as in a real round instead of sitting in the 50 MB L2). Per row count: 
 (a CUDA graph of all L x 4, median of repeats) for cuBLAS (F.linear; SiLU * up as its own
 kernels) and for the Triton kernel, in GB/s and as a % of the device copy bandwidth measured in
 the same run. --sweep times tile configurations per weight shape first and reports the best.
+--pdl launches the Triton kernels with programmatic dependent launch (rltlab.kernels.pdl), as the
+engine's one-row rounds do on Hopper; its sweep then covers the one-row tiles only.
 Last line: JSON.
 """
 from __future__ import annotations
@@ -67,6 +70,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--preset", default="ouro-1.4b", help="a preset of rltlab.bench (shape only)")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--sweep", action="store_true", help="tune tiles per shape first")
+    ap.add_argument("--pdl", action="store_true",
+                    help="launch the Triton kernels with programmatic dependent launch")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -82,6 +87,7 @@ def main(argv=None) -> dict:
                       for _ in range(layers)] for name, (n, k, _) in shapes.items()}
     round_bytes = sum(w.numel() * w.element_size() for ws in weights.values() for w in ws)
     result = {"preset": args.preset, "dtype": "bfloat16", "device": torch.cuda.get_device_name(),
+              "pdl": args.pdl,
               "copy_bandwidth_gb_s": copy_bandwidth(dev), "round_weight_bytes": round_bytes,
               "tiles": {}, "rows": {}}
 
@@ -90,18 +96,21 @@ def main(argv=None) -> dict:
                 for name, (n, k, act) in shapes.items()}
 
     if args.sweep:
-        for kind, m, configs in (("one_row", 1, ONE_ROW), ("few_rows", 16, FEW_ROWS)):
+        kinds = (("one_row", 1, ONE_ROW),) + (() if args.pdl else (("few_rows", 16, FEW_ROWS),))
+        for kind, m, configs in kinds:
             xs = inputs(m)
             for name, (n, k, act) in shapes.items():
                 timed = {}
                 for tiles in configs:
                     try:
-                        timed[tiles] = graph_ms(lambda: [small_m_linear(xs[name], w, act, tiles)
+                        timed[tiles] = graph_ms(lambda: [small_m_linear(xs[name], w, act, tiles,
+                                                                        pdl=args.pdl)
                                                          for w in weights[name]], args.repeats)
                     except Exception as err:   # a tile shape the compiler refuses
                         print(f"skip {kind} {name} {tiles}: {repr(err)[:80]}")
                 best = min(timed, key=timed.get)
-                stages = {s: graph_ms(lambda: [small_m_linear(xs[name], w, act, (*best[:3], s))
+                stages = {s: graph_ms(lambda: [small_m_linear(xs[name], w, act, (*best[:3], s),
+                                                              pdl=args.pdl)
                                                for w in weights[name]], args.repeats)
                           for s in (2, 3, 4, 5)}
                 best = (*best[:3], min(stages, key=stages.get))
@@ -118,7 +127,10 @@ def main(argv=None) -> dict:
             ref = small_m_linear_ref(xs[name].float(), weights[name][0].float(), act)
             errors[name] = round(float((out - ref).abs().max() / ref.abs().max()), 5)
         ms = {}
-        for label, fn in (("cublas", cublas), ("triton", small_m_linear)):
+        def triton_gemv(x, w, act):
+            return small_m_linear(x, w, act, pdl=args.pdl)
+
+        for label, fn in (("cublas", cublas), ("triton", triton_gemv)):
             ms[label] = graph_ms(lambda: [fn(xs[name], w, act) for name, (_, _, act)
                                           in shapes.items() for w in weights[name]], args.repeats)
         result["rows"][m] = {

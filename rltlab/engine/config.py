@@ -47,6 +47,9 @@ class EngineConfig:
     functions (fuses norms, RoPE and SwiGLU; costs a one-off compile). small_batch_kernels: on
     CUDA, static rounds of <= 16 rows run every matmul as a weight-streaming Triton GEMV with
     SiLU * up and RoPE + K/V write fused (rltlab.kernels.small_batch); False = cuBLAS.
+    pdl: on Hopper or newer GPUs, one-row static rounds launch their Triton kernels with
+    programmatic dependent launch, so each kernel starts while the one before drains
+    (rltlab.kernels.pdl); ignored where unavailable (CPU, older GPUs, the interpreter).
     fused_tokens: with the static path, run all rounds of host-fixed-depth decode tokens in one
     launch when nothing needs to look between rounds (rltlab.engine.token_step).
     round_window: with whole-token steps on, decode rows at mixed host-fixed depths
@@ -84,6 +87,7 @@ class EngineConfig:
     cuda_graphs: bool = True
     compile: bool = False
     small_batch_kernels: bool = True
+    pdl: bool = True
     fused_tokens: bool = True
     round_window: int = 16
     round_window_admit: int = 1
@@ -128,7 +132,7 @@ class EngineConfig:
         if self.decode_path not in DECODE_PATHS:
             raise ValueError(f"EngineConfig.decode_path must be one of {DECODE_PATHS}, "
                              f"got {self.decode_path!r}")
-        for name in ("cuda_graphs", "compile", "small_batch_kernels", "fused_tokens",
+        for name in ("cuda_graphs", "compile", "small_batch_kernels", "pdl", "fused_tokens",
                      "fused_prefill", "fused_spec"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")

@@ -74,6 +74,7 @@ class LLMEngine:
                                   max_model_len=self.max_model_len,
                                   cuda_graphs=config.cuda_graphs, compile=config.compile,
                                   small_batch_kernels=config.small_batch_kernels,
+                                  pdl=config.pdl,
                                   fused_prefill=config.fused_prefill)
         self.weights = WeightUpdater(self.model, weight_version)
         self.eos_token_id = getattr(tokenizer, "eos_token_id", None)

@@ -97,7 +97,8 @@ class ModelRunner:
     def __init__(self, model: OuroForCausalLM, num_blocks: int, block_size: int, *,
                  static_decode: bool = False, max_batch: int = 1, max_model_len: int = 0,
                  cuda_graphs: bool = True, compile: bool = False,
-                 small_batch_kernels: bool = True, fused_prefill: bool = True):
+                 small_batch_kernels: bool = True, pdl: bool = True,
+                 fused_prefill: bool = True):
         cfg = model.config
         self.model, self.config, self.block_size = model, cfg, block_size
         param = next(model.parameters())
@@ -116,7 +117,7 @@ class ModelRunner:
                                      block_size=block_size,
                                      max_blocks_per_seq=-(-max_model_len // block_size),
                                      cuda_graphs=cuda_graphs, compile=compile,
-                                     small_batch_kernels=small_batch_kernels)
+                                     small_batch_kernels=small_batch_kernels, pdl=pdl)
             self.static = StaticDecoder(model, max_batch=max_batch, **self._static_args)
         self.prefill = (FusedPrefill(model, self.static.layers, self.kv_cache,
                                      triton=self._use_triton)

@@ -85,7 +85,8 @@ class StaticDecoder:
 
     def __init__(self, model: OuroForCausalLM, *, fused, kv_cache: torch.Tensor,
                  block_size: int, max_batch: int, max_blocks_per_seq: int, cuda_graphs: bool,
-                 compile: bool, small_batch_kernels: bool = True, triton: bool | None = None):
+                 compile: bool, small_batch_kernels: bool = True, pdl: bool = False,
+                 triton: bool | None = None):
         cfg = model.config
         self.model, self.config, self.kv_cache, self.block_size = model, cfg, kv_cache, block_size
         self.device, self.dtype = kv_cache.device, kv_cache.dtype
@@ -110,6 +111,9 @@ class StaticDecoder:
         # Under torch.compile inductor fuses SiLU * up itself.
         self._silu_mul = kernels.silu_mul if use_triton and not compile else kernels.silu_mul_ref
         self._small_rows = GEMV_ROWS if use_triton and small_batch_kernels else 0
+        # One-row rounds are chains of small Triton kernels: launched with PDL (Hopper+), each
+        # starts streaming its weights while the previous one drains (rltlab.kernels.pdl).
+        self.pdl = pdl and self._small_rows > 0 and kernels.pdl_available(self.device)
         # Where the fused RoPE + K/V write kernel replaces qkv_rope's RoPE and write_kv: every
         # Triton round except compiled ones (inductor already fuses RoPE into its neighbours).
         self._fused_rope = use_triton and not compile
@@ -289,18 +293,22 @@ class StaticDecoder:
         x = self.hidden_in[:n]
         y = kernels.rmsnorm_ref(x, model.layers[0].input_layernorm.weight, eps)
         small = n <= self._small_rows
+        pdl = {"pdl": True} if small and self.pdl else {}
         for idx, w in enumerate(self.layers):
-            if small or self._fused_rope:
-                linear = kernels.small_m_linear if small else F.linear
-                q = kernels.rope_write_kv(linear(y, w["w_qkv"]), cos, sin, self.kv_cache, idx,
+            if small:
+                qkv = kernels.small_m_linear(y, w["w_qkv"], **pdl)
+                q = kernels.rope_write_kv(qkv, cos, sin, self.kv_cache, idx, planes, slots,
+                                          *heads, **pdl)
+            elif self._fused_rope:
+                q = kernels.rope_write_kv(F.linear(y, w["w_qkv"]), cos, sin, self.kv_cache, idx,
                                           planes, slots, *heads)
             else:
                 q, k, v = self._qkv(y, w["w_qkv"], cos[:, None], sin[:, None], *heads)
                 self._write_kv(self.kv_cache, idx, planes, slots, k, v)
             attn = self._attention(q, self.kv_cache[idx, 0], self.kv_cache[idx, 1], planes,
-                                   tables, ctx, scale, **self._attention_kwargs)
+                                   tables, ctx, scale, **self._attention_kwargs, **pdl)
             if small:
-                x, y = self._small_mlp(x, attn, w, eps)
+                x, y = self._small_mlp(x, attn, w, eps, pdl)
             else:
                 x, y = self._post(x, attn, w["w_o"], w["w_attn_out"], w["w_mlp_in"],
                                   w["w_gate_up"], w["w_down"], w["w_mlp_out"], w["w_next"], eps,
@@ -309,10 +317,11 @@ class StaticDecoder:
         self.gate_out[:n].copy_(model.early_exit_gate(y).float().squeeze(-1))
 
     @staticmethod
-    def _small_mlp(x, attn, w, eps):
-        """post_attention for <= 16 rows: weight-streaming GEMVs, SiLU * up fused into down."""
+    def _small_mlp(x, attn, w, eps, pdl: dict):
+        """post_attention for <= 16 rows: weight-streaming GEMVs, SiLU * up fused into down;
+        pdl: {"pdl": True} to launch them with PDL, else {}."""
         linear = kernels.small_m_linear
-        x, m = kernels.add_rmsnorm(x, linear(attn.flatten(1), w["w_o"]), w["w_attn_out"],
-                                   w["w_mlp_in"], eps)
-        down = linear(linear(m, w["w_gate_up"]), w["w_down"], "silu_mul")
-        return kernels.add_rmsnorm(x, down, w["w_mlp_out"], w["w_next"], eps)
+        x, m = kernels.add_rmsnorm(x, linear(attn.flatten(1), w["w_o"], **pdl), w["w_attn_out"],
+                                   w["w_mlp_in"], eps, **pdl)
+        down = linear(linear(m, w["w_gate_up"], **pdl), w["w_down"], "silu_mul", **pdl)
+        return kernels.add_rmsnorm(x, down, w["w_mlp_out"], w["w_next"], eps, **pdl)

@@ -2,7 +2,7 @@
 weights). Per workload and mode: wall ms per engine step (synchronised; with round windows a
 step is a whole window), GPU kernel ms per step (torch.profiler), the host functions that take
 the rest (cProfile), and for prefill the heaviest kernels of prefill round steps.
---decode-only skips the prefill part. Last line: JSON. As run on 2026-12-01 (before this
+--decode-only skips the prefill part, --prefill-only the decode part. Last line: JSON. As run on 2026-12-01 (before this
 script counted the tokens of requests that finish while it measures, so its W4 window rows of
 that day are void): docs/benchmarks/data/2026-12-01-closed-loop-profile-before-h200.json and
 2026-12-01-round-windows-v*-h200.json."""
@@ -126,6 +126,9 @@ if __name__ == "__main__":
     if "--decode-only" not in sys.argv:
         results["prefill"] = [prefill_profile(model, "W3", m) for m in ("graph",)]
         print(json.dumps(results["prefill"], indent=1), flush=True)
+    if "--prefill-only" in sys.argv:
+        print(json.dumps(results))
+        sys.exit(0)
     runs = [("W3", "graph"), ("W4", "graph"), ("W4", "graph-ragged"), ("W6", "graph"),
             ("W7", "graph"), ("W7", "graph-ragged"), ("W7", "graph-rounds")]
     results["decode"] = []
