@@ -156,22 +156,33 @@ def test_triton_fused_prefill_equals_gather_prefill():
 
 
 def test_from_start_chunks_through_sdpa_equal_paged_attention():
-    """FusedPrefill._attend: chunks from position 0 (two of one length, one of another, on
-    different planes) go through SDPA in length groups, a chunk that starts mid-prompt through
-    the paged kernel; every chunk's output equals paged_prefill_attention_ref's (fp32, 1e-5)."""
+    """FusedPrefill._attend: chunks from position 0 go through SDPA in length groups on their
+    fresh keys and values (two of one length apart in the step: an index; one alone: a slice),
+    a chunk that starts mid-prompt through the paged kernel; every chunk's output equals
+    paged_prefill_attention_ref's over the cache, which holds those same fresh keys (fp32,
+    1e-5)."""
     llm = LLM(tiny_engine_model(8), decode_path="static", max_num_seqs=4, block_size=4)
     runner = llm.llm_engine.runner
     prefill, cache = runner.prefill, runner.kv_cache
     gen = torch.Generator().manual_seed(4)
     cache.normal_(generator=gen)
-    heads, dim = runner.config.num_attention_heads, runner.config.head_dim
+    cfg = runner.config
+    heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     tables = torch.tensor([[3, 7, 1, 0], [5, 2, 6, 4], [8, 9, 10, 11], [12, 13, 14, 15]],
                           dtype=torch.int32)
-    chunks = [(0, 6, 1, 0), (6, 6, 3, 0), (12, 5, 0, 0), (17, 3, 2, 6)]   # lo, n, plane, start
+    chunks = [(0, 6, 1, 0), (6, 5, 0, 0), (11, 6, 3, 0), (17, 3, 2, 6)]   # lo, n, plane, start
     q = torch.randn(20, heads, dim, generator=gen)
-    plan = prefill._from_start_plan(chunks, tables)
-    assert sorted(batch for batch, _, _ in plan) == [(1, 5), (2, 6)]
-    got = prefill._attend(1, q, chunks, tables, 0.3, plan)
+    k_fresh, v_fresh = (torch.randn(20, kv_heads, dim, generator=gen) for _ in range(2))
+    for row, (lo, n, plane, start) in enumerate(chunks):   # the cache holds the fresh keys
+        for pos in range(n * (start == 0)):
+            block, offset = int(tables[row, pos // 4]), pos % 4
+            cache[1, 0, plane, block, offset] = k_fresh[lo + pos]
+            cache[1, 1, plane, block, offset] = v_fresh[lo + pos]
+    plan = prefill._from_start_plan(chunks, torch.device("cpu"))
+    assert sorted(batch for batch, _ in plan) == [(1, 5), (2, 6)]
+    assert {batch: isinstance(tokens, slice) for batch, tokens in plan} == {(1, 5): True,
+                                                                            (2, 6): False}
+    got = prefill._attend(1, q, k_fresh, v_fresh, chunks, tables, 0.3, plan)
     for row, (lo, n, plane, start) in enumerate(chunks):
         want = kernels.paged_prefill_attention_ref(q[lo: lo + n], cache[1, 0], cache[1, 1],
                                                    plane, tables[row], start, 0.3)

@@ -7,9 +7,12 @@ as one matmul each, RoPE fused with the K/V write into the round's plane
 flash attention over the plane through the block table (kernels.paged_prefill_attention), one
 launch per chunk. Nothing is padded, and no [rows, queries, keys] mask is built on the host.
 Chunks that start at position 0 (a whole prompt, the common RL case) see only their own keys:
-those of one length are gathered from their planes and go through torch's fused causal
-attention together (F.scaled_dot_product_attention, FlashAttention on the H200; SDPA_BACKENDS
-says why not cuDNN). SiLU * up is one kernel (kernels.silu_mul).
+those of one length go through torch's fused causal attention together
+(F.scaled_dot_product_attention, FlashAttention on the H200; SDPA_BACKENDS says why not cuDNN),
+on the layer's fresh k (RoPE'd by the same kernel that writes the cache, into k_out) and v (a
+view of the q|k|v output): no gather from the cache, and no copy at all when the chunks lie
+back to back in the step, as a step of whole prompts does. SiLU * up is one kernel
+(kernels.silu_mul).
 
 Why: on the H200 the gather path ran 1K-token prefill at a third of the bf16 matmul rate; its
 unfused norms, RoPE and padded attention copies cost as much as the matmuls
@@ -71,55 +74,65 @@ class FusedPrefill:
         heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         scale, eps = cfg.head_dim ** -0.5, cfg.rms_norm_eps
         planes = planes.to(torch.int32)
-        plan = self._from_start_plan(chunks, tables)
+        plan = self._from_start_plan(chunks, hidden.device)
+        # The fresh RoPE'd keys, for the chunks from position 0 (one buffer for every layer).
+        k_fresh = hidden.new_empty(hidden.shape[0], *heads[1:]) if plan else None
+        k_end = (heads[0] + heads[1]) * heads[2]
         x = hidden
         y = self._rmsnorm(x, model.layers[0].input_layernorm.weight, eps)
         for idx, w in enumerate(self.layers):
             qkv = torch.nn.functional.linear(y, w["w_qkv"])
-            q = self._rope_write_kv(qkv, cos, sin, self.kv_cache, idx, planes, slots, *heads)
-            attn = self._attend(idx, q, chunks, tables, scale, plan)
+            q = self._rope_write_kv(qkv, cos, sin, self.kv_cache, idx, planes, slots, *heads,
+                                    k_out=k_fresh)
+            v_fresh = qkv[:, k_end:].view(-1, *heads[1:])
+            attn = self._attend(idx, q, k_fresh, v_fresh, chunks, tables, scale, plan)
             x, y = post_attention(x, attn, w["w_o"], w["w_attn_out"], w["w_mlp_in"],
                                   w["w_gate_up"], w["w_down"], w["w_mlp_out"], w["w_next"], eps,
                                   self._add_rmsnorm, self._silu_mul)
         return y, model.early_exit_gate(y).float().squeeze(-1)
 
-    def _attend(self, idx: int, q: torch.Tensor, chunks, tables: torch.Tensor, scale: float,
-                plan) -> torch.Tensor:
+    def _attend(self, idx: int, q, k_fresh, v_fresh, chunks, tables: torch.Tensor,
+                scale: float, plan) -> torch.Tensor:
         """Causal attention of every chunk's queries q [T, Hq, D] over its plane -> [T, Hq, D]:
-        chunks from position 0 grouped by length through SDPA (plan: _from_start_plan), the
-        rest one paged launch each."""
+        chunks from position 0 grouped by length through SDPA on their fresh keys and values
+        (k_fresh, v_fresh [T, Hkv, D]; plan: _from_start_plan), the rest one paged launch
+        each."""
         k_cache, v_cache = self.kv_cache[idx, 0], self.kv_cache[idx, 1]
         out = torch.empty_like(q)
         for row, (lo, n, plane, start) in enumerate(chunks):
             if start:
                 out[lo: lo + n] = self._attention(q[lo: lo + n], k_cache, v_cache, plane,
                                                   tables[row], start, scale)
-        for batch, tokens, keys in plan:
+        for batch, tokens in plan:
+            take = ((lambda t: t[tokens]) if isinstance(tokens, slice)
+                    else (lambda t: t.index_select(0, tokens)))
             heads = lambda t: t.view(*batch, *t.shape[1:]).transpose(1, 2)   # [B, H, n, D]
-            k = k_cache.flatten(0, 2).index_select(0, keys)
-            v = v_cache.flatten(0, 2).index_select(0, keys)
             with sdpa_kernel(SDPA_BACKENDS):
-                o = F.scaled_dot_product_attention(heads(q.index_select(0, tokens)), heads(k),
-                                                   heads(v), is_causal=True, scale=scale,
-                                                   enable_gqa=self._groups > 1)
-            out.index_copy_(0, tokens, o.transpose(1, 2).flatten(0, 1))
+                o = F.scaled_dot_product_attention(
+                    heads(take(q)), heads(take(k_fresh)), heads(take(v_fresh)), is_causal=True,
+                    scale=scale, enable_gqa=self._groups > 1)
+            o = o.transpose(1, 2).flatten(0, 1)
+            if isinstance(tokens, slice):
+                out[tokens] = o
+            else:
+                out.index_copy_(0, tokens, o)
         return out
 
-    def _from_start_plan(self, chunks, tables: torch.Tensor):
+    @staticmethod
+    def _from_start_plan(chunks, device: torch.device):
         """Per length n of the chunks that start at position 0: ((chunks, n), their queries'
-        token rows [B * n], their keys' rows in a layer's flattened [planes * blocks *
-        block_size] cache [B * n]). Built once per round, shared by every layer."""
-        _, planes, num_blocks, block_size = self.kv_cache.shape[1:5]
-        groups: dict[int, list[tuple[int, int, int]]] = {}
-        for row, (lo, n, plane, start) in enumerate(chunks):
+        token rows: a slice when the chunks lie back to back in token order, else an index
+        [B * n]). Built once per round, shared by every layer."""
+        groups: dict[int, list[int]] = {}
+        for lo, n, _, start in chunks:
             if start == 0:
-                groups.setdefault(n, []).append((row, lo, plane))
+                groups.setdefault(n, []).append(lo)
         plan = []
-        for n, group in groups.items():
-            rows, los, plane = (to_device([g[i] for g in group], torch.int64, tables.device)
-                                for i in range(3))
-            pos = torch.arange(n, device=tables.device)
-            slots = tables[rows][:, pos // block_size].long() * block_size + pos % block_size
-            keys = plane[:, None] * (num_blocks * block_size) + slots
-            plan.append(((len(group), n), (los[:, None] + pos).flatten(), keys.flatten()))
+        for n, los in groups.items():
+            if los == list(range(los[0], los[0] + n * len(los), n)):
+                tokens = slice(los[0], los[0] + n * len(los))
+            else:
+                tokens = (to_device(los, torch.int64, device)[:, None]
+                          + torch.arange(n, device=device)).flatten()
+            plan.append(((len(los), n), tokens))
         return plan
