@@ -238,3 +238,48 @@ def test_round_window_must_be_a_non_negative_int(bad):
 def test_round_window_admit_must_be_a_positive_int(bad):
     with pytest.raises(ValueError, match="round_window_admit"):
         EngineConfig(round_window_admit=bad)
+
+
+@pytest.mark.parametrize("policy", ["trace", "fixed"])
+def test_windows_beside_prefill_keep_decode_rows_out_of_prefill_steps(policy):
+    """windows_beside_prefill=True, a closed loop with more requests than rows: steps alternate
+    between windows for the decode rows (prefilling rows sit them out) and prefill turns with
+    every decode row held, so no round step mixes decode rows with prefill rows (without the
+    option many do). Rollouts equal the round-step engine's and the recompute's."""
+    model = tiny_engine_model(9)
+    prompts = random_prompts(9, seed=4)
+    params = replay_params(9, trace_seed=6)
+    for i, p in enumerate(params):
+        p.max_tokens = 8 + 3 * (i % 4)
+        if policy == "fixed":   # one depth for every row: windows only beside prefills
+            p.exit_policy, p.exit_policy_args = "fixed", {"depth": 3}
+    engine_args = dict(IN_PHASE, max_num_seqs=4, round_window=4, prefill_chunk=8)
+    rounds = LLM(model, decode_path="static", fused_tokens=False, **engine_args).generate(
+        prompts, params)
+    mixed, aside = {}, {}
+    for beside in (False, True):
+        llm = LLM(model, decode_path="static", windows_beside_prefill=beside, **engine_args)
+        engine = llm.llm_engine
+        runner, window = engine.runner, engine._round_window
+        mixed[beside], aside[beside] = 0, 0
+        execute, step = runner.execute, window.step
+
+        def spy_execute(seqs, beside=beside):
+            decoding = [s for s in seqs if s.output_token_ids]
+            mixed[beside] += bool(decoding) and len(decoding) < len(seqs)
+            return execute(seqs)
+
+        def spy_window(plan, beside=beside, engine=engine):
+            aside[beside] += len(plan.seqs) < len(engine.scheduler.running)
+            return step(plan)
+        runner.execute, window.step = spy_execute, spy_window
+        outs = llm.generate(prompts, params)
+        assert_same_rollouts(rounds, outs)
+    check_against_recompute(model, prompts, outs, greedy_rows=range(9))
+    assert mixed[False] > 0 and aside[False] == 0
+    assert mixed[True] == 0 and aside[True] > 0
+
+
+def test_windows_beside_prefill_must_be_a_bool():
+    with pytest.raises(ValueError, match="windows_beside_prefill must be a bool"):
+        EngineConfig(windows_beside_prefill=1)

@@ -56,7 +56,11 @@ class EngineConfig:
     run up to this many round steps per host round trip (rltlab.engine.round_window); 0 = off
     (whole tokens deepest first, token_step.py). round_window_admit: while windows run,
     waiting requests are admitted (all that fit, at a window boundary) once this many of
-    max_num_seqs are free (round_window.py).
+    max_num_seqs are free (round_window.py). windows_beside_prefill: while some rows prefill
+    (or requests wait to be admitted), steps alternate between a round window for the decode
+    rows and a round step for the prefill rows and admissions with the decode rows held, so
+    decode rows keep their window pace (round_window.py); False = every row steps one round
+    per step until the prefills are done.
     token_window: with whole-token steps on, rows that all decode at one host-fixed depth run
     up to this many tokens per host round trip (rltlab.engine.token_window); 0 or 1 = one
     token per step.
@@ -91,6 +95,7 @@ class EngineConfig:
     fused_tokens: bool = True
     round_window: int = 16
     round_window_admit: int = 1
+    windows_beside_prefill: bool = False
     token_window: int = 8
     fused_prefill: bool = True
     fused_spec: bool = True
@@ -133,7 +138,7 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.decode_path must be one of {DECODE_PATHS}, "
                              f"got {self.decode_path!r}")
         for name in ("cuda_graphs", "compile", "small_batch_kernels", "pdl", "fused_tokens",
-                     "fused_prefill", "fused_spec"):
+                     "fused_prefill", "fused_spec", "windows_beside_prefill"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
         self.dtype = parse_dtype(self.dtype)

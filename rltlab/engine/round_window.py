@@ -36,6 +36,16 @@ waiting requests are admitted at window boundaries: all that fit, together, once
 next few round steps. Ending a window at every finish instead (one-round windows, a prefill in
 nearly every step) lost ~1.2 s of a 19 s closed loop on the H200, and waiting for a quarter of
 the slots left a long tail of part-empty steps (~4.6 s): docs/benchmarks/2026-12-01-h200.md.
+
+Prefills beside windows (EngineConfig.windows_beside_prefill): by default the admitted
+requests' prefill steps are ordinary round steps in which every decode row also runs one
+round, so while prefills last the decode rows move one round per prefill step (a 1K-token
+chunk of 16 prompts takes ~50 ms on the H200, a decode round ~7 ms). In a W4 closed loop the
+rows of the first wave finish spread out, the slow transition stretches that spread, and the
+second wave starts staggered and drains with few rows at the end. With the option on, steps
+alternate: a window for the decode rows (the rows still prefilling sit it out), then a prefill
+turn: an ordinary round step for the prefilling rows and admissions with every decode row held
+(Scheduler.schedule's hold). Which rows compute what is unchanged; only when.
 """
 from __future__ import annotations
 
@@ -81,6 +91,8 @@ class RoundWindow:
     def __init__(self, engine, steps: int):
         self.engine, self.steps = engine, steps
         self._prepared: _Prepared | None = None
+        # windows_beside_prefill: the next step is a prefill turn, and the rows it holds
+        self._prefill_turn, self._held = False, frozenset()
         # windows run, and how many of them ran a plan prepared during the previous window
         self.stats = {"windows": 0, "prepared_used": 0}
 
@@ -91,7 +103,20 @@ class RoundWindow:
         prepared, self._prepared = self._prepared, None
         seqs = eng.scheduler.running
         if not eng._whole_tokens.host_may_plan() or not seqs or \
-                len(seqs) > eng.config.max_num_batched_tokens or self._admit_now():
+                len(seqs) > eng.config.max_num_batched_tokens:
+            return None
+        prefilling = []
+        if eng.config.windows_beside_prefill:
+            prefilling = [seq for seq in seqs if not seq.output_token_ids]
+            # a prefill turn: every other step while rows prefill, and at once to admit
+            if (self._prefill_turn and prefilling) or (not prefilling and self._admit_now()):
+                self._prefill_turn = False
+                self._held = frozenset(seq.seq_id for seq in seqs if seq.output_token_ids)
+                return None
+            seqs = [seq for seq in seqs if seq.output_token_ids] if prefilling else seqs
+            if not seqs:
+                return None
+        elif self._admit_now():
             return None
         state = []
         for seq in seqs:   # runs every step the engine takes: stop at the first misfit
@@ -99,10 +124,12 @@ class RoundWindow:
             if row is None:
                 return None
             state.append(row)
-        # One fixed depth for all: whole tokens (one launch per token) beat round steps.
-        if all(isinstance(eng.policy(s.params.exit_policy), FixedDepth) for s in seqs) and \
-                len({d for _, d in state}) == 1:
+        # One fixed depth for all: whole tokens (one launch per token) beat round steps, unless
+        # rows prefill beside the window (then the alternative is one round per prefill step).
+        if not prefilling and len({d for _, d in state}) == 1 and \
+                all(isinstance(eng.policy(s.params.exit_policy), FixedDepth) for s in seqs):
             return None
+        self._prefill_turn = eng.config.windows_beside_prefill
         if prepared is not None and prepared.static is eng.runner.static and \
                 prepared.key == self._key(seqs, state):
             return prepared.plan   # made from exactly these rows and states
@@ -131,6 +158,11 @@ class RoundWindow:
         nxt = self._schedule(seqs, state, grown)
         nxt.uploaded = self._to_device(nxt, self.engine.runner.device)
         self._prepared = _Prepared(self._key(seqs, state, grown), nxt, self.engine.runner.static)
+
+    def held(self) -> frozenset[int]:
+        """The decode rows a prefill turn holds (once: the turn's step takes them)."""
+        held, self._held = self._held, frozenset()
+        return held
 
     def _admit_now(self) -> bool:
         """Waiting requests are admitted (no window this step) once they fit and enough of

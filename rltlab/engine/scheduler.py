@@ -46,11 +46,14 @@ class Scheduler:
 
     def schedule(self, hold: frozenset[int] = frozenset()) -> list[Sequence]:
         """The sequences that run one round this step (their .span says which tokens).
-        hold: ids of running sequences that start no new span this step (whole-token steps
-        let sequences at a token boundary wait for the rest of the batch, token_step.py)."""
+        hold: ids of running sequences that take no round this step (whole-token steps let
+        sequences at a token boundary wait for the rest of the batch, token_step.py; round
+        windows keep decode rows, in flight or not, out of the prefill rows' steps,
+        round_window.py)."""
         budget = self.config.max_num_batched_tokens
         rows: list[Sequence] = []
-        in_flight = [s for s in self.running if s.span is not None and s.span.round > 0]
+        in_flight = [s for s in self.running if s.span is not None and s.span.round > 0
+                     and s.seq_id not in hold]
         for seq in in_flight:
             if seq.span.num_active <= budget:
                 rows.append(seq)
