@@ -90,9 +90,19 @@ def test_stop_token_inside_a_window_drops_the_tokens_after_it():
         prompts, replay_params(5, trace_seed=2, max_tokens=10))
     stop = free[0].token_ids[4]   # a token the first rollout samples mid-way
     params = replay_params(5, trace_seed=2, max_tokens=10, ignore_eos=False, stop_token_ids=[stop])
-    rounds, windowed, calls = round_and_window_runs(model, prompts, params, IN_PHASE)
-    assert calls
+    rounds = LLM(model, decode_path="static", fused_tokens=False, **IN_PHASE).generate(
+        prompts, params)
+    llm = LLM(model, decode_path="static", **IN_PHASE)
+    engine, finished, windows = llm.llm_engine, [], []
+    finish, step = engine._finish, engine._round_window.step
+    engine._finish = lambda seq, *a: finished.append(seq) or finish(seq, *a)
+    engine._round_window.step = lambda plan: windows.append(plan.num_steps) or step(plan)
+    windowed = llm.generate(prompts, params)
+    assert windows
     assert_same_rollouts(rounds, windowed)
+    # nothing sampled after the stop token reaches the sequence either
+    assert sorted(seq.output_token_ids for seq in finished) == sorted(
+        out.token_ids for out in windowed)
     assert windowed[0].token_ids[-1] == stop and len(windowed[0].token_ids) <= 5
     assert windowed[0].outputs[0].finish_reason == "stop"
 
