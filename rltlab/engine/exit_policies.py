@@ -44,7 +44,7 @@ import torch
 
 from rltlab.model import gates
 from rltlab.model.config import OuroConfig
-from rltlab.common.device import to_device
+from rltlab.common.device import tensor_to_device, to_device
 from rltlab.engine.sampling import SamplingParams
 
 
@@ -74,7 +74,8 @@ class RoundInfo:
         """The same round for a subset of the rows (hidden still gathered only when read)."""
         idx = torch.tensor(rows, dtype=torch.int64)
         source = self.source_rows
-        gates = None if self.gate_logits is None else self.gate_logits[idx.to(self.device)]
+        gates = None if self.gate_logits is None else \
+            self.gate_logits[tensor_to_device(idx, self.device)]
         return RoundInfo(self.rounds[idx], gates,
                          self.hidden_source, [self.seqs[i] for i in rows], self.num_rounds,
                          [source[i] for i in rows] if source is not None else list(rows))

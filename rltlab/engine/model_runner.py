@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from rltlab import kernels
-from rltlab.common.device import to_device
+from rltlab.common.device import tensor_to_device, to_device
 from rltlab.model.architecture import OuroForCausalLM, apply_rope, rope_cos_sin
 from rltlab.engine.fused_prefill import FusedPrefill, contiguous
 from rltlab.engine.sequence import Sequence
@@ -196,7 +196,7 @@ class ModelRunner:
         self.last_exited_copy([slot for slot, _ in short], [d for _, d in short])
         if order == sorted(order):
             return hidden
-        return hidden[torch.tensor(order).argsort().to(hidden.device)]   # back to seqs' order
+        return hidden[tensor_to_device(torch.tensor(order).argsort(), hidden.device)]   # seqs' order
 
     def _decode_inputs(self, seqs: list[Sequence]) -> torch.Tensor:
         """Round input per row: the embedding (round 1) or the span's last hidden state."""
@@ -225,7 +225,8 @@ class ModelRunner:
                 hidden_parts.append(span.hidden)
         if first_round_ids:
             embedded = iter(self.model.model.embed_tokens(
-                torch.cat(first_round_ids).to(dev)).split([len(t) for t in first_round_ids]))
+                tensor_to_device(torch.cat(first_round_ids), dev)).split(
+                    [len(t) for t in first_round_ids]))
             hidden_parts = [h if h is not None else next(embedded) for h in hidden_parts]
         sizes = [int(p.numel()) for p in positions]
         row_t = torch.repeat_interleave(torch.arange(len(seqs)), torch.tensor(sizes))
@@ -237,13 +238,14 @@ class ModelRunner:
         token_rounds = torch.repeat_interleave(torch.tensor(rounds), torch.tensor(sizes))
         rows = StepRows(sizes, slots.tolist(), token_rounds.tolist(), pos_t.tolist(), dev)
         batch = RoundBatch(
-            hidden=torch.cat(hidden_parts), positions=pos_t.to(dev), rounds=token_rounds.to(dev),
-            slots=slots.to(dev), row_planes=torch.tensor(rounds, device=dev) - 1,
-            tok_row=row_t.to(dev), tok_col=col_t.to(dev), rows=rows)
+            hidden=torch.cat(hidden_parts), positions=tensor_to_device(pos_t, dev),
+            rounds=tensor_to_device(token_rounds, dev), slots=tensor_to_device(slots, dev),
+            row_planes=to_device([r - 1 for r in rounds], torch.int64, dev),
+            tok_row=tensor_to_device(row_t, dev), tok_col=tensor_to_device(col_t, dev), rows=rows)
         if self.prefill is not None and contiguous(positions):
             batch.chunks = list(zip(rows.offsets, sizes, [r - 1 for r in rounds],
                                     [int(p[0]) for p in positions]))
-            batch.tables = tables.to(torch.int32).to(dev)
+            batch.tables = tensor_to_device(tables.to(torch.int32), dev)
             return batch
         max_q, max_ctx = max(sizes), int(pos_t.max()) + 1
         keys = torch.arange(max_ctx)
@@ -252,8 +254,8 @@ class ModelRunner:
         query_pos[row_t, col_t] = pos_t
         mask = keys[None, None, :] <= query_pos[:, :, None]
         groups = self.config.num_attention_heads // self.config.num_key_value_heads
-        batch.key_slots = key_slots.to(dev)
-        batch.mask = mask[:, None].repeat(1, 1, groups, 1).to(dev)
+        batch.key_slots = tensor_to_device(key_slots, dev)
+        batch.mask = tensor_to_device(mask[:, None].repeat(1, 1, groups, 1), dev)
         # active offsets ascend, so last == n - 1 means exactly 0..n-1
         batch.from_start = all(s.span.start == 0 and int(p[-1]) == p.numel() - 1
                                for s, p in zip(seqs, positions))

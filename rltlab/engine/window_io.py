@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from rltlab.common.device import tensor_to_device
 from rltlab.engine.sampling import sample_on_device
 from rltlab.engine.sequence import Sequence
 
@@ -24,9 +25,7 @@ def padded_index(static, seqs: list[Sequence]) -> np.ndarray:
 
 def upload_index(index: np.ndarray, device: torch.device) -> torch.Tensor:
     """Every step's index [steps, ...] to the device in one copy that does not wait for it."""
-    tensor = torch.from_numpy(index)
-    return (tensor.pin_memory() if device.type == "cuda" else tensor).to(device,
-                                                                          non_blocking=True)
+    return tensor_to_device(torch.from_numpy(index), device)
 
 
 def sample_rows(engine, hidden: torch.Tensor, pending: torch.Tensor, rows: torch.Tensor,

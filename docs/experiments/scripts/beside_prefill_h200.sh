@@ -4,6 +4,7 @@
 # 1. Exactness on the embedded model (fp32, Triton kernels, CUDA graphs; a closed loop with more
 #    requests than rows): beside-prefill vs round steps with gather prefill.
 # 2. W3 W4 W6 W7 with modes graph and graph-beside-prefill: closed-loop tok/s, depth pairs.
+#    (Also the first timing of the non-blocking batch copies: compare prefill % of matmul.)
 ln -sfn ../kernels rltlab/kernels; ln -sfn ../engine_patches rltlab/engine_patches
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 timeout 150 python3 - <<'PY'
@@ -34,3 +35,8 @@ timeout 420 python3 -m rltlab.bench.engine --preset ouro-1.4b --device cuda --dt
   --workload W3 W4 W6 W7 --modes graph,graph-beside-prefill --out $OUT/beside.json \
   > $OUT/beside.log 2>&1
 echo "bench rc $?"; grep -v '^{' $OUT/beside.log | tail -14
+# 3. Prefill host gaps after the non-blocking batch copies (ModelRunner.prepare): GPU kernel
+#    time vs wall time of a 32-prompt W3 prefill (2026-12-02 before the change: 0.596 of 0.668 s).
+timeout 90 python3 docs/experiments/scripts/closed_loop_profile_h200.py --prefill-only \
+  > $OUT/prefill_profile.log 2>&1
+echo "prefill profile rc $?"; tail -1 $OUT/prefill_profile.log | head -c 600
