@@ -335,3 +335,23 @@ def test_checkpoint_dir_text_prompts_and_engine_config_errors(tmp_path):
         LLM(model, bogus=1)
     with pytest.raises(ValueError, match="exit policy"):
         LLM(model, exit_policy="nope")
+
+
+def test_fixed_exit_rounds_of_any_position_range():
+    """Sequence.fixed_exit_rounds (the depths a chunk of known positions is (re)computed at:
+    R for the prompt, the recorded executed depth for outputs) over every range of positions
+    of a finished rollout with varied exit depths, against the per-position definition."""
+    llm = LLM(tiny_engine_model(2), max_num_seqs=2)
+    engine, finished = llm.llm_engine, []
+    finish = engine._finish
+    engine._finish = lambda seq, *a: finished.append(seq) or finish(seq, *a)
+    llm.generate([[0, 5, 9, 2]], SamplingParams(max_tokens=7, ignore_eos=True,
+                                                exit_policy="trace", exit_policy_args={
+                                                    "depths": [4, 1, 3, 2, 4, 1, 2]}))
+    seq, rounds = finished[0], engine.num_rounds
+    prompt, known = seq.num_prompt_tokens, seq.num_tokens - 1
+    assert len(set(seq.executed_depths[1:])) > 2
+    want = [rounds if p < prompt else seq.executed_depths[p - prompt + 1] for p in range(known)]
+    for start in range(known):
+        for end in range(start, known + 1):
+            assert seq.fixed_exit_rounds(start, end, rounds) == want[start:end], (start, end)

@@ -94,8 +94,8 @@ class Scheduler:
             assert start == known - 1, (start, known)
             return Span(start, 1, None, emits=True)
         length = min(fixed_end - start, self.config.prefill_chunk, limit or fixed_end)
-        exits = torch.tensor([seq.fixed_exit_round(p, self.num_rounds)
-                              for p in range(start, start + length)])
+        # one list for the chunk (a per-position call cost ~10 ms per 16 1K-token prompts)
+        exits = torch.tensor(seq.fixed_exit_rounds(start, start + length, self.num_rounds))
         emits = seq.num_output_tokens == 0 and start + length == known
         return Span(start, length, exits, emits)
 

@@ -132,13 +132,15 @@ class Sequence:
             return self.output_token_ids[start - prompt: end - prompt]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - prompt]
 
-    def fixed_exit_round(self, position: int, num_rounds: int) -> int:
-        """Rounds an already known position runs when it is recomputed: R for the prompt, the
-        recorded executed depth for outputs (the exit round under LAST_EXITED, R under
-        select_only)."""
-        if position < self.num_prompt_tokens:
-            return num_rounds
-        return self.executed_depths[position - self.num_prompt_tokens + 1]
+    def fixed_exit_rounds(self, start: int, end: int, num_rounds: int) -> list[int]:
+        """Rounds the already known positions start..end-1 run when they are computed or
+        recomputed: R for the prompt, the recorded executed depth for outputs (the exit round
+        under LAST_EXITED, R under select_only). Position p >= prompt length is output p -
+        prompt + 1's input, so its depth is executed_depths[p - prompt + 1]."""
+        prompt = self.num_prompt_tokens
+        in_prompt = max(0, min(end, prompt) - start)
+        first, stop = max(start, prompt) - prompt + 1, max(end, prompt) - prompt + 1
+        return [num_rounds] * in_prompt + self.executed_depths[first: stop]
 
     def reset_computation(self) -> None:
         """Forget all K/V (e.g. computed under older weights): recompute from position 0."""
