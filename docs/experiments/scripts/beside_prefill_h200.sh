@@ -3,11 +3,13 @@
 # (EngineConfig.windows_beside_prefill, round_window.py) against the default, same run.
 # 1. Exactness on the embedded model (fp32, Triton kernels, CUDA graphs; a closed loop with more
 #    requests than rows): beside-prefill vs round steps with gather prefill.
-# 2. W3 W4 W6 W7 with modes graph and graph-beside-prefill: closed-loop tok/s, depth pairs.
-#    (Also the first timing of the non-blocking batch copies: compare prefill % of matmul.)
+# 2. W3 W4, then W6 W7, with modes graph and graph-beside-prefill: closed-loop tok/s, each
+#    depth pair within one run. Also the first timing of the non-blocking batch copies
+#    (ModelRunner.prepare) and the one-list prefill exit rounds: prefill % of matmul against
+#    2026-12-02's 58-63% (docs/benchmarks/2026-12-02-h200.md).
 ln -sfn ../kernels rltlab/kernels; ln -sfn ../engine_patches rltlab/engine_patches
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-timeout 150 python3 - <<'PY'
+timeout 100 python3 - <<'PY'
 import random, torch
 from rltlab.engine import LLM, SamplingParams
 from rltlab.model.checkpoint import load_model_and_tokenizer
@@ -31,12 +33,10 @@ diff = max(abs(x - y) for a, b in pairs if a.token_ids == b.token_ids
 print(f"cuda fp32 beside-prefill vs round steps + gather prefill: identical {same}/32, "
       f"max |logprob diff| {diff:.2e}")
 PY
-timeout 420 python3 -m rltlab.bench.engine --preset ouro-1.4b --device cuda --dtype bfloat16 \
-  --workload W3 W4 W6 W7 --modes graph,graph-beside-prefill --out $OUT/beside.json \
-  > $OUT/beside.log 2>&1
-echo "bench rc $?"; grep -v '^{' $OUT/beside.log | tail -14
-# 3. Prefill host gaps after the non-blocking batch copies (ModelRunner.prepare): GPU kernel
-#    time vs wall time of a 32-prompt W3 prefill (2026-12-02 before the change: 0.596 of 0.668 s).
-timeout 90 python3 docs/experiments/scripts/closed_loop_profile_h200.py --prefill-only \
-  > $OUT/prefill_profile.log 2>&1
-echo "prefill profile rc $?"; tail -1 $OUT/prefill_profile.log | head -c 600
+for pair in "W3 W4" "W6 W7"; do
+  name=${pair// /_}
+  timeout 240 python3 -m rltlab.bench.engine --preset ouro-1.4b --device cuda --dtype bfloat16 \
+    --workload $pair --modes graph,graph-beside-prefill --out $OUT/beside_$name.json \
+    > $OUT/beside_$name.log 2>&1
+  echo "bench $pair rc $?"; grep -v '^{' $OUT/beside_$name.log | tail -8
+done
