@@ -148,9 +148,10 @@ def rope_write_kv_ref(qkv, cos, sin, kv_cache, layer, planes, slots, num_heads, 
         half = head_dim // 2
         return t * cos + torch.cat([-t[..., half:], t[..., :half]], dim=-1) * sin
 
-    write_kv_ref(kv_cache, layer, planes, slots, rope(k), v)
+    k = rope(k)
+    write_kv_ref(kv_cache, layer, planes, slots, k, v)
     if k_out is not None:
-        k_out.copy_(rope(k))
+        k_out.copy_(k)
     return rope(q)
 
 

@@ -75,6 +75,13 @@ def one_at_a_time(model, prompts, params):
     return [llm.generate([p], [sp])[0] for p, sp in zip(prompts, params)]
 
 
+def record_finished(engine) -> list:
+    """A list that receives every sequence the engine finishes, at its finish."""
+    finished, finish = [], engine._finish
+    engine._finish = lambda seq, *args: finished.append(seq) or finish(seq, *args)
+    return finished
+
+
 def assert_same_rollouts(a, b):
     for x, y in zip(a, b):
         assert x.token_ids == y.token_ids and x.exit_depths == y.exit_depths

@@ -8,6 +8,7 @@ import torch
 from rltlab.engine import (LLM, AsyncLLM, CapacityError, ExitPolicy, RoundInfo, SamplingParams,
                            register_exit_policy)
 from rltlab.model.architecture import OuroForCausalLM
+from test_engine_exactness import record_finished
 from tiny_models import tiny_engine_model
 
 torch.set_num_threads(1)
@@ -342,9 +343,8 @@ def test_fixed_exit_rounds_of_any_position_range():
     R for the prompt, the recorded executed depth for outputs) over every range of positions
     of a finished rollout with varied exit depths, against the per-position definition."""
     llm = LLM(tiny_engine_model(2), max_num_seqs=2)
-    engine, finished = llm.llm_engine, []
-    finish = engine._finish
-    engine._finish = lambda seq, *a: finished.append(seq) or finish(seq, *a)
+    engine = llm.llm_engine
+    finished = record_finished(engine)
     llm.generate([[0, 5, 9, 2]], SamplingParams(max_tokens=7, ignore_eos=True,
                                                 exit_policy="trace", exit_policy_args={
                                                     "depths": [4, 1, 3, 2, 4, 1, 2]}))

@@ -7,7 +7,8 @@ import torch
 
 from rltlab.engine import LLM, SamplingParams
 from rltlab.engine.config import EngineConfig
-from test_engine_exactness import MIXED, TOL, check_against_recompute, random_prompts
+from test_engine_exactness import (MIXED, TOL, check_against_recompute, random_prompts,
+                                   record_finished)
 from tiny_models import tiny_engine_model
 
 torch.set_num_threads(1)
@@ -93,9 +94,8 @@ def test_stop_token_inside_a_window_drops_the_tokens_after_it():
     rounds = LLM(model, decode_path="static", fused_tokens=False, **IN_PHASE).generate(
         prompts, params)
     llm = LLM(model, decode_path="static", **IN_PHASE)
-    engine, finished, windows = llm.llm_engine, [], []
-    finish, step = engine._finish, engine._round_window.step
-    engine._finish = lambda seq, *a: finished.append(seq) or finish(seq, *a)
+    engine, windows = llm.llm_engine, []
+    finished, step = record_finished(engine), engine._round_window.step
     engine._round_window.step = lambda plan: windows.append(plan.num_steps) or step(plan)
     windowed = llm.generate(prompts, params)
     assert windows

@@ -7,7 +7,7 @@ import torch
 
 from rltlab.engine import LLM, SamplingParams
 from rltlab.engine.config import EngineConfig
-from test_engine_exactness import MIXED, check_against_recompute, random_prompts
+from test_engine_exactness import MIXED, check_against_recompute, random_prompts, record_finished
 from test_round_window import assert_same_rollouts
 from tiny_models import tiny_engine_model
 
@@ -96,9 +96,7 @@ def test_stop_token_inside_a_window_drops_the_tokens_after_it():
     single = LLM(model, decode_path="static", token_window=0, **IN_PHASE).generate(
         prompts, params)
     llm = LLM(model, decode_path="static", **IN_PHASE)
-    engine, finished = llm.llm_engine, []
-    finish = engine._finish
-    engine._finish = lambda seq, *a: finished.append(seq) or finish(seq, *a)
+    finished = record_finished(llm.llm_engine)
     windowed = llm.generate(prompts, params)
     assert_same_rollouts(single, windowed)
     # nothing sampled after the stop token reaches the sequence either

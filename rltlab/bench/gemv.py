@@ -91,6 +91,9 @@ def main(argv=None) -> dict:
               "copy_bandwidth_gb_s": copy_bandwidth(dev), "round_weight_bytes": round_bytes,
               "tiles": {}, "rows": {}}
 
+    def triton_gemv(x, w, act):
+        return small_m_linear(x, w, act, pdl=args.pdl)
+
     def inputs(m):
         return {name: torch.randn(m, 2 * k if act else k, device=dev, dtype=dtype, generator=gen)
                 for name, (n, k, act) in shapes.items()}
@@ -127,9 +130,6 @@ def main(argv=None) -> dict:
             ref = small_m_linear_ref(xs[name].float(), weights[name][0].float(), act)
             errors[name] = round(float((out - ref).abs().max() / ref.abs().max()), 5)
         ms = {}
-        def triton_gemv(x, w, act):
-            return small_m_linear(x, w, act, pdl=args.pdl)
-
         for label, fn in (("cublas", cublas), ("triton", triton_gemv)):
             ms[label] = graph_ms(lambda: [fn(xs[name], w, act) for name, (_, _, act)
                                           in shapes.items() for w in weights[name]], args.repeats)

@@ -105,15 +105,16 @@ class RoundWindow:
         if not eng._whole_tokens.host_may_plan() or not seqs or \
                 len(seqs) > eng.config.max_num_batched_tokens:
             return None
-        prefilling = []
+        prefilling = False
         if eng.config.windows_beside_prefill:
-            prefilling = [seq for seq in seqs if not seq.output_token_ids]
+            decoding = [seq for seq in seqs if seq.output_token_ids]
+            prefilling = len(decoding) < len(seqs)
             # a prefill turn: every other step while rows prefill, and at once to admit
             if (self._prefill_turn and prefilling) or (not prefilling and self._admit_now()):
                 self._prefill_turn = False
-                self._held = frozenset(seq.seq_id for seq in seqs if seq.output_token_ids)
+                self._held = frozenset(seq.seq_id for seq in decoding)
                 return None
-            seqs = [seq for seq in seqs if seq.output_token_ids] if prefilling else seqs
+            seqs = decoding
             if not seqs:
                 return None
         elif self._admit_now():
