@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rltlab.engine import LLM, SamplingParams
-from rltlab.engine.config import EngineConfig
+from rltlab.engine.config import PREFILL_TURNS, EngineConfig
 from test_engine_exactness import (MIXED, TOL, check_against_recompute, random_prompts,
                                    record_finished)
 from tiny_models import tiny_engine_model
@@ -251,11 +251,12 @@ def test_round_window_admit_must_be_a_positive_int(bad):
 
 
 @pytest.mark.parametrize("policy", ["trace", "fixed"])
-def test_windows_beside_prefill_keep_decode_rows_out_of_prefill_steps(policy):
-    """windows_beside_prefill=True, a closed loop with more requests than rows: steps alternate
-    between windows for the decode rows (prefilling rows sit them out) and prefill turns with
-    every decode row held, so no round step mixes decode rows with prefill rows (without the
-    option many do). Rollouts equal the round-step engine's and the recompute's."""
+def test_prefill_turns_keep_decode_rows_out_of_prefill_steps(policy):
+    """prefill_turns, a closed loop with more requests than rows. "mixed" (default): decode rows
+    run a round in prefill steps. "alternate": windows for the decode rows (prefilling rows sit
+    them out) alternate with prefill steps that hold every decode row. "whole": no window runs
+    while any row prefills. In none does a window run while a waiting request could be
+    admitted. Rollouts equal the round-step engine's and the recompute's."""
     model = tiny_engine_model(9)
     prompts = random_prompts(9, seed=4)
     params = replay_params(9, trace_seed=6)
@@ -266,30 +267,34 @@ def test_windows_beside_prefill_keep_decode_rows_out_of_prefill_steps(policy):
     engine_args = dict(IN_PHASE, max_num_seqs=4, round_window=4, prefill_chunk=8)
     rounds = LLM(model, decode_path="static", fused_tokens=False, **engine_args).generate(
         prompts, params)
-    mixed, aside = {}, {}
-    for beside in (False, True):
-        llm = LLM(model, decode_path="static", windows_beside_prefill=beside, **engine_args)
+    mixed, aside, skipped = {}, {}, {}
+    for turns in PREFILL_TURNS:
+        llm = LLM(model, decode_path="static", prefill_turns=turns, **engine_args)
         engine = llm.llm_engine
         runner, window = engine.runner, engine._round_window
-        mixed[beside], aside[beside] = 0, 0
+        mixed[turns], aside[turns], skipped[turns] = 0, 0, 0
         execute, step = runner.execute, window.step
 
-        def spy_execute(seqs, beside=beside):
+        def spy_execute(seqs, turns=turns):
             decoding = [s for s in seqs if s.output_token_ids]
-            mixed[beside] += bool(decoding) and len(decoding) < len(seqs)
+            mixed[turns] += bool(decoding) and len(decoding) < len(seqs)
             return execute(seqs)
 
-        def spy_window(plan, beside=beside, engine=engine):
-            aside[beside] += len(plan.seqs) < len(engine.scheduler.running)
+        def spy_window(plan, turns=turns, engine=engine):
+            aside[turns] += len(plan.seqs) < len(engine.scheduler.running)
+            skipped[turns] += engine.scheduler.can_admit()
             return step(plan)
         runner.execute, window.step = spy_execute, spy_window
         outs = llm.generate(prompts, params)
         assert_same_rollouts(rounds, outs)
     check_against_recompute(model, prompts, outs, greedy_rows=range(9))
-    assert mixed[False] > 0 and aside[False] == 0
-    assert mixed[True] == 0 and aside[True] > 0
+    assert mixed["mixed"] > 0 and aside["mixed"] == 0
+    assert mixed["alternate"] == 0 and aside["alternate"] > 0
+    assert mixed["whole"] == 0 and aside["whole"] == 0
+    assert not any(skipped.values()), skipped
 
 
-def test_windows_beside_prefill_must_be_a_bool():
-    with pytest.raises(ValueError, match="windows_beside_prefill must be a bool"):
-        EngineConfig(windows_beside_prefill=1)
+@pytest.mark.parametrize("bad", ["first", True, None])
+def test_prefill_turns_must_be_named(bad):
+    with pytest.raises(ValueError, match="prefill_turns must be one of"):
+        EngineConfig(prefill_turns=bad)

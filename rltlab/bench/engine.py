@@ -22,8 +22,9 @@ whole token per host round trip at one depth instead of token windows,
 rltlab.engine.token_window), graph-gather-prefill (graph, but
 prefill chunks through the gather path instead of rltlab.engine.fused_prefill), graph-no-pdl
 (graph, but one-row rounds without programmatic dependent launch, rltlab.kernels.pdl),
-graph-beside-prefill (graph, and decode rows keep their round windows while other rows
-prefill: EngineConfig.windows_beside_prefill), graph-cublas / compile-cublas (graph / compile
+graph-beside-prefill / graph-prefill-first (graph, and prefill steps alternate with the decode
+rows' round windows / run first with the decode rows held: EngineConfig.prefill_turns
+"alternate" / "whole"), graph-cublas / compile-cublas (graph / compile
 with cuBLAS for every bucket).
 
 Per workload and mode: closed-loop output tok/s, TTFT and TPOT (medians), and a decode-phase
@@ -81,10 +82,11 @@ MODES = {
     "graph-one-token": dict(decode_path="static", cuda_graphs=True, token_window=0),
     # Baseline: prefill chunks through the plain-torch gather path (rltlab.engine.fused_prefill).
     "graph-gather-prefill": dict(decode_path="static", cuda_graphs=True, fused_prefill=False),
-    # Candidate: decode rows keep running round windows while other rows prefill
-    # (EngineConfig.windows_beside_prefill; round_window.py).
+    # Candidates for closed loops (EngineConfig.prefill_turns; round_window.py): prefill steps
+    # alternate with decode rows' round windows, or run first with every decode row held.
     "graph-beside-prefill": dict(decode_path="static", cuda_graphs=True,
-                                 windows_beside_prefill=True),
+                                 prefill_turns="alternate"),
+    "graph-prefill-first": dict(decode_path="static", cuda_graphs=True, prefill_turns="whole"),
     # Baseline: one-row rounds' kernels launched without programmatic dependent launch.
     "graph-no-pdl": dict(decode_path="static", cuda_graphs=True, pdl=False),
     "graph-cublas": dict(decode_path="static", cuda_graphs=True, small_batch_kernels=False),

@@ -10,6 +10,7 @@ from rltlab.model.architecture import EXIT_SEMANTICS, SELECT_ONLY
 
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 DECODE_PATHS = ("auto", "static", "gather")
+PREFILL_TURNS = ("mixed", "alternate", "whole")
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
@@ -56,11 +57,13 @@ class EngineConfig:
     run up to this many round steps per host round trip (rltlab.engine.round_window); 0 = off
     (whole tokens deepest first, token_step.py). round_window_admit: while windows run,
     waiting requests are admitted (all that fit, at a window boundary) once this many of
-    max_num_seqs are free (round_window.py). windows_beside_prefill: while some rows prefill
-    (or requests wait to be admitted), steps alternate between a round window for the decode
-    rows and a round step for the prefill rows and admissions with the decode rows held, so
-    decode rows keep their window pace (round_window.py); False = every row steps one round
-    per step until the prefills are done.
+    max_num_seqs are free (round_window.py).
+    prefill_turns: with round windows on, how decode rows share steps with rows that prefill
+    (round_window.py). "mixed" (default): every prefill step is a round step in which each
+    decode row also runs one round. "alternate": steps alternate between a round window for the
+    decode rows and one prefill round step with every decode row held. "whole": prefill first
+    (as vLLM v0 schedules): while any row prefills or waiting requests can be admitted, every
+    step is a prefill step with every decode row held; windows run between such turns.
     token_window: with whole-token steps on, rows that all decode at one host-fixed depth run
     up to this many tokens per host round trip (rltlab.engine.token_window); 0 or 1 = one
     token per step.
@@ -95,7 +98,7 @@ class EngineConfig:
     fused_tokens: bool = True
     round_window: int = 16
     round_window_admit: int = 1
-    windows_beside_prefill: bool = False
+    prefill_turns: str = "mixed"
     token_window: int = 8
     fused_prefill: bool = True
     fused_spec: bool = True
@@ -138,9 +141,12 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.decode_path must be one of {DECODE_PATHS}, "
                              f"got {self.decode_path!r}")
         for name in ("cuda_graphs", "compile", "small_batch_kernels", "pdl", "fused_tokens",
-                     "fused_prefill", "fused_spec", "windows_beside_prefill"):
+                     "fused_prefill", "fused_spec"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.prefill_turns not in PREFILL_TURNS:
+            raise ValueError(f"EngineConfig.prefill_turns must be one of {PREFILL_TURNS}, "
+                             f"got {self.prefill_turns!r}")
         self.dtype = parse_dtype(self.dtype)
         if self.device is not None:
             self.device = torch.device(self.device)

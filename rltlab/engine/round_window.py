@@ -37,15 +37,17 @@ next few round steps. Ending a window at every finish instead (one-round windows
 nearly every step) lost ~1.2 s of a 19 s closed loop on the H200, and waiting for a quarter of
 the slots left a long tail of part-empty steps (~4.6 s): docs/benchmarks/2026-12-01-h200.md.
 
-Prefills beside windows (EngineConfig.windows_beside_prefill): by default the admitted
-requests' prefill steps are ordinary round steps in which every decode row also runs one
-round, so while prefills last the decode rows move one round per prefill step (a 1K-token
-chunk of 16 prompts takes ~50 ms on the H200, a decode round ~7 ms). In a W4 closed loop the
-rows of the first wave finish spread out, the slow transition stretches that spread, and the
-second wave starts staggered and drains with few rows at the end. With the option on, steps
-alternate: a window for the decode rows (the rows still prefilling sit it out), then a prefill
-turn: an ordinary round step for the prefilling rows and admissions with every decode row held
-(Scheduler.schedule's hold). Which rows compute what is unchanged; only when.
+Prefill turns (EngineConfig.prefill_turns): by default ("mixed") the admitted requests'
+prefill steps are ordinary round steps in which every decode row also runs one round, so while
+prefills last the decode rows move one round per prefill step, each a host round trip (a
+1K-token chunk of 16 prompts takes ~50 ms on the H200, a decode round ~7 ms). In a W4 closed
+loop the rows of the first wave finish spread out, so requests are admitted a few at a time and
+some prefill is pending through most of the transition. "alternate": steps alternate between a
+window for the decode rows (the rows still prefilling sit it out) and a prefill round step with
+every decode row held (Scheduler.schedule's hold). "whole": prefill first: while any row
+prefills, or waiting requests can be admitted, each step is a prefill step with every decode
+row held, so an admitted prompt runs all its rounds back to back and the windows between run
+every decode row. Which rows compute what is unchanged in all three; only when.
 """
 from __future__ import annotations
 
@@ -91,7 +93,7 @@ class RoundWindow:
     def __init__(self, engine, steps: int):
         self.engine, self.steps = engine, steps
         self._prepared: _Prepared | None = None
-        # windows_beside_prefill: the next step is a prefill turn, and the rows it holds
+        # prefill_turns "alternate": the next step is a prefill turn; the rows a turn holds
         self._prefill_turn, self._held = False, frozenset()
         # windows run, and how many of them ran a plan prepared during the previous window
         self.stats = {"windows": 0, "prepared_used": 0}
@@ -105,12 +107,14 @@ class RoundWindow:
         if not eng._whole_tokens.host_may_plan() or not seqs or \
                 len(seqs) > eng.config.max_num_batched_tokens:
             return None
-        prefilling = False
-        if eng.config.windows_beside_prefill:
+        prefilling, turns = False, eng.config.prefill_turns
+        if turns != "mixed":
             decoding = [seq for seq in seqs if seq.output_token_ids]
             prefilling = len(decoding) < len(seqs)
-            # a prefill turn: every other step while rows prefill, and at once to admit
-            if (self._prefill_turn and prefilling) or (not prefilling and self._admit_now()):
+            # a prefill turn: "alternate", every other step while rows prefill; "whole", every
+            # step while they do; both at once to admit
+            if (prefilling and (turns == "whole" or self._prefill_turn)) or \
+                    (not prefilling and self._admit_now()):
                 self._prefill_turn = False
                 self._held = frozenset(seq.seq_id for seq in decoding)
                 return None
@@ -130,7 +134,7 @@ class RoundWindow:
         if not prefilling and len({d for _, d in state}) == 1 and \
                 all(isinstance(eng.policy(s.params.exit_policy), FixedDepth) for s in seqs):
             return None
-        self._prefill_turn = eng.config.windows_beside_prefill
+        self._prefill_turn = turns == "alternate"
         if prepared is not None and prepared.static is eng.runner.static and \
                 prepared.key == self._key(seqs, state):
             return prepared.plan   # made from exactly these rows and states
