@@ -16,6 +16,7 @@ A mode may add engine options: `graph+round_window_admit=16`. Last line: JSON.
 """
 import argparse
 import collections
+import gc
 import json
 import time
 
@@ -108,7 +109,8 @@ def main(name: str, modes: list[str]) -> dict:
                          "timeline": timeline}
         print(mode, json.dumps({k: v for k, v in results[mode].items() if k != "timeline"}),
               flush=True)
-        del llm
+        del llm   # the step wrappers and the engine refer to each other: collect the cycle
+        gc.collect()
         torch.cuda.empty_cache()
     return results
 
