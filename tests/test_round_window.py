@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rltlab.engine import LLM, SamplingParams
-from rltlab.engine.config import PREFILL_TURNS, EngineConfig
+from rltlab.engine.config import EngineConfig
 from test_engine_exactness import (MIXED, TOL, check_against_recompute, random_prompts,
                                    record_finished)
 from tiny_models import tiny_engine_model
@@ -251,11 +251,10 @@ def test_round_window_admit_must_be_a_positive_int(bad):
 
 
 @pytest.mark.parametrize("policy", ["trace", "fixed"])
-def test_prefill_turns_keep_decode_rows_out_of_prefill_steps(policy):
-    """prefill_turns, a closed loop with more requests than rows. "mixed" (default): decode rows
-    run a round in prefill steps. "alternate": windows for the decode rows (prefilling rows sit
-    them out) alternate with prefill steps that hold every decode row. "whole": no window runs
-    while any row prefills. In none does a window run while a waiting request could be
+def test_prefill_first_keeps_decode_rows_out_of_prefill_steps(policy):
+    """A closed loop with more requests than rows. prefill_first=False: decode rows run a round
+    in prefill steps. prefill_first=True (default): no step mixes them, and no window runs
+    while any row prefills. In neither does a window run while a waiting request could be
     admitted. Rollouts equal the round-step engine's and the recompute's."""
     model = tiny_engine_model(9)
     prompts = random_prompts(9, seed=4)
@@ -268,33 +267,31 @@ def test_prefill_turns_keep_decode_rows_out_of_prefill_steps(policy):
     rounds = LLM(model, decode_path="static", fused_tokens=False, **engine_args).generate(
         prompts, params)
     mixed, aside, skipped = {}, {}, {}
-    for turns in PREFILL_TURNS:
-        llm = LLM(model, decode_path="static", prefill_turns=turns, **engine_args)
+    for first in (False, True):
+        llm = LLM(model, decode_path="static", prefill_first=first, **engine_args)
         engine = llm.llm_engine
         runner, window = engine.runner, engine._round_window
-        mixed[turns], aside[turns], skipped[turns] = 0, 0, 0
+        mixed[first], aside[first], skipped[first] = 0, 0, 0
         execute, step = runner.execute, window.step
 
-        def spy_execute(seqs, turns=turns):
+        def spy_execute(seqs, first=first):
             decoding = [s for s in seqs if s.output_token_ids]
-            mixed[turns] += bool(decoding) and len(decoding) < len(seqs)
+            mixed[first] += bool(decoding) and len(decoding) < len(seqs)
             return execute(seqs)
 
-        def spy_window(plan, turns=turns, engine=engine):
-            aside[turns] += len(plan.seqs) < len(engine.scheduler.running)
-            skipped[turns] += engine.scheduler.can_admit()
+        def spy_window(plan, first=first, engine=engine):
+            aside[first] += len(plan.seqs) < len(engine.scheduler.running)
+            skipped[first] += engine.scheduler.can_admit()
             return step(plan)
         runner.execute, window.step = spy_execute, spy_window
         outs = llm.generate(prompts, params)
         assert_same_rollouts(rounds, outs)
     check_against_recompute(model, prompts, outs, greedy_rows=range(9))
-    assert mixed["mixed"] > 0 and aside["mixed"] == 0
-    assert mixed["alternate"] == 0 and aside["alternate"] > 0
-    assert mixed["whole"] == 0 and aside["whole"] == 0
+    assert mixed[False] > 0 and mixed[True] == 0
+    assert aside[False] == 0 and aside[True] == 0
     assert not any(skipped.values()), skipped
 
 
-@pytest.mark.parametrize("bad", ["first", True, None])
-def test_prefill_turns_must_be_named(bad):
-    with pytest.raises(ValueError, match="prefill_turns must be one of"):
-        EngineConfig(prefill_turns=bad)
+def test_prefill_first_must_be_a_bool():
+    with pytest.raises(ValueError, match="prefill_first must be a bool"):
+        EngineConfig(prefill_first="yes")

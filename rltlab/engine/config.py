@@ -10,7 +10,6 @@ from rltlab.model.architecture import EXIT_SEMANTICS, SELECT_ONLY
 
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 DECODE_PATHS = ("auto", "static", "gather")
-PREFILL_TURNS = ("mixed", "alternate", "whole")
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
@@ -58,12 +57,11 @@ class EngineConfig:
     (whole tokens deepest first, token_step.py). round_window_admit: while windows run,
     waiting requests are admitted (all that fit, at a window boundary) once this many of
     max_num_seqs are free (round_window.py).
-    prefill_turns: with round windows on, how decode rows share steps with rows that prefill
-    (round_window.py). "mixed" (default): every prefill step is a round step in which each
-    decode row also runs one round. "alternate": steps alternate between a round window for the
-    decode rows and one prefill round step with every decode row held. "whole": prefill first
-    (as vLLM v0 schedules): while any row prefills or waiting requests can be admitted, every
-    step is a prefill step with every decode row held; windows run between such turns.
+    prefill_first: with round windows on, while any row prefills or a waiting request can be
+    admitted, every step is a prefill step with every decode row held (as vLLM v0 schedules):
+    an admitted prompt runs its rounds back to back and the windows between run every decode
+    row (round_window.py). False: each decode row also runs one round in every prefill step,
+    one host round trip per round.
     token_window: with whole-token steps on, rows that all decode at one host-fixed depth run
     up to this many tokens per host round trip (rltlab.engine.token_window); 0 or 1 = one
     token per step.
@@ -98,7 +96,7 @@ class EngineConfig:
     fused_tokens: bool = True
     round_window: int = 16
     round_window_admit: int = 1
-    prefill_turns: str = "mixed"
+    prefill_first: bool = True
     token_window: int = 8
     fused_prefill: bool = True
     fused_spec: bool = True
@@ -141,12 +139,9 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.decode_path must be one of {DECODE_PATHS}, "
                              f"got {self.decode_path!r}")
         for name in ("cuda_graphs", "compile", "small_batch_kernels", "pdl", "fused_tokens",
-                     "fused_prefill", "fused_spec"):
+                     "fused_prefill", "fused_spec", "prefill_first"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
-        if self.prefill_turns not in PREFILL_TURNS:
-            raise ValueError(f"EngineConfig.prefill_turns must be one of {PREFILL_TURNS}, "
-                             f"got {self.prefill_turns!r}")
         self.dtype = parse_dtype(self.dtype)
         if self.device is not None:
             self.device = torch.device(self.device)

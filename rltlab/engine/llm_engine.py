@@ -201,7 +201,7 @@ class LLMEngine:
         if depth:   # mixed depths, whole tokens deepest first
             return self._whole_tokens.step(depth)
         hold = self._whole_tokens.hold() if self._whole_tokens else frozenset()
-        if self._round_window:   # a prefill turn (EngineConfig.prefill_turns): decode rows wait
+        if self._round_window:   # prefill first (EngineConfig.prefill_first): decode rows wait
             hold |= self._round_window.held()
         seqs = [] if self.paused else self.scheduler.schedule(hold)
         if seqs:

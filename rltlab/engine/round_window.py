@@ -37,17 +37,15 @@ next few round steps. Ending a window at every finish instead (one-round windows
 nearly every step) lost ~1.2 s of a 19 s closed loop on the H200, and waiting for a quarter of
 the slots left a long tail of part-empty steps (~4.6 s): docs/benchmarks/2026-12-01-h200.md.
 
-Prefill turns (EngineConfig.prefill_turns): by default ("mixed") the admitted requests'
-prefill steps are ordinary round steps in which every decode row also runs one round, so while
-prefills last the decode rows move one round per prefill step, each a host round trip (a
-1K-token chunk of 16 prompts takes ~50 ms on the H200, a decode round ~7 ms). In a W4 closed
-loop the rows of the first wave finish spread out, so requests are admitted a few at a time and
-some prefill is pending through most of the transition. "alternate": steps alternate between a
-window for the decode rows (the rows still prefilling sit it out) and a prefill round step with
-every decode row held (Scheduler.schedule's hold). "whole": prefill first: while any row
-prefills, or waiting requests can be admitted, each step is a prefill step with every decode
-row held, so an admitted prompt runs all its rounds back to back and the windows between run
-every decode row. Which rows compute what is unchanged in all three; only when.
+Prefill first (EngineConfig.prefill_first, the default): while any row prefills, or waiting
+requests can be admitted, each step is a prefill step with every decode row held (Scheduler.
+schedule's hold), so an admitted prompt runs all its rounds back to back and the windows between
+run every decode row. Without it, the admitted requests' prefill steps are ordinary round steps
+in which every decode row also runs one round, one host round trip per round: in a W4 closed
+loop the rows of the first wave finish spread out, requests are admitted a few at a time, and
+87 such mixed steps carried the prefills (docs/benchmarks/2026-12-02-prefill-first-h200.md).
+Steps that alternated one window with one prefill round step lost to both on W4 (same page). Which rows
+compute what is unchanged either way; only when.
 """
 from __future__ import annotations
 
@@ -93,8 +91,7 @@ class RoundWindow:
     def __init__(self, engine, steps: int):
         self.engine, self.steps = engine, steps
         self._prepared: _Prepared | None = None
-        # prefill_turns "alternate": the next step is a prefill turn; the rows a turn holds
-        self._prefill_turn, self._held = False, frozenset()
+        self._held = frozenset()   # the decode rows a prefill step holds (prefill_first)
         # windows run, and how many of them ran a plan prepared during the previous window
         self.stats = {"windows": 0, "prepared_used": 0}
 
@@ -107,19 +104,10 @@ class RoundWindow:
         if not eng._whole_tokens.host_may_plan() or not seqs or \
                 len(seqs) > eng.config.max_num_batched_tokens:
             return None
-        prefilling, turns = False, eng.config.prefill_turns
-        if turns != "mixed":
+        if eng.config.prefill_first:
             decoding = [seq for seq in seqs if seq.output_token_ids]
-            prefilling = len(decoding) < len(seqs)
-            # a prefill turn: "alternate", every other step while rows prefill; "whole", every
-            # step while they do; both at once to admit
-            if (prefilling and (turns == "whole" or self._prefill_turn)) or \
-                    (not prefilling and self._admit_now()):
-                self._prefill_turn = False
+            if len(decoding) < len(seqs) or self._admit_now():   # a prefill step
                 self._held = frozenset(seq.seq_id for seq in decoding)
-                return None
-            seqs = decoding
-            if not seqs:
                 return None
         elif self._admit_now():
             return None
@@ -129,12 +117,10 @@ class RoundWindow:
             if row is None:
                 return None
             state.append(row)
-        # One fixed depth for all: whole tokens (one launch per token) beat round steps, unless
-        # rows prefill beside the window (then the alternative is one round per prefill step).
-        if not prefilling and len({d for _, d in state}) == 1 and \
+        # One fixed depth for all: whole tokens (one launch per token) beat round steps.
+        if len({d for _, d in state}) == 1 and \
                 all(isinstance(eng.policy(s.params.exit_policy), FixedDepth) for s in seqs):
             return None
-        self._prefill_turn = turns == "alternate"
         if prepared is not None and prepared.static is eng.runner.static and \
                 prepared.key == self._key(seqs, state):
             return prepared.plan   # made from exactly these rows and states
@@ -165,7 +151,7 @@ class RoundWindow:
         self._prepared = _Prepared(self._key(seqs, state, grown), nxt, self.engine.runner.static)
 
     def held(self) -> frozenset[int]:
-        """The decode rows a prefill turn holds (once: the turn's step takes them)."""
+        """The decode rows a prefill step holds (once: the step takes them)."""
         held, self._held = self._held, frozenset()
         return held
 
