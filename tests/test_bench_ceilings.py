@@ -144,3 +144,56 @@ def test_run_mode_leaves_no_engine_alive_for_the_next_mode(monkeypatch):
                                    ModelCosts.of(model))
     assert result["round_windows"]["windows"] > 0   # the path that once kept the engine alive
     assert len(engines) == 1 and engines[0]() is None
+
+
+def test_run_mode_reports_the_closed_loop_after_a_first_pass(monkeypatch):
+    """The reported closed loop is the second on the engine: the first (kept apart as
+    closed_loop_first_pass) pays the one-off captures and compiles its tail reaches."""
+    from rltlab.bench import engine as bench_engine
+
+    loops = []
+    real_closed_loop = bench_engine.engine_checks.closed_loop
+
+    def recording_closed_loop(llm, prompts, params, concurrency, costs):
+        figures, outputs = real_closed_loop(llm, prompts, params, concurrency, costs)
+        loops.append((figures, len(prompts), params[0].max_tokens))
+        return figures, outputs
+
+    monkeypatch.setattr(bench_engine.engine_checks, "closed_loop", recording_closed_loop)
+    model = build_model(SimpleNamespace(model=None, preset="tiny", device="cpu", dtype="float32"))
+    spec = bench_engine.scaled(bench_engine.WORKLOADS["W7"], 0.02)
+    prompts = bench_engine.prompts_for(spec["requests"], spec["prompt_len"],
+                                       model.config.vocab_size, seed=7)
+    params = bench_engine.workload_params(spec, model.config.num_rounds, spec["requests"],
+                                          model.config.vocab_size)
+    result = bench_engine.run_mode(model, spec, "eager", prompts, params, 0.05,
+                                   ModelCosts.of(model))
+    full = [figures for figures, n, max_tokens in loops
+            if n == spec["requests"] and max_tokens == spec["max_tokens"]]
+    assert len(full) == 2   # then the prefill-only loop (max_tokens 1)
+    assert result["closed_loop_first_pass"] is full[0] and result["closed_loop"] is full[1]
+    assert full[0]["tokens"] == full[1]["tokens"] == spec["requests"] * spec["max_tokens"]
+
+
+@pytest.mark.parametrize("prefill_first", [False, True])
+def test_decode_phase_counts_only_tokens_made_after_every_first_token(prefill_first):
+    """With prompts prefilled over several steps, rows that got their first token early decode
+    beside the later prefills unless prefill first holds them: those tokens come before the
+    decode phase's timing starts and must not be counted in its tok/s."""
+    from rltlab.bench import engine as bench_engine
+    from rltlab.engine import LLM
+
+    model = build_model(SimpleNamespace(model=None, preset="tiny", device="cpu", dtype="float32"))
+    spec = dict(concurrency=6, requests=6, prompt_len=24, max_tokens=10, replay=True)
+    prompts = bench_engine.prompts_for(6, 24, model.config.vocab_size, seed=3)
+    params = bench_engine.workload_params(spec, model.config.num_rounds, 6,
+                                          model.config.vocab_size)
+    # two prompts per step: the last rows reach their first token several steps after the first
+    llm = LLM(model, decode_path="static", max_num_seqs=6, max_num_batched_tokens=48,
+              prefill_chunk=24, kv_cache_memory_gib=0.05, prefill_first=prefill_first)
+    figures = bench_engine.decode_phase(llm, prompts, params, ModelCosts.of(model))
+    every_token_but_the_first = 6 * (spec["max_tokens"] - 1)
+    if prefill_first:
+        assert figures["decode_tokens"] == every_token_but_the_first
+    else:
+        assert 0 < figures["decode_tokens"] < every_token_but_the_first
