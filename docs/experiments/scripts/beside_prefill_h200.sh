@@ -1,4 +1,6 @@
 #!/bin/bash
+# As run at 6ef2f54. Since then the alternating turns are gone (they lost to prefill first) and
+# the option is EngineConfig.prefill_first; mode graph-beside-prefill no longer exists.
 # Issue 17, next device call: decode rows keep their round windows while other rows prefill
 # (EngineConfig.windows_beside_prefill, round_window.py) against the default, same run.
 # 1. Exactness on the embedded model (fp32, Triton kernels, CUDA graphs; a closed loop with more

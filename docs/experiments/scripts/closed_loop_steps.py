@@ -10,7 +10,7 @@ Per mode: the sum per kind, the decode rows' mean occupancy over time, and the t
 synchronised one by one lose what little host / device overlap there is, so totals run slightly
 above the bench's.
 
-    python closed_loop_steps.py W4 graph graph-prefill-first [--passes N] [--out FILE]
+    python closed_loop_steps.py W4 graph graph-mixed-prefill [--passes N] [--out FILE]
 
 --passes N times N closed loops on each engine: a slow step in the first pass only is a one-off
 cost (a capture, a Triton specialisation compiled) rather than the steady state.

@@ -6,7 +6,7 @@ given prompt length) through the bench's closed loop and counts the engine steps
 decode rows beside prefill chunks). CPU timings mean nothing here; the structure (how many steps
 mix decode rows with prefill chunks, how full the windows are) carries over to the GPU.
 
-    python docs/experiments/scripts/closed_loop_structure.py W4 1024 [graph-beside-prefill]
+    python docs/experiments/scripts/closed_loop_structure.py W4 1024 [graph-mixed-prefill]
 
 Last line: JSON.
 """

@@ -1,4 +1,7 @@
 #!/bin/bash
+# As run at 1cbfcce-670cec2, when prefill first was mode graph-prefill-first and graph mixed the
+# prefills with decode rows. Since then prefill first is the default (graph), and the old graph is
+# graph-mixed-prefill.
 # Issue 17: prefill-first turns (EngineConfig.prefill_turns="whole"), the confirming call.
 # 1. Exactness on the embedded model (fp32, Triton kernels, CUDA graphs; a closed loop with more
 #    requests than rows): prefill-first vs round steps with gather prefill.

@@ -1,4 +1,7 @@
 #!/bin/bash
+# As run at 1cbfcce-670cec2, when prefill first was mode graph-prefill-first and graph mixed the
+# prefills with decode rows. Since then prefill first is the default (graph), and the old graph is
+# graph-mixed-prefill.
 # Issue 17: prefill-first turns (EngineConfig.prefill_turns="whole", round_window.py) against
 # the default ("mixed"), same run, and where each closed loop's time goes.
 # 1. Exactness on the embedded model (fp32, Triton kernels, CUDA graphs; a closed loop with more
