@@ -2,10 +2,11 @@
 
     step():  [a token window (token_window.py), whole tokens (token_step.py) or a round window
              (round_window.py) when every row decodes under host-fixed depths; otherwise:]
-             schedule rows -> ask round-0 policies (decode tokens about to run round 1)
-             -> run one round -> decide exits -> tell observers
-             -> advance spans (LAST_EXITED copies) -> samples waiting for a prompt computed
-             now take it over (groups.py) -> sample exiting rows -> finished outputs
+             schedule rows (while rows prefill, decode rows wait: EngineConfig.prefill_first)
+             -> ask round-0 policies (decode tokens about to run round 1) -> run one round
+             -> decide exits -> tell observers -> advance spans (LAST_EXITED copies)
+             -> samples waiting for a prompt computed now take it over (groups.py)
+             -> sample exiting rows -> finished outputs
 
 EngineConfig.exit_semantics = "select_only": every token runs all R rounds (no copies); the
 output round of a sampling position is selected at round R (rltlab.engine.select_only).
