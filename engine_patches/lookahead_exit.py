@@ -187,7 +187,7 @@ class LookaheadExitPolicy(ExitPolicy):
                 if r == 0 and seq.emit_hidden is not None
                 and seq.emit_hidden[0] == seq.num_output_tokens - 1]
         if rows:
-            idx = torch.tensor(rows).to(info.device, non_blocking=True)
+            idx = info.per_row(rows, torch.int64)   # pinned: no wait for the device
             prev = torch.stack([info.seqs[i].emit_hidden[1] for i in rows]).to(info.device)
             probs = self.score_round0(info.hidden[idx], prev)
             self._fire(info, rows, idx, probs, targets)
@@ -219,7 +219,7 @@ class LookaheadExitPolicy(ExitPolicy):
         rows = [i for i, r in enumerate(info.rounds.tolist()) if r == self.decision_round]
         targets = torch.zeros(len(info.seqs), dtype=torch.int64, device=info.device)
         if rows:
-            idx = torch.tensor(rows).to(info.device, non_blocking=True)
+            idx = info.per_row(rows, torch.int64)   # pinned: no wait for the device
             probs = self.score(info.hidden[idx], info.gate_logits[idx, : self.decision_round])
             self._fire(info, rows, idx, probs, targets)
         return targets

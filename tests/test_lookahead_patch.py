@@ -204,3 +204,28 @@ def test_round0_checkpoint_compatibility(model, tmp_path):
     with pytest.raises(ValueError, match="then= needs"):       # N = 1 first, N = 0 second
         install(model, _checkpoint(tmp_path / "n1", model), name="n0_bad",
                 then=_checkpoint0(tmp_path / "n0", model))
+
+
+def test_policies_never_copy_pageable_memory_to_the_device(model, tmp_path, monkeypatch):
+    """Policies send host values to the device only through rltlab.common.device (pinned,
+    non-blocking on CUDA): a non-blocking .to() of pageable memory still waits for the stream to
+    drain, the very host sync that lagged policies (N+2, q_exit_delayed) exist to avoid. On the
+    CPU the guard names the caller: another module's non-blocking .to() of a host tensor fails."""
+    import sys
+
+    real_to = torch.Tensor.to
+
+    def guarded_to(self, *args, **kwargs):
+        caller = sys._getframe(1).f_globals.get("__name__")
+        if kwargs.get("non_blocking") and self.device.type == "cpu" and \
+                caller != "rltlab.common.device":
+            raise AssertionError(f"a non-blocking .to() of a host tensor in {caller}")
+        return real_to(self, *args, **kwargs)
+
+    name = install(model, _checkpoint(tmp_path / "p", model), name="n_plus_2_copies")
+    name0 = install(model, _checkpoint0(tmp_path / "p0", model), name="n0_copies")
+    monkeypatch.setattr(torch.Tensor, "to", guarded_to)
+    for policy, args in ((name, {"threshold": 0.5}), (name0, {"threshold": 0.5}),
+                         ("q_exit_delayed", {}), ("q_exit", {})):
+        outs = _rollouts(model, policy, args, seed0=3, max_tokens=6)
+        assert all(len(o.token_ids) == 6 for _, o in outs)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from rltlab.engine.exit_policies import RoundInfo
-from rltlab.common.device import to_device
+from rltlab.common.device import tensor_to_device, to_device
 from rltlab.engine.model_runner import StepRows
 from rltlab.engine.sequence import PendingDecision, Sequence
 
@@ -123,7 +123,7 @@ class ExitDecider:
         if policy.reads_gates:
             hist_rows = to_device([seq.gate_row for _, seq in rows], torch.int64, hidden.device)
             done = torch.arange(self.engine.num_rounds)[None, :] < rounds[:, None]
-            gates = self.gate_history[hist_rows] * done.to(hidden.device, non_blocking=True)
+            gates = self.gate_history[hist_rows] * tensor_to_device(done, hidden.device)
         info = RoundInfo(rounds, gates, hidden, [seq for _, seq in rows], self.engine.num_rounds,
                          source_rows=[lo for lo, _ in rows])
         try:

@@ -70,6 +70,12 @@ class RoundInfo:
     def device(self) -> torch.device:
         return self.hidden_source.device
 
+    @functools.cached_property
+    def rounds_on_device(self) -> torch.Tensor:
+        """rounds on the model's device, copied once without waiting for the device (a
+        non-blocking .to() of pageable memory still waits for the stream to drain)."""
+        return tensor_to_device(self.rounds, self.device)
+
     def select(self, rows: list[int]) -> "RoundInfo":
         """The same round for a subset of the rows (hidden still gathered only when read)."""
         idx = torch.tensor(rows, dtype=torch.int64)
@@ -87,7 +93,7 @@ class RoundInfo:
     def cdf_now(self) -> torch.Tensor:
         """CDF_r at each row's current round (fp32 [N], on the device)."""
         cdf = gates.exit_cdf(self.gate_logits)
-        rounds = self.rounds.to(cdf.device, non_blocking=True)
+        rounds = self.rounds_on_device
         return cdf.gather(-1, (rounds - 1)[:, None]).squeeze(-1)
 
 
@@ -124,7 +130,7 @@ def _q_fire(info: RoundInfo) -> torch.Tensor:
     threshold = info.per_row([p.exit_threshold for p in params])
     min_loops = info.per_row([p.min_loops for p in params], torch.int64)
     max_loops = info.per_row([p.max_loops for p in params], torch.int64)
-    rounds = info.rounds.to(info.device, non_blocking=True)
+    rounds = info.rounds_on_device
     gate_fires = (threshold < 1.0) & (rounds >= min_loops) & (info.cdf_now() >= threshold)
     return (rounds >= max_loops) | gate_fires
 
@@ -153,7 +159,7 @@ class QExit(ExitPolicy):
     arg_names = frozenset()
 
     def decide(self, info):
-        rounds = info.rounds.to(info.device, non_blocking=True)
+        rounds = info.rounds_on_device
         return torch.where(_q_fire(info), rounds, torch.zeros_like(rounds))
 
 
@@ -165,7 +171,7 @@ class DelayedQExit(ExitPolicy):
     arg_names = frozenset()
 
     def decide(self, info):
-        rounds = info.rounds.to(info.device, non_blocking=True)
+        rounds = info.rounds_on_device
         return torch.where(_q_fire(info), rounds + 1, torch.zeros_like(rounds))
 
 
@@ -236,7 +242,7 @@ class Lookahead(ExitPolicy):
                               for a, s in zip(args, info.seqs)], torch.int64)
         threshold = info.per_row([float(a[2]) for a in args])
         max_loops = info.per_row([s.params.max_loops for s in info.seqs], torch.int64)
-        rounds = info.rounds.to(info.device, non_blocking=True)
+        rounds = info.rounds_on_device
         score = self.predictor(info).float()
         target = torch.where(score >= threshold, ahead, max_loops)
         return torch.where(rounds == n, target, torch.zeros_like(target))
