@@ -18,6 +18,9 @@ STOPS = [3, 7, 11, 19]   # ~7% of the tiny vocabulary: most samples end at a sto
 PROMPTS = random_prompts(3, seed=21, lo=3, hi=4)[:1] + [
     random_prompts(1, seed=22, lo=8, hi=9)[0], random_prompts(1, seed=23, lo=13, hi=14)[0]]
 ENGINE = dict(block_size=4, prefill_chunk=5, max_num_seqs=6, max_num_batched_tokens=12)
+# Lifecycle cases on the static path too: there round windows and prefill first (decode rows
+# wait while any sample prefills) decide when each sample computes.
+LIFECYCLE_PATHS = ["gather", "static"]
 N = 4
 
 POLICY_CASES = {
@@ -216,11 +219,12 @@ def test_blocks_freed_once_when_one_sample_fails_and_others_stop_early():
     assert others == {"stop", "length"}, reasons   # some stop early, some run to the end
 
 
+@pytest.mark.parametrize("path", LIFECYCLE_PATHS)
 @pytest.mark.parametrize("when", ["prefill", "decode"])
-def test_abort_of_the_group_frees_every_block_once(when):
+def test_abort_of_the_group_frees_every_block_once(when, path):
     """Abort while the leader prefills (the others wait) or after some samples stopped."""
     model = tiny_engine_model(8)
-    llm = LLM(model, **ENGINE)
+    llm = LLM(model, decode_path=path, **ENGINE)
     engine, pool = llm.llm_engine, spy_pool(llm)
     llm.add_request("g", PROMPTS[2], group_params(POLICY_CASES["q_exit"], seed=1))
     llm.add_request("h", PROMPTS[1], group_params(POLICY_CASES["q_exit"], seed=2))
@@ -239,12 +243,13 @@ def test_abort_of_the_group_frees_every_block_once(when):
     assert_pool_whole(llm, pool)
 
 
-def test_leader_leaving_before_its_prompt_is_done_hands_the_prefill_on():
+@pytest.mark.parametrize("path", LIFECYCLE_PATHS)
+def test_leader_leaving_before_its_prompt_is_done_hands_the_prefill_on(path):
     """Sample 0 aborted alone mid-prefill: sample 1 prefills for the rest, who still equal
     their independent requests."""
     model = tiny_engine_model(9)
     params = group_params(POLICY_CASES["trace"], seed=11)
-    llm = LLM(model, **ENGINE)
+    llm = LLM(model, decode_path=path, **ENGINE)
     engine, pool = llm.llm_engine, spy_pool(llm)
     llm.add_request("g", PROMPTS[2], params)
     engine.step()
@@ -255,19 +260,20 @@ def test_leader_leaving_before_its_prompt_is_done_hands_the_prefill_on():
     assert_pool_whole(llm, pool)
     outs = done["g"].outputs
     assert outs[0].finish_reason == "abort" and not outs[0].token_ids
-    solo = LLM(model, **ENGINE).generate(*independent([params], PROMPTS[2:]))
+    solo = LLM(model, decode_path=path, **ENGINE).generate(*independent([params], PROMPTS[2:]))
     assert_same(outs[1:], completions(solo)[1:])
 
 
-def test_weight_update_recomputes_the_shared_prompt_once():
+@pytest.mark.parametrize("path", LIFECYCLE_PATHS)
+def test_weight_update_recomputes_the_shared_prompt_once(path):
     """A same-weights update mid-decode: every sample drops its K/V, the leader recomputes the
     shared prompt alone, the others copy its partial block; outputs equal the run without."""
     model = tiny_engine_model(10)
     params = [group_params(POLICY_CASES["q_exit"], seed=20 + i, ignore_eos=True)
               for i in range(2)]
     prompts = PROMPTS[1:]
-    reference = LLM(model, **ENGINE).generate(prompts, params)
-    llm = LLM(model, **ENGINE)
+    reference = LLM(model, decode_path=path, **ENGINE).generate(prompts, params)
+    llm = LLM(model, decode_path=path, **ENGINE)
     engine, pool = llm.llm_engine, spy_pool(llm)
     prompt_rounds = count_prompt_token_rounds(llm)
     for i, (prompt, sp) in enumerate(zip(prompts, params)):
