@@ -23,8 +23,8 @@ rltlab.engine.token_window), graph-gather-prefill (graph, but
 prefill chunks through the gather path instead of rltlab.engine.fused_prefill), graph-no-pdl
 (graph, but one-row rounds without programmatic dependent launch, rltlab.kernels.pdl),
 graph-mixed-prefill (graph, but decode rows run one round in each prefill step instead of
-waiting for the prefills: EngineConfig.prefill_first), graph-cublas / compile-cublas (graph / compile
-with cuBLAS for every bucket).
+waiting for the prefills: EngineConfig.prefill_first), graph-cublas / compile-cublas
+(graph / compile with cuBLAS for every bucket).
 
 Per workload and mode: closed-loop output tok/s, TTFT and TPOT (medians), and a decode-phase
 figure: c requests admitted together, timed from the moment all have their first token until

@@ -44,8 +44,8 @@ run every decode row. Without it, the admitted requests' prefill steps are ordin
 in which every decode row also runs one round, one host round trip per round: in a W4 closed
 loop the rows of the first wave finish spread out, requests are admitted a few at a time, and
 87 such mixed steps carried the prefills (docs/benchmarks/2026-12-02-prefill-first-h200.md).
-Steps that alternated one window with one prefill round step lost to both on W4 (same page). Which rows
-compute what is unchanged either way; only when.
+Steps that alternated one window with one prefill round step lost to both on W4 (same page).
+Which rows compute what is unchanged either way; only when.
 """
 from __future__ import annotations
 

@@ -52,7 +52,8 @@ def main() -> dict:
                 first_ms = 1e3 * (time.perf_counter() - t0)
                 ms = timed_ms(call)
             except RuntimeError as err:   # backend not available for this shape / build
-                results.append({"backend": name, "prompts": b, "tokens": s, "error": str(err)[:200]})
+                results.append({"backend": name, "prompts": b, "tokens": s,
+                                "error": str(err)[:200]})
                 continue
             row = {"backend": name, "prompts": b, "tokens": s, "first_call_ms": round(first_ms, 3),
                    "ms": round(ms, 4), "tflop_s": round(flops / ms / 1e9, 1),
