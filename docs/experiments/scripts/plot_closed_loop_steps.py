@@ -10,15 +10,17 @@ STEPS.json: closed_loop_steps.py --out, or a committed file that holds its outpu
 plot (default all).
 """
 import argparse
+import io
 import json
 import os
-import tempfile
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt   # noqa: E402
 import seaborn as sns   # noqa: E402
+
+from rltlab.common.atomic import write_bytes_atomic   # noqa: E402
 
 KIND_COLOURS = dict(zip(("window", "tokens", "decode", "mixed", "prefill"),
                         sns.color_palette("colorblind", 5)))
@@ -66,16 +68,10 @@ def plot(results: dict, modes: list[str], title: str, out: str) -> None:
                fontsize=8, frameon=False)
     fig.suptitle(title, fontsize=11, x=0.01, ha="left")
     fig.tight_layout(rect=(0, 0.05, 1, 0.96))
-    # a crash mid-write never leaves a half-written figure
-    fd, tmp = tempfile.mkstemp(suffix=os.path.splitext(out)[1], dir=os.path.dirname(out) or ".")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=110)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        plt.close(fig)
+    image = io.BytesIO()
+    fig.savefig(image, dpi=110, format=os.path.splitext(out)[1].lstrip(".") or "png")
+    plt.close(fig)
+    write_bytes_atomic(out, image.getvalue())   # never a half-written figure
 
 
 def main() -> None:
