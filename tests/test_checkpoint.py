@@ -3,6 +3,8 @@ test_ouro_manifest.py)."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -372,3 +374,21 @@ def test_tokenizer_missing_is_an_error_only_when_requested(saved):
         load_tokenizer(out)
     with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
         load_model_and_tokenizer(out)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_saved_checkpoints_and_atomic_files_get_the_umask_permissions(tmp_path, umask):
+    """A checkpoint directory and an atomically written file get what mkdir() and open() would
+    give them under the process umask, not tempfile's private 0700 / 0600 (which kept saved
+    checkpoints and run files from every other user of a shared machine)."""
+    from rltlab.common.atomic import write_json_atomic
+
+    old = os.umask(umask)
+    try:
+        out = save_pretrained(tiny_model(seed=0), tmp_path / "ckpt")
+        metrics = write_json_atomic(tmp_path / "metrics.json", {"a": 1})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
+    assert stat.S_IMODE(metrics.stat().st_mode) == 0o666 & ~umask
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o666 & ~umask for p in out.iterdir())

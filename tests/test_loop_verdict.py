@@ -121,6 +121,7 @@ def test_bad_gate_is_caught_on_the_embedded_model(tmp_path):
     assert m["headline"]["gate_verdict"] == UNCHANGED == m["gate_curve"]["verdict"]
     kept = load_gate(run_dir / "iter_0" / "gate.safetensors")
     assert float(kept[GATE_BIAS].abs().max()) < 30 and bool(kept[GATE_WEIGHT].any())
+    assert_umask_permissions(run_dir / "iter_0")
 
     m, run_dir = _run({**params, "GATE_KEEP_WORSE": True}, tmp_path / "pushed")
     it = m["iterations"][0]
@@ -136,3 +137,15 @@ def test_bad_gate_is_caught_on_the_embedded_model(tmp_path):
     worst = gc["final_verdict"]["worst_point"]
     assert worst["diff_pp"] + 2 * worst["se_pp"] < -m["headline"]["gate_margin_pp"]
     assert gc["gates_accepted"] == [True] and worst["before"] - worst["after"] > 10
+
+
+def assert_umask_permissions(directory) -> None:
+    """directory and everything in it as mkdir() and open() make them under the umask (not
+    tempfile's private 0700 / 0600)."""
+    import os
+    import stat
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in [directory, *directory.rglob("*")]:
+        expected = (0o777 if path.is_dir() else 0o666) & ~umask
+        assert stat.S_IMODE(path.stat().st_mode) == expected, (path, oct(path.stat().st_mode))

@@ -1,7 +1,9 @@
 """Atomic file writes (a temporary sibling, fsync, then os.replace) and strict JSON I/O.
 
 Readers see the old file or the new one, never a partial write, and a crash leaves at most a
-hidden `.NAME.*.tmp` file behind.
+hidden `.NAME.*.tmp` file behind. What lands gets the permissions a plain open() or mkdir()
+would give it (tempfile makes its files 0600 and its directories 0700, which would keep run
+artifacts and checkpoints from everyone else on a shared machine): default_permissions.
 """
 from __future__ import annotations
 
@@ -10,6 +12,19 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+
+def default_permissions(path: str | os.PathLike) -> None:
+    """Give a file 0666 and a directory 0777, less the process umask, as open() and mkdir()
+    would have; a directory's whole tree too (safetensors also writes its files 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, (0o777 if os.path.isdir(path) else 0o666) & ~umask)
+    for root, dirs, files in os.walk(path):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o777 & ~umask)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o666 & ~umask)
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
@@ -21,6 +36,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+        default_permissions(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

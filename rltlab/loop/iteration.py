@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 
 from rltlab import workbench as W
-from rltlab.common.atomic import write_json_atomic
+from rltlab.common.atomic import default_permissions, write_json_atomic
 from rltlab.loop.addons import draft_head_step, exit_predictor_step
 from rltlab.loop.config import LoopConfig, LoopState, SimulatedCrash
 from rltlab.loop.gate_check import judge_in_generation
@@ -223,6 +223,7 @@ def run_iteration(state: LoopState, k: int) -> dict[str, Any]:
                 cmp, [trained["accepted"]], cfg.noninferiority_margin_pp, cfg.curve_z)["verdict"],
             **addons}
         write_json_atomic(tmp / RESULT_FILE, result)
+        default_permissions(tmp)
         os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

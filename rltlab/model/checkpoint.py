@@ -23,6 +23,7 @@ from safetensors import safe_open
 
 from rltlab.model.config import OuroConfig
 from rltlab.model.architecture import OuroForCausalLM
+from rltlab.common.atomic import default_permissions
 from rltlab.common.json_fields import read_json_object
 from rltlab.model.checkpoint_checks import (INDEX_FILE, ExpectedTensors, check_tokenizer_files,
                                             validate_headers)
@@ -206,6 +207,7 @@ def save_pretrained(model: OuroForCausalLM, out_dir: str | os.PathLike, tokenize
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
         _fsync_tree(tmp)
+        default_permissions(tmp)
         _swap_into_place(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import torch
 
-from rltlab.common.atomic import _jsonable, read_json, write_json_atomic
+from rltlab.common.atomic import _jsonable, default_permissions, read_json, write_json_atomic
 from rltlab.common.environment import environment
 from rltlab.eval import policies
 from rltlab.traces import rollout
@@ -112,6 +112,7 @@ def collect_traces_once(llm, prompts: Sequence[Sequence[int]], trace_dir: str | 
                                              **collect_kwargs)
         write_json_atomic(tmp / COLLECTION_FILE, {"key": key, "finished": time.strftime(
             "%Y-%m-%dT%H:%M:%S"), "num_tokens": manifest["num_tokens"]})
+        default_permissions(tmp)
         _replace_dir(tmp, trace_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
