@@ -1,6 +1,9 @@
 """Round-0 predictor training on output index 1: the prefill states written beside the traces
 (exit_predictor.data) are the state the engine samples the first output token from, and the
 trainer uses them as output index 1's previous position."""
+import os
+import stat
+
 import pytest
 import torch
 
@@ -30,8 +33,11 @@ def _prompts(n=12, seed=0):
 def test_prefill_state_is_what_the_engine_samples_the_first_token_from(model, tmp_path):
     prompts = _prompts()
     ids = [100 + i for i in range(len(prompts))]
-    states = read_prefill_states(write_prefill_states(model, prompts, ids, tmp_path,
-                                                      batch_size=5).parent)
+    path = write_prefill_states(model, prompts, ids, tmp_path, batch_size=5)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask   # not safetensors' own 0600
+    states = read_prefill_states(path.parent)
     assert states["prompt_id"].tolist() == ids
     outs = LLM(model, max_num_seqs=4).generate(prompts, SamplingParams(
         temperature=0.0, max_tokens=1, ignore_eos=True, logprobs=0))

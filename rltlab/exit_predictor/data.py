@@ -23,6 +23,8 @@ from typing import Any, Sequence
 
 import torch
 
+from rltlab.common.atomic import write_bytes_atomic
+
 TEXT_ID_BASE = 1_000_000
 PREFILL_FILE = "prefill_states.safetensors"
 
@@ -58,7 +60,7 @@ def write_prefill_states(model, prompts: Sequence[Sequence[int]], prompt_ids: Se
     """OUT/PREFILL_FILE: per prompt id the full-depth prefill's last-position state h_R
     [P, H] fp32, its prob stats [P, 3] (features.prob_stats of lm_head(h_R)) and the greedy
     first output token [P] (what output index 1 takes as input)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     from rltlab.exit_predictor.features import prob_stats
     from rltlab.model.generate import left_pad
@@ -75,11 +77,10 @@ def write_prefill_states(model, prompts: Sequence[Sequence[int]], prompt_ids: Se
         stats.append(prob_stats(logits))
         first.append(logits.argmax(-1))
     path = Path(out_dir) / PREFILL_FILE
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file({"prompt_id": torch.tensor(list(prompt_ids), dtype=torch.int64),
-               "hidden": torch.cat(hidden).contiguous(), "stats": torch.cat(stats).contiguous(),
-               "first_token": torch.cat(first).to(torch.int64)}, str(tmp))
-    tmp.replace(path)
+    write_bytes_atomic(path, save({
+        "prompt_id": torch.tensor(list(prompt_ids), dtype=torch.int64),
+        "hidden": torch.cat(hidden).contiguous(), "stats": torch.cat(stats).contiguous(),
+        "first_token": torch.cat(first).to(torch.int64)}))
     return path
 
 
