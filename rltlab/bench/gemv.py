@@ -17,6 +17,7 @@ Last line: JSON.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import statistics
@@ -91,8 +92,7 @@ def main(argv=None) -> dict:
               "copy_bandwidth_gb_s": copy_bandwidth(dev), "round_weight_bytes": round_bytes,
               "tiles": {}, "rows": {}}
 
-    def triton_gemv(x, w, act):
-        return small_m_linear(x, w, act, pdl=args.pdl)
+    triton_gemv = functools.partial(small_m_linear, pdl=args.pdl)
 
     def inputs(m):
         return {name: torch.randn(m, 2 * k if act else k, device=dev, dtype=dtype, generator=gen)
@@ -106,14 +106,12 @@ def main(argv=None) -> dict:
                 timed = {}
                 for tiles in configs:
                     try:
-                        timed[tiles] = graph_ms(lambda: [small_m_linear(xs[name], w, act, tiles,
-                                                                        pdl=args.pdl)
+                        timed[tiles] = graph_ms(lambda: [triton_gemv(xs[name], w, act, tiles)
                                                          for w in weights[name]], args.repeats)
                     except Exception as err:   # a tile shape the compiler refuses
                         print(f"skip {kind} {name} {tiles}: {repr(err)[:80]}")
                 best = min(timed, key=timed.get)
-                stages = {s: graph_ms(lambda: [small_m_linear(xs[name], w, act, (*best[:3], s),
-                                                              pdl=args.pdl)
+                stages = {s: graph_ms(lambda: [triton_gemv(xs[name], w, act, (*best[:3], s))
                                                for w in weights[name]], args.repeats)
                           for s in (2, 3, 4, 5)}
                 best = (*best[:3], min(stages, key=stages.get))

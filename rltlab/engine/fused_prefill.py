@@ -103,19 +103,13 @@ class FusedPrefill:
             if start:
                 out[lo: lo + n] = self._attention(q[lo: lo + n], k_cache, v_cache, plane,
                                                   tables[row], start, scale)
-        for batch, tokens in plan:
-            take = ((lambda t: t[tokens]) if isinstance(tokens, slice)
-                    else (lambda t: t.index_select(0, tokens)))
-            heads = lambda t: t.view(*batch, *t.shape[1:]).transpose(1, 2)   # [B, H, n, D]
+        for batch, tokens in plan:   # tokens: a slice (views, no copy) or an index tensor
+            heads = lambda t: t[tokens].view(*batch, *t.shape[1:]).transpose(1, 2)   # [B,H,n,D]
             with sdpa_kernel(SDPA_BACKENDS):
                 o = F.scaled_dot_product_attention(
-                    heads(take(q)), heads(take(k_fresh)), heads(take(v_fresh)), is_causal=True,
-                    scale=scale, enable_gqa=self._groups > 1)
-            o = o.transpose(1, 2).flatten(0, 1)
-            if isinstance(tokens, slice):
-                out[tokens] = o
-            else:
-                out.index_copy_(0, tokens, o)
+                    heads(q), heads(k_fresh), heads(v_fresh), is_causal=True, scale=scale,
+                    enable_gqa=self._groups > 1)
+            out[tokens] = o.transpose(1, 2).flatten(0, 1)
         return out
 
     @staticmethod
