@@ -118,12 +118,25 @@ def test_bench_reports_round_windows_and_how_many_ran_a_plan_made_ahead(capsys):
     assert windows["windows"] > 1 and 0 < windows["prepared_used"] < windows["windows"]
 
 
+def run_tiny_w7_mode():
+    """bench.engine.run_mode on a 2% W7 with the tiny model, eager mode -> (spec, result)."""
+    from rltlab.bench import engine as bench_engine
+
+    model = build_model(SimpleNamespace(model=None, preset="tiny", device="cpu", dtype="float32"))
+    spec = bench_engine.scaled(bench_engine.WORKLOADS["W7"], 0.02)
+    prompts = bench_engine.prompts_for(spec["requests"], spec["prompt_len"],
+                                       model.config.vocab_size, seed=7)
+    params = bench_engine.workload_params(spec, model.config.num_rounds, spec["requests"],
+                                          model.config.vocab_size)
+    return spec, bench_engine.run_mode(model, spec, "eager", prompts, params, 0.05,
+                                       ModelCosts.of(model))
+
+
 def test_run_mode_leaves_no_engine_alive_for_the_next_mode(monkeypatch):
     """Each mode's KV cache must be freed before the next mode allocates its own (on the H200 a
     leaked 108 GiB cache made every later mode fail with out-of-memory)."""
     import weakref
 
-    from rltlab.bench import engine as bench_engine
     from rltlab.engine import LLM
 
     engines = []
@@ -134,14 +147,7 @@ def test_run_mode_leaves_no_engine_alive_for_the_next_mode(monkeypatch):
         engines.append(weakref.ref(self.llm_engine))
 
     monkeypatch.setattr(LLM, "__init__", recording_init)
-    model = build_model(SimpleNamespace(model=None, preset="tiny", device="cpu", dtype="float32"))
-    spec = bench_engine.scaled(bench_engine.WORKLOADS["W7"], 0.02)
-    prompts = bench_engine.prompts_for(spec["requests"], spec["prompt_len"],
-                                       model.config.vocab_size, seed=7)
-    params = bench_engine.workload_params(spec, model.config.num_rounds, spec["requests"],
-                                          model.config.vocab_size)
-    result = bench_engine.run_mode(model, spec, "eager", prompts, params, 0.05,
-                                   ModelCosts.of(model))
+    _, result = run_tiny_w7_mode()
     assert result["round_windows"]["windows"] > 0   # the path that once kept the engine alive
     assert len(engines) == 1 and engines[0]() is None
 
@@ -160,14 +166,7 @@ def test_run_mode_reports_the_closed_loop_after_a_first_pass(monkeypatch):
         return figures, outputs
 
     monkeypatch.setattr(bench_engine.engine_checks, "closed_loop", recording_closed_loop)
-    model = build_model(SimpleNamespace(model=None, preset="tiny", device="cpu", dtype="float32"))
-    spec = bench_engine.scaled(bench_engine.WORKLOADS["W7"], 0.02)
-    prompts = bench_engine.prompts_for(spec["requests"], spec["prompt_len"],
-                                       model.config.vocab_size, seed=7)
-    params = bench_engine.workload_params(spec, model.config.num_rounds, spec["requests"],
-                                          model.config.vocab_size)
-    result = bench_engine.run_mode(model, spec, "eager", prompts, params, 0.05,
-                                   ModelCosts.of(model))
+    spec, result = run_tiny_w7_mode()
     full = [figures for figures, n, max_tokens in loops
             if n == spec["requests"] and max_tokens == spec["max_tokens"]]
     assert len(full) == 2   # then the prefill-only loop (max_tokens 1)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,8 @@ from rltlab.model.checkpoint import (from_pretrained, load_model_and_tokenizer, 
                                manifest, model_hash, num_parameters, save_pretrained)
 from rltlab.model.config import OuroConfig
 from rltlab.model.architecture import OuroForCausalLM
+
+from file_modes import assert_umask_permissions
 
 REPO = Path(__file__).resolve().parents[1]
 OURO_DATA = REPO / "tests" / "data" / "ouro-1.4b"  # copy of shared/ouro-1.4b: source of truth
@@ -385,10 +386,7 @@ def test_saved_checkpoints_and_atomic_files_get_the_umask_permissions(tmp_path, 
 
     old = os.umask(umask)
     try:
-        out = save_pretrained(tiny_model(seed=0), tmp_path / "ckpt")
-        metrics = write_json_atomic(tmp_path / "metrics.json", {"a": 1})
+        assert_umask_permissions(save_pretrained(tiny_model(seed=0), tmp_path / "ckpt"))
+        assert_umask_permissions(write_json_atomic(tmp_path / "metrics.json", {"a": 1}))
     finally:
         os.umask(old)
-    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
-    assert stat.S_IMODE(metrics.stat().st_mode) == 0o666 & ~umask
-    assert all(stat.S_IMODE(p.stat().st_mode) == 0o666 & ~umask for p in out.iterdir())

@@ -1,9 +1,6 @@
 """Round-0 predictor training on output index 1: the prefill states written beside the traces
 (exit_predictor.data) are the state the engine samples the first output token from, and the
 trainer uses them as output index 1's previous position."""
-import os
-import stat
-
 import pytest
 import torch
 
@@ -13,6 +10,7 @@ from rltlab.exit_predictor.data import read_prefill_states, write_prefill_states
 from rltlab.exit_predictor.model import load_predictor
 from rltlab.exit_predictor.train import load_training_data, train_from_traces
 from rltlab.traces import collect_traces
+from file_modes import assert_umask_permissions
 from tiny_models import tiny_engine_model
 
 torch.set_num_threads(1)
@@ -34,9 +32,7 @@ def test_prefill_state_is_what_the_engine_samples_the_first_token_from(model, tm
     prompts = _prompts()
     ids = [100 + i for i in range(len(prompts))]
     path = write_prefill_states(model, prompts, ids, tmp_path, batch_size=5)
-    umask = os.umask(0)
-    os.umask(umask)
-    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask   # not safetensors' own 0600
+    assert_umask_permissions(path)   # not safetensors' own 0600
     states = read_prefill_states(path.parent)
     assert states["prompt_id"].tolist() == ids
     outs = LLM(model, max_num_seqs=4).generate(prompts, SamplingParams(

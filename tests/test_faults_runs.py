@@ -15,6 +15,8 @@ import torch
 
 from rltlab.workbench import runs, runs_cli
 
+from file_modes import assert_umask_permissions
+
 DATA = Path(__file__).parent / "data"
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 TINY = DATA / "tiny_notebook.ipynb"
@@ -142,18 +144,6 @@ def test_collect_traces_once_replaces_a_changed_collection(tmp_path):
     assert not reused and verify_traces(trace_dir)["num_tokens"] == m
     assert sorted(p.name for p in trace_dir.parent.iterdir()) == ["traces"]
     assert_umask_permissions(trace_dir)
-
-
-def assert_umask_permissions(directory) -> None:
-    """directory and everything in it as mkdir() and open() make them under the umask (not
-    tempfile's private 0700 / 0600)."""
-    import os
-    import stat
-    umask = os.umask(0)
-    os.umask(umask)
-    for path in [directory, *directory.rglob("*")]:
-        expected = (0o777 if path.is_dir() else 0o666) & ~umask
-        assert stat.S_IMODE(path.stat().st_mode) == expected, (path, oct(path.stat().st_mode))
 
 
 # ----------------------------------------------------------------------------- C2

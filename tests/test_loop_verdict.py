@@ -9,6 +9,8 @@ import pytest
 
 from rltlab.loop import UNCHANGED, LoopConfig, gate_verdict, rollout_problems, speedups
 
+from file_modes import assert_umask_permissions
+
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / \
     "10_rollout_update_evaluate.ipynb"
 
@@ -138,14 +140,3 @@ def test_bad_gate_is_caught_on_the_embedded_model(tmp_path):
     assert worst["diff_pp"] + 2 * worst["se_pp"] < -m["headline"]["gate_margin_pp"]
     assert gc["gates_accepted"] == [True] and worst["before"] - worst["after"] > 10
 
-
-def assert_umask_permissions(directory) -> None:
-    """directory and everything in it as mkdir() and open() make them under the umask (not
-    tempfile's private 0700 / 0600)."""
-    import os
-    import stat
-    umask = os.umask(0)
-    os.umask(umask)
-    for path in [directory, *directory.rglob("*")]:
-        expected = (0o777 if path.is_dir() else 0o666) & ~umask
-        assert stat.S_IMODE(path.stat().st_mode) == expected, (path, oct(path.stat().st_mode))

@@ -14,11 +14,17 @@ from pathlib import Path
 from typing import Any
 
 
+def process_umask() -> int:
+    """The process umask (reading it means setting it, so it is set back at once)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
 def default_permissions(path: str | os.PathLike) -> None:
     """Give a file 0666 and a directory 0777, less the process umask, as open() and mkdir()
     would have; a directory's whole tree too (safetensors also writes its files 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
+    umask = process_umask()
     os.chmod(path, (0o777 if os.path.isdir(path) else 0o666) & ~umask)
     for root, dirs, files in os.walk(path):
         for name in dirs:
