@@ -2,7 +2,8 @@
 weights). Per workload and mode: wall ms per engine step (synchronised; with round windows a
 step is a whole window), GPU kernel ms per step (torch.profiler), the host functions that take
 the rest (cProfile), and for prefill the heaviest kernels of prefill round steps.
---decode-only skips the prefill part, --prefill-only the decode part. Last line: JSON. As run on 2026-12-01 (before this
+--decode-only skips the prefill part, --prefill-only the decode part; --runs W3:graph,W4:graph
+picks the decode runs. Last line: JSON. As run on 2026-12-01 (before this
 script counted the tokens of requests that finish while it measures, so its W4 window rows of
 that day are void): docs/benchmarks/data/2026-12-01-closed-loop-profile-before-h200.json and
 2026-12-01-round-windows-v*-h200.json."""
@@ -42,7 +43,7 @@ def host_top(pr, top=14):
     return [line for line in lines[head + 1:] if line.strip()][:top]
 
 
-def decode_profile(model, name, mode, steps=12):
+def decode_profile(model, name, mode, steps=4):
     spec = WORKLOADS[name]
     c = spec["concurrency"]
     llm = make_llm(model, spec, mode)
@@ -59,7 +60,7 @@ def decode_profile(model, name, mode, steps=12):
 
     while any(s.num_output_tokens == 0 for r in eng.requests.values() for s in r.seqs):
         done += eng.step()
-    for _ in range(4):   # captures
+    for _ in range(2):   # captures (every run's steps stay within its 128 tokens per request)
         done += eng.step()
     torch.cuda.synchronize()
     tok0 = generated()
@@ -73,7 +74,7 @@ def decode_profile(model, name, mode, steps=12):
         for _ in range(steps):
             done += eng.step()
         torch.cuda.synchronize()
-    gpu_ms, top = kernels_of(prof)
+    gpu_ms, top = kernels_of(prof, 16)
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(steps):
@@ -131,6 +132,8 @@ if __name__ == "__main__":
         sys.exit(0)
     runs = [("W3", "graph"), ("W4", "graph"), ("W4", "graph-ragged"), ("W6", "graph"),
             ("W7", "graph"), ("W7", "graph-ragged"), ("W7", "graph-rounds")]
+    if "--runs" in sys.argv:   # e.g. --runs W3:graph,W4:graph
+        runs = [tuple(run.split(":")) for run in sys.argv[sys.argv.index("--runs") + 1].split(",")]
     results["decode"] = []
     for name, mode in runs:
         r = decode_profile(model, name, mode)
