@@ -111,11 +111,12 @@ def test_bench_groups_and_decode_heavy_pair_run_tiny(capsys):
         pair["prefill_s"], pair["decode_s"], pair["cheap_rounds"], pair["base_rounds"]), abs=2e-3)
 
 
-def test_bench_reports_round_windows_and_how_many_ran_a_plan_made_ahead(capsys):
-    res = bench_main(["--preset", "tiny", "--device", "cpu", "--workload", "W7", "--scale",
-                      "0.02", "--modes", "eager", "--kv-gib", "0.05"])
-    windows = res["workloads"]["W7"]["modes"]["eager"]["round_windows"]
-    assert windows["windows"] > 1 and 0 < windows["prepared_used"] < windows["windows"]
+def test_bench_reports_windows_and_how_many_ran_a_plan_made_ahead(capsys):
+    res = bench_main(["--preset", "tiny", "--device", "cpu", "--workload", "W6", "W7",
+                      "--scale", "0.02", "--modes", "eager", "--kv-gib", "0.05"])
+    for workload, kind in (("W7", "round_windows"), ("W6", "token_windows")):
+        windows = res["workloads"][workload]["modes"]["eager"][kind]
+        assert windows["windows"] > 1 and 0 < windows["prepared_used"] < windows["windows"]
 
 
 def run_tiny_w7_mode():

@@ -26,20 +26,23 @@ def fixed_params(n: int, depth: int, **overrides) -> list[SamplingParams]:
             for i in range(n)]
 
 
-def one_token_and_window_runs(model, prompts, params, engine_args):
-    """-> (one-token whole-token outputs, token-window outputs, each window's (rows, tokens))."""
+def one_token_and_window_runs(model, prompts, params, engine_args, stats=None):
+    """-> (one-token whole-token outputs, token-window outputs, each window's (rows, tokens));
+    stats: a dict that receives the token windows' stats (windows, prepared_used)."""
     single = LLM(model, decode_path="static", **{**engine_args, "token_window": 0}).generate(
         prompts, params)
     llm = LLM(model, decode_path="static", **engine_args)
     window, calls = llm.llm_engine._token_window, []
-    plan = window._plan
+    run = window._run
 
-    def spy(seqs, static, depth):
-        index, live = plan(seqs, static, depth)
-        calls.append((len(seqs), len(live)))
-        return index, live
-    window._plan = spy
-    return single, llm.generate(prompts, params), calls
+    def spy(seqs, plan):
+        calls.append((len(seqs), len(plan.live)))
+        return run(seqs, plan)
+    window._run = spy
+    windowed = llm.generate(prompts, params)
+    if stats is not None:
+        stats.update(window.stats)
+    return single, windowed, calls
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
@@ -48,8 +51,11 @@ def test_windows_equal_one_token_steps_and_recompute(config, depth):
     model = tiny_engine_model(7)
     prompts = random_prompts(7, seed=12)
     params = fixed_params(len(prompts), depth)
-    single, windowed, calls = one_token_and_window_runs(model, prompts, params, CONFIGS[config])
+    stats = {}
+    single, windowed, calls = one_token_and_window_runs(
+        model, prompts, params, dict(CONFIGS[config], token_window=3), stats)
     assert calls and max(tokens for _, tokens in calls) > 1, calls
+    assert stats["windows"] == len(calls) and stats["prepared_used"] > 0, stats
     assert_same_rollouts(single, windowed)
     assert all(out.exit_depths[1:] == [depth] * (len(out.token_ids) - 1) for out in windowed)
     greedy = [i for i, p in enumerate(params) if p.temperature == 0 and p.logprobs is not None]
@@ -85,25 +91,35 @@ def test_window_length_caps_its_tokens_and_rows_at_their_limit_sit_out():
     assert [len(out.token_ids) for out in windowed] == [3, 7, 11, 15]
 
 
-def test_stop_token_inside_a_window_drops_the_tokens_after_it():
+@pytest.mark.parametrize("max_num_seqs", [8, 3])
+def test_stop_token_inside_a_window_drops_the_tokens_after_it(max_num_seqs):
+    """With 3 rows for 9 requests, rows that stop inside a window are replaced by waiting
+    requests: a later window has as many rows as the one planned ahead, but not the same."""
     model = tiny_engine_model(7)
-    prompts = random_prompts(5, seed=21)
-    free = LLM(model, decode_path="static", token_window=0, **IN_PHASE).generate(
-        prompts, fixed_params(5, 3, max_tokens=12, temperature=0.0))
-    stop = free[0].token_ids[4]   # a token the first rollout samples mid-way
-    params = fixed_params(5, 3, max_tokens=12, temperature=0.0, ignore_eos=False,
-                          stop_token_ids=[stop])
-    single = LLM(model, decode_path="static", token_window=0, **IN_PHASE).generate(
-        prompts, params)
-    llm = LLM(model, decode_path="static", **IN_PHASE)
+    prompts = random_prompts(9, seed=21)
+    args = dict(IN_PHASE, max_num_seqs=max_num_seqs, token_window=3)
+
+    def params(stop_token_ids):
+        return [SamplingParams(**{**vars(p), "max_tokens": 6 + 3 * (i % 3)}) for i, p in
+                enumerate(fixed_params(9, 3, temperature=0.0, ignore_eos=False,
+                                       stop_token_ids=stop_token_ids))]
+    free = LLM(model, decode_path="static", **{**args, "token_window": 0}).generate(
+        prompts, params([]))
+    stop = free[1].token_ids[1]   # a token some rollouts sample mid-way
+    single = LLM(model, decode_path="static", **{**args, "token_window": 0}).generate(
+        prompts, params([stop]))
+    llm = LLM(model, decode_path="static", **args)
     finished = record_finished(llm.llm_engine)
-    windowed = llm.generate(prompts, params)
+    windowed = llm.generate(prompts, params([stop]))
     assert_same_rollouts(single, windowed)
     # nothing sampled after the stop token reaches the sequence either
     assert sorted(seq.output_token_ids for seq in finished) == sorted(
         out.token_ids for out in windowed)
-    assert windowed[0].token_ids[-1] == stop and len(windowed[0].token_ids) <= 5
-    assert windowed[0].outputs[0].finish_reason == "stop"
+    stopped = [out for out, f in zip(windowed, free) if stop in f.token_ids]
+    assert len(stopped) >= 2 and any(1 < len(out.token_ids) < 6 for out in stopped)
+    for out in stopped:
+        assert out.token_ids[-1] == stop and stop not in out.token_ids[:-1]
+        assert out.outputs[0].finish_reason == "stop"
 
 
 def test_closed_loop_admits_after_windows_and_top_logprob_rows_take_none():
@@ -112,9 +128,12 @@ def test_closed_loop_admits_after_windows_and_top_logprob_rows_take_none():
     params = fixed_params(9, 2)
     for i, p in enumerate(params):
         p.max_tokens = 8 + 3 * (i % 4)
+    stats = {}
     single, windowed, calls = one_token_and_window_runs(
-        model, prompts, params, dict(IN_PHASE, max_num_seqs=4))
+        model, prompts, params, dict(IN_PHASE, max_num_seqs=4), stats)
     assert len(calls) >= 4
+    # plans made ahead run, and admissions (new rows) make fresh ones
+    assert 0 < stats["prepared_used"] < stats["windows"] == len(calls), stats
     assert_same_rollouts(single, windowed)
     top = fixed_params(4, 2, logprobs=2)
     single, windowed, calls = one_token_and_window_runs(model, prompts[:4], top, IN_PHASE)

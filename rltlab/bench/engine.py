@@ -189,9 +189,9 @@ def run_mode(model, spec: dict, mode: str, prompts, params, kv_gib: float,
             result["closed_loop"], _ = engine_checks.closed_loop(llm, prompts, params, c, costs)
             result["closed_loop_first_pass"] = first_pass
         result["prefill"] = engine_checks.prefill_only(llm, prompts, params, c, costs)
-        windows = round_window_stats(llm)
-        if windows["windows"]:
-            result["round_windows"] = windows
+        for kind, stats in window_stats(llm).items():
+            if stats["windows"]:
+                result[kind] = stats
         return result
     finally:
         # The next mode needs the KV cache's memory back. The engine's parts refer to each
@@ -201,11 +201,13 @@ def run_mode(model, spec: dict, mode: str, prompts, params, kv_gib: float,
         engine_checks.free_device_memory()
 
 
-def round_window_stats(llm: LLM) -> dict:
-    """Round windows run and run from a plan made ahead, over every generate of this engine
-    (warm-up included); zeros when the engine has no round windows."""
-    window = llm.llm_engine._round_window
-    return dict(window.stats) if window is not None else {"windows": 0, "prepared_used": 0}
+def window_stats(llm: LLM) -> dict:
+    """Round and token windows run, and run from a plan made ahead, over every generate of this
+    engine (warm-up included); zeros for a kind the engine does not have."""
+    engine = llm.llm_engine
+    return {kind: dict(window.stats) if window is not None else {"windows": 0, "prepared_used": 0}
+            for kind, window in (("round_windows", engine._round_window),
+                                 ("token_windows", engine._token_window))}
 
 
 def depth_pairs(workloads: dict) -> dict:

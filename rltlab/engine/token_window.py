@@ -19,8 +19,17 @@ A row that reaches its length limit sits out the window's remaining tokens as a 
 (slot -1: no K/V write, nothing sampled); a row that stops at EOS or a stop token computes on to
 the window's end and its later tokens are dropped, so a freed slot is refilled when the window
 ends. Rows asking for top log-probs (logprobs > 0) take one-token steps.
+
+Planned ahead: while the device runs window k, before reading it back, the host plans and
+uploads window k + 1 for the rows that will still run, at the positions window k leaves them
+(as round windows do). Planning and the pinned upload took ~8 ms of host time per window at
+c = 128 on the H200 with the device idle (docs/benchmarks/2026-12-02-s3-h200.md); now only the
+read-back and the tokens' hand-over are. step() uses the plan only if the rows turn out exactly
+those, at those positions (_key), else it plans afresh.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -30,55 +39,118 @@ from rltlab.engine.sequence import Sequence
 from rltlab.engine.window_io import accept, padded_index, read_back, sample_rows, upload_index
 
 
+@dataclass
+class WindowPlan:
+    """One window's schedule, on the device."""
+    key: list[tuple[int, int]]   # _key() of the rows it was made for
+    depth: int
+    static: object               # the StaticDecoder its index layout fits
+    live: list[list[int]]        # per token: the rows that compute and sample in it
+    uploaded: tuple              # _upload(): (index [tokens, ...], rows per token) on the device
+    ahead: bool                  # planned while the previous window ran
+
+
 class TokenWindow:
     def __init__(self, engine, tokens: int):
         self.engine, self.tokens = engine, tokens
+        self._prepared: WindowPlan | None = None
+        # windows run, and how many of them ran a plan prepared during the previous window
+        self.stats = {"windows": 0, "prepared_used": 0}
 
     def fits(self, seqs: list[Sequence]) -> bool:
         """Every row can take a window (none asks for top log-probs)."""
         return all(seq.params.logprobs in (None, 0) for seq in seqs)
 
-    def _steps(self, seqs: list[Sequence], depth: int, left: list[int]) -> int:
+    @staticmethod
+    def _key(seqs: list[Sequence], grown: list[int] | None = None) -> list[tuple[int, int]]:
+        """What of the rows a plan depends on and changes between windows (their block tables,
+        limits and params are fixed while they run); grown: tokens each will have gained."""
+        grown = grown or [0] * len(seqs)
+        return [(seq.seq_id, seq.num_tokens + k) for seq, k in zip(seqs, grown)]
+
+    def _steps(self, seqs: list[Sequence], depth: int, left: list[int], made: list[int]) -> int:
         """Tokens in this window: at most `tokens`, and only while every row that still
-        computes keeps `depth` (a replayed trace may change depth at any token)."""
+        computes keeps `depth` (a replayed trace may change depth at any token); made: each
+        row's output tokens when the window starts."""
         steps = min(self.tokens, max(left))
         depth_of = self.engine._whole_tokens.depth
         for s in range(1, steps):
-            if any(s < left[i] and depth_of(seq, seq.num_output_tokens + s) != depth
+            if any(s < left[i] and depth_of(seq, made[i] + s) != depth
                    for i, seq in enumerate(seqs)):
                 return s
         return steps
 
-    def _plan(self, seqs: list[Sequence], static, depth: int
+    def _plan(self, seqs: list[Sequence], static, depth: int, grown: list[int] | None = None
               ) -> tuple[np.ndarray, list[list[int]]]:
-        """Each token step's static index rows and the rows that compute and sample in it."""
+        """Each token step's static index rows and the rows that compute and sample in it;
+        grown: tokens each row will have gained by the time the plan runs (default none)."""
         bs, b = self.engine.runner.block_size, static.max_batch
+        grown = grown or [0] * len(seqs)
         base = padded_index(static, seqs)
-        left = [seq.max_output_tokens - seq.num_output_tokens for seq in seqs]
-        steps = self._steps(seqs, depth, left)
+        made = [seq.num_output_tokens + k for seq, k in zip(seqs, grown)]
+        left = [seq.max_output_tokens - m for seq, m in zip(seqs, made)]
+        steps = self._steps(seqs, depth, left, made)
         index, live = np.tile(base, (steps, 1)), []
         for s in range(steps):
             going = [i for i in range(len(seqs)) if s < left[i]]
             for i in going:
-                pos = seqs[i].num_tokens - 1 + s
+                pos = seqs[i].num_tokens - 1 + grown[i] + s
                 table = seqs[i].block_table
                 index[s, i], index[s, 3 * b + i] = pos, pos + 1   # plane 0: _token sets planes
                 index[s, 2 * b + i] = table[pos // bs] * bs + pos % bs
             live.append(going)
         return index, live
 
+    @staticmethod
+    def _upload(index: np.ndarray, live: list[list[int]], device) -> tuple:
+        """-> (index [tokens, ...] int32, per token the rows that sample, int64) on the device."""
+        rows = to_device([i for going in live for i in going], torch.int64, device).split(
+            [len(going) for going in live])
+        return upload_index(index, device), rows
+
+    def _prepare_next(self, seqs: list[Sequence], live: list[list[int]], static,
+                      depth: int) -> None:
+        """Plan and upload the window after this one while the device runs it: for the rows
+        that stay below their length limit, at the positions this window leaves them. A row
+        that stops at EOS or a stop token, an admission or anything else that changes the rows
+        makes step() see another key and plan afresh."""
+        made = [sum(i in going for going in live) for i in range(len(seqs))]
+        stay = [i for i, seq in enumerate(seqs)
+                if seq.num_output_tokens + made[i] < seq.max_output_tokens]
+        if not stay:
+            return
+        seqs, grown = [seqs[i] for i in stay], [made[i] for i in stay]
+        index, nxt_live = self._plan(seqs, static, depth, grown)
+        self._prepared = WindowPlan(self._key(seqs, grown), depth, static, nxt_live,
+                                    self._upload(index, nxt_live, self.engine.runner.device),
+                                    ahead=True)
+
+    def _take_plan(self, seqs: list[Sequence], static, depth: int) -> WindowPlan:
+        """The plan made ahead if it was made for exactly these rows, else a fresh one."""
+        prepared, self._prepared = self._prepared, None
+        key = self._key(seqs)
+        if prepared is not None and prepared.static is static and prepared.depth == depth \
+                and prepared.key == key:
+            return prepared
+        index, live = self._plan(seqs, static, depth)
+        return WindowPlan(key, depth, static, live,
+                          self._upload(index, live, self.engine.runner.device), ahead=False)
+
     @torch.no_grad()
     def step(self, depth: int):
         """Up to `tokens` whole tokens of depth `depth` for every running row, one read-back."""
-        eng, runner = self.engine, self.engine.runner
+        eng = self.engine
         seqs = list(eng.scheduler.running)
-        n, device, R = len(seqs), runner.device, eng.num_rounds
-        static = runner.static_rows(n)
         eng._failed = {}
-        index, live = self._plan(seqs, static, depth)
-        index = upload_index(index, device)
-        rows = to_device([i for going in live for i in going], torch.int64, device).split(
-            [len(going) for going in live])
+        plan = self._take_plan(seqs, eng.runner.static_rows(len(seqs)), depth)
+        self.stats["windows"] += 1
+        self.stats["prepared_used"] += plan.ahead
+        return self._run(seqs, plan)
+
+    def _run(self, seqs: list[Sequence], plan: WindowPlan):
+        eng, runner = self.engine, self.engine.runner
+        n, device, depth, static = len(seqs), runner.device, plan.depth, plan.static
+        (index, rows), live = plan.uploaded, plan.live
         slots = index[:, 2 * static.max_batch: 3 * static.max_batch].long()
         planes = torch.full((n,), depth - 1, dtype=torch.int32, device=device)
         pending = to_device([seq.output_token_ids[-1] for seq in seqs], torch.int64, device)
@@ -87,10 +159,11 @@ class TokenWindow:
         for s, going in enumerate(live):
             static.index.copy_(index[s])
             static.launch_token(n, depth, embed(pending))
-            if depth < R:   # LAST_EXITED: planes depth..R-1 get round depth's K/V
+            if depth < eng.num_rounds:   # LAST_EXITED: planes depth..R-1 get round depth's K/V
                 runner.copy_exited(slots[s].index_select(0, rows[s]), planes[: len(going)])
             outs.append(sample_rows(eng, static.hidden_out, pending, rows[s],
                                     [seqs[i] for i in going]))
+        self._prepare_next(seqs, live, static, depth)   # host work while the device runs
         tokens, finite, logps = read_back(outs)
         for flat, i in enumerate(i for going in live for i in going):
             accept(eng, seqs[i], tokens[flat], finite[flat], logps[flat], depth)
