@@ -44,8 +44,9 @@ def round_and_window_runs(model, prompts, params, engine_args):
         prompts, params)
     llm = LLM(model, decode_path="static", **engine_args)
     window, calls = llm.llm_engine._round_window, []
-    step = window.step
-    window.step = lambda plan: calls.append((len(plan.seqs), plan.num_steps)) or step(plan)
+    launch = window._launch
+    window._launch = lambda plan, pending: calls.append((len(plan.seqs), plan.num_steps)) or \
+        launch(plan, pending)
     return rounds, llm.generate(prompts, params), calls
 
 
@@ -107,6 +108,36 @@ def test_stop_token_inside_a_window_drops_the_tokens_after_it():
     assert windowed[0].outputs[0].finish_reason == "stop"
 
 
+def test_windows_chain_only_without_streaming_rows_and_when_asked():
+    """Windows of the same rows run chained (each launched before the one ahead of it is read
+    back); window_chain=1 or streaming rows turn that off. A stop token inside a chained
+    window ends the chain. The rollouts are the round-step engine's either way."""
+    model = tiny_engine_model(7)
+    prompts = random_prompts(5, seed=21)
+    free = LLM(model, decode_path="static", fused_tokens=False, **IN_PHASE).generate(
+        prompts, replay_params(5, trace_seed=2, max_tokens=14))
+    stop = free[1].token_ids[6]   # a token the second rollout samples mid-way
+    params = replay_params(5, trace_seed=2, max_tokens=14, ignore_eos=False,
+                           stop_token_ids=[stop])
+    rounds = LLM(model, decode_path="static", fused_tokens=False, **IN_PHASE).generate(
+        prompts, params)
+    stats = {}
+    for name, chain, stream in (("chained", 8, False), ("off", 1, False), ("stream", 8, True)):
+        engine = LLM(model, decode_path="static", **dict(IN_PHASE, round_window=3,
+                                                         window_chain=chain)).llm_engine
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            engine.add_request(f"r{i}", prompt, p, stream=stream)
+        outputs = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                outputs[out.request_id] = out
+        assert_same_rollouts(rounds, [outputs[f"r{i}"] for i in range(5)])
+        stats[name] = engine._round_window.stats
+    assert any(stop in out.token_ids[:-1] for out in free)   # some rollout stops early
+    assert stats["chained"]["chained"] > 0
+    assert stats["off"]["chained"] == stats["stream"]["chained"] == 0
+
+
 def test_the_next_window_is_planned_during_the_last_and_used_only_for_the_same_rows():
     """While a window runs, the host plans the next one for the rows it will leave; plan() runs
     it only for exactly those rows and states. After an abort between windows it plans afresh,
@@ -116,7 +147,9 @@ def test_the_next_window_is_planned_during_the_last_and_used_only_for_the_same_r
     params = replay_params(5, trace_seed=8, max_tokens=14)
     rounds = LLM(model, decode_path="static", fused_tokens=False, **IN_PHASE).generate(
         prompts, params)
-    engine = LLM(model, decode_path="static", **dict(IN_PHASE, round_window=3)).llm_engine
+    # one window per step (no chaining): each step's window shows whether it was planned ahead
+    engine = LLM(model, decode_path="static", **dict(IN_PHASE, round_window=3,
+                                                     window_chain=1)).llm_engine
     window, prepared = engine._round_window, []
     step = window.step
     window.step = lambda plan: prepared.append(plan.uploaded is not None) or step(plan)
@@ -131,7 +164,8 @@ def test_the_next_window_is_planned_during_the_last_and_used_only_for_the_same_r
     assert aborted_after is not None and len(prepared) > aborted_after + 1, prepared
     assert prepared[aborted_after] is False            # made for rows that include r0
     assert any(prepared[aborted_after + 1:]), prepared  # and then again for the four left
-    assert window.stats == {"windows": len(prepared), "prepared_used": sum(prepared)}
+    assert window.stats == {"windows": len(prepared), "prepared_used": sum(prepared),
+                            "chained": 0}
     assert outs["r0"].outputs[0].finish_reason == "abort"
     assert_same_rollouts(rounds[1:], [outs[f"r{i}"] for i in range(1, 5)])
 

@@ -33,12 +33,12 @@ def one_token_and_window_runs(model, prompts, params, engine_args, stats=None):
         prompts, params)
     llm = LLM(model, decode_path="static", **engine_args)
     window, calls = llm.llm_engine._token_window, []
-    run = window._run
+    launch = window._launch
 
-    def spy(seqs, plan):
+    def spy(seqs, plan, pending):
         calls.append((len(seqs), len(plan.live)))
-        return run(seqs, plan)
-    window._run = spy
+        return launch(seqs, plan, pending)
+    window._launch = spy
     windowed = llm.generate(prompts, params)
     if stats is not None:
         stats.update(window.stats)
@@ -56,6 +56,8 @@ def test_windows_equal_one_token_steps_and_recompute(config, depth):
         model, prompts, params, dict(CONFIGS[config], token_window=3), stats)
     assert calls and max(tokens for _, tokens in calls) > 1, calls
     assert stats["windows"] == len(calls) and stats["prepared_used"] > 0, stats
+    if config == "in_phase":   # the same rows go on: windows launched before a read-back
+        assert stats["chained"] > 0, stats
     assert_same_rollouts(single, windowed)
     assert all(out.exit_depths[1:] == [depth] * (len(out.token_ids) - 1) for out in windowed)
     greedy = [i for i, p in enumerate(params) if p.temperature == 0 and p.logprobs is not None]
@@ -141,9 +143,35 @@ def test_closed_loop_admits_after_windows_and_top_logprob_rows_take_none():
     assert_same_rollouts(single, windowed)
 
 
+def test_windows_chain_only_without_streaming_rows_and_when_asked():
+    """window_chain=1 and streaming rows each turn chaining off; the rollouts stay the same."""
+    model = tiny_engine_model(7)
+    prompts = random_prompts(4, seed=5)
+    params = fixed_params(4, 3, max_tokens=13, temperature=0.0)
+    runs = {}
+    for name, chain, stream in (("chained", 8, False), ("off", 1, False), ("stream", 8, True)):
+        llm = LLM(model, decode_path="static", **dict(IN_PHASE, token_window=3,
+                                                       window_chain=chain))
+        engine = llm.llm_engine
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            engine.add_request(f"r{i}", prompt, p, stream=stream)
+        outputs = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                outputs[out.request_id] = out
+        runs[name] = ([outputs[f"r{i}"] for i in range(4)], engine._token_window.stats)
+    for name in ("off", "stream"):
+        assert_same_rollouts(runs["chained"][0], runs[name][0])
+    assert runs["chained"][1]["chained"] > 0
+    assert runs["off"][1]["chained"] == runs["stream"][1]["chained"] == 0
+    assert runs["chained"][1]["windows"] == runs["off"][1]["windows"]
+
+
 @pytest.mark.parametrize("bad", [-1, 2.0, True, "8"])
 def test_token_window_must_be_a_non_negative_int(bad):
     with pytest.raises(ValueError, match="token_window"):
         EngineConfig(token_window=bad)
+    with pytest.raises(ValueError, match="window_chain"):
+        EngineConfig(window_chain=bad if bad != -1 else 0)
     assert LLM(tiny_engine_model(0), decode_path="static", token_window=1).llm_engine \
         ._token_window is None

@@ -85,6 +85,8 @@ MODES = {
     "graph-gather-prefill": dict(decode_path="static", cuda_graphs=True, fused_prefill=False),
     # Baseline: decode rows run one round in each prefill step (EngineConfig.prefill_first).
     "graph-mixed-prefill": dict(decode_path="static", cuda_graphs=True, prefill_first=False),
+    # Baseline: one window per engine step, read back before the next is launched (window_io).
+    "graph-no-chain": dict(decode_path="static", cuda_graphs=True, window_chain=1),
     # Baseline: one-row rounds' kernels launched without programmatic dependent launch.
     "graph-no-pdl": dict(decode_path="static", cuda_graphs=True, pdl=False),
     "graph-cublas": dict(decode_path="static", cuda_graphs=True, small_batch_kernels=False),

@@ -65,6 +65,10 @@ class EngineConfig:
     token_window: with whole-token steps on, rows that all decode at one host-fixed depth run
     up to this many tokens per host round trip (rltlab.engine.token_window); 0 or 1 = one
     token per step.
+    window_chain: at most this many token or round windows per engine step, each launched
+    before the one ahead of it is read back, while nothing between them needs the host: the
+    same rows go on (none reaches its length limit or stops), and none streams its output
+    (window_io.py); 1 = one window per step, read back before the next is planned.
     fused_prefill: with the static path, run prefill chunks (rows of contiguous positions)
     through the static path's fused layer with causal paged attention
     (rltlab.engine.fused_prefill); False = the plain-torch gather path.
@@ -98,12 +102,13 @@ class EngineConfig:
     round_window_admit: int = 1
     prefill_first: bool = True
     token_window: int = 8
+    window_chain: int = 8
     fused_prefill: bool = True
     fused_spec: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "prefill_chunk", "block_size",
-                     "round_window_admit"):
+                     "round_window_admit", "window_chain"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")

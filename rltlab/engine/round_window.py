@@ -49,6 +49,7 @@ Which rows compute what is unchanged either way; only when.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,7 +58,8 @@ import torch
 from rltlab.engine.exit_policies import FixedDepth
 from rltlab.common.device import to_device
 from rltlab.engine.sequence import Sequence, Span
-from rltlab.engine.window_io import accept, padded_index, read_back, sample_rows, upload_index
+from rltlab.engine.window_io import (accept, may_chain, padded_index, read_back, sample_rows,
+                                     stopped, upload_index)
 
 
 @dataclass
@@ -92,8 +94,9 @@ class RoundWindow:
         self.engine, self.steps = engine, steps
         self._prepared: _Prepared | None = None
         self._held = frozenset()   # the decode rows a prefill step holds (prefill_first)
-        # windows run, and how many of them ran a plan prepared during the previous window
-        self.stats = {"windows": 0, "prepared_used": 0}
+        # windows run, how many of them ran a plan prepared during the previous window, and
+        # how many were launched before the previous one was read back (chained)
+        self.stats = {"windows": 0, "prepared_used": 0, "chained": 0}
 
     # ------------------------------------------------------------------------- eligibility
     def plan(self) -> WindowPlan | None:
@@ -236,22 +239,48 @@ class RoundWindow:
     # -------------------------------------------------------------------------------- run
     @torch.no_grad()
     def step(self, plan: WindowPlan):
-        """Run the plan's round steps back to back, then hand the sampled tokens over."""
+        """Run the plan's round steps back to back, then hand the sampled tokens over; up to
+        window_chain windows chained (window_io.py)."""
         eng, runner = self.engine, self.engine.runner
-        static, device = runner.static, runner.device
-        seqs, n = plan.seqs, len(plan.seqs)
+        static, seqs = runner.static, plan.seqs
         eng._failed = {}
-        index, rows, planes = plan.uploaded or self._to_device(plan, device)
+        # the rows' pending tokens; a chained window finds its rows' there, sampled on the device
+        pending = to_device([seq.output_token_ids[-1] for seq in seqs], torch.int64,
+                            runner.device)
+        going_on = [i for i in range(len(seqs)) if i not in set(plan.starts[0])]
+        if going_on:   # rows inside a token go on from their last state: one gather, one copy
+            static.hidden_in.index_copy_(0, to_device(going_on, torch.int64, runner.device),
+                                         torch.cat([seqs[i].span.hidden for i in going_on]))
+        outs = self._launch(plan, pending)
+        for chained in itertools.count():
+            self._prepare_next(plan)   # host work while the device runs (before the read-back)
+            nxt, nxt_outs = self._prepared, None
+            if nxt is not None and may_chain(eng, seqs, len(nxt.plan.seqs), chained):
+                self._prepared, nxt = None, nxt.plan
+                # the same rows in the same order: each goes on from this window's last round
+                static.hidden_in[: len(seqs)].copy_(static.hidden_out[: len(seqs)])
+                nxt_outs = self._launch(nxt, pending)
+                self.stats["chained"] += 1
+            self._finish_window(plan, outs, static, leave_states=nxt_outs is None)
+            if nxt_outs is None:
+                break
+            plan, outs = nxt, nxt_outs
+            if stopped(eng, seqs):   # learnt from the read-back: the launched window ends it
+                self._finish_window(plan, outs, static, leave_states=True)
+                break
+        eng._finish_failed(seqs)
+        return eng._drain_outputs()
+
+    def _launch(self, plan: WindowPlan, pending: torch.Tensor) -> list:
+        """Queue the plan's round steps on the device (rows inside a token already in
+        hidden_in) -> per step with exits (tokens, finite, log-probs), still on the device."""
+        eng, runner = self.engine, self.engine.runner
+        static, n = runner.static, len(plan.seqs)
+        index, rows, planes = plan.uploaded or self._to_device(plan, runner.device)
         self.stats["windows"] += 1
         self.stats["prepared_used"] += plan.uploaded is not None
-        pending = to_device([seq.output_token_ids[-1] for seq in seqs], torch.int64, device)
         embed = runner.model.model.embed_tokens
-        starting = set(plan.starts[0])
-        going_on = [i for i in range(n) if i not in starting]
-        if going_on:   # rows inside a token go on from their last state: one gather, one copy
-            static.hidden_in.index_copy_(0, to_device(going_on, torch.int64, device),
-                                         torch.cat([seqs[i].span.hidden for i in going_on]))
-        outs = []   # per step: (tokens, finite, log-probs | None) of its exiting rows
+        outs = []
         for s in range(plan.num_steps):
             starts, exits, copy_slots = rows[s]
             static.index.copy_(index[s])
@@ -260,15 +289,12 @@ class RoundWindow:
             static.launch_round(n)
             if len(exits):
                 outs.append(sample_rows(eng, static.hidden_out, pending, exits,
-                                        [seqs[i] for i in plan.exits[s]]))
+                                        [plan.seqs[i] for i in plan.exits[s]]))
             if len(copy_slots):
                 runner.copy_exited(copy_slots, planes[s])
             if s + 1 < plan.num_steps:   # the next round's input: this round's output
                 static.hidden_in[:n].copy_(static.hidden_out[:n])
-        self._prepare_next(plan)   # host work while the device runs (before the read-back)
-        self._finish_window(plan, outs, static)
-        eng._finish_failed(seqs)
-        return eng._drain_outputs()
+        return outs
 
     @staticmethod
     def _to_device(plan: WindowPlan, device):
@@ -285,7 +311,10 @@ class RoundWindow:
         return index, rows, exit_planes.split([len(step) for step in planes])
 
     # ------------------------------------------------------------------------ back on host
-    def _finish_window(self, plan: WindowPlan, outs, static) -> None:
+    def _finish_window(self, plan: WindowPlan, outs, static, leave_states: bool) -> None:
+        """Read the window back and hand its tokens over; leave_states: also set each row's
+        state at the window's end (num_computed, span), unless a chained window already runs
+        on from it (its own finish sets them)."""
         eng = self.engine
         seqs = plan.seqs
         tokens, finite, logps = read_back(outs)
@@ -294,13 +323,14 @@ class RoundWindow:
         per_row: list[list[int]] = [[] for _ in seqs]
         for flat, i in enumerate(order):
             per_row[i].append(flat)
-        final_hidden = static.hidden_out[: len(seqs)].clone()   # one copy; rows keep views
+        # one copy, rows keep views (queued after the window: nothing was queued behind it)
+        final_hidden = static.hidden_out[: len(seqs)].clone() if leave_states else None
         for i, seq in enumerate(seqs):
             for j, flat in enumerate(per_row[i]):
                 if not accept(eng, seq, tokens[flat], finite[flat], logps[flat],
                               plan.emitted[i][j]):
                     break
-            if seq.is_finished or seq.seq_id in eng._failed:
+            if not leave_states or seq.is_finished or seq.seq_id in eng._failed:
                 continue
             position = seq.num_tokens - 1
             seq.num_computed = position

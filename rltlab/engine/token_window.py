@@ -29,6 +29,7 @@ those, at those positions (_key), else it plans afresh.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +37,8 @@ import torch
 
 from rltlab.common.device import to_device
 from rltlab.engine.sequence import Sequence
-from rltlab.engine.window_io import accept, padded_index, read_back, sample_rows, upload_index
+from rltlab.engine.window_io import (accept, may_chain, padded_index, read_back, sample_rows,
+                                     stopped, upload_index)
 
 
 @dataclass
@@ -54,8 +56,9 @@ class TokenWindow:
     def __init__(self, engine, tokens: int):
         self.engine, self.tokens = engine, tokens
         self._prepared: WindowPlan | None = None
-        # windows run, and how many of them ran a plan prepared during the previous window
-        self.stats = {"windows": 0, "prepared_used": 0}
+        # windows run, how many of them ran a plan prepared during the previous window, and
+        # how many were launched before the previous one was read back (chained)
+        self.stats = {"windows": 0, "prepared_used": 0, "chained": 0}
 
     def fits(self, seqs: list[Sequence]) -> bool:
         """Every row can take a window (none asks for top log-probs)."""
@@ -108,10 +111,10 @@ class TokenWindow:
             [len(going) for going in live])
         return upload_index(index, device), rows
 
-    def _prepare_next(self, seqs: list[Sequence], live: list[list[int]], static,
-                      depth: int) -> None:
+    def _prepare_next(self, seqs: list[Sequence], live: list[list[int]], static) -> None:
         """Plan and upload the window after this one while the device runs it: for the rows
-        that stay below their length limit, at the positions this window leaves them. A row
+        that stay below their length limit, at the positions this window leaves them, at
+        their next token's depth. A row
         that stops at EOS or a stop token, an admission or anything else that changes the rows
         makes step() see another key and plan afresh."""
         made = [sum(i in going for going in live) for i in range(len(seqs))]
@@ -120,6 +123,13 @@ class TokenWindow:
         if not stay:
             return
         seqs, grown = [seqs[i] for i in stay], [made[i] for i in stay]
+        # the next window's depth: its first token's, the same for every row (a replayed
+        # trace may change it at any token), else no token window comes next
+        depths = {self.engine._whole_tokens.depth(seq, seq.num_output_tokens + k)
+                  for seq, k in zip(seqs, grown)}
+        if len(depths) != 1 or None in depths:
+            return
+        depth = depths.pop()
         index, nxt_live = self._plan(seqs, static, depth, grown)
         self._prepared = WindowPlan(self._key(seqs, grown), depth, static, nxt_live,
                                     self._upload(index, nxt_live, self.engine.runner.device),
@@ -138,24 +148,44 @@ class TokenWindow:
 
     @torch.no_grad()
     def step(self, depth: int):
-        """Up to `tokens` whole tokens of depth `depth` for every running row, one read-back."""
+        """Windows of up to `tokens` whole tokens of depth `depth` for every running row, one
+        read-back each, up to window_chain of them chained (window_io.py)."""
         eng = self.engine
         seqs = list(eng.scheduler.running)
         eng._failed = {}
         plan = self._take_plan(seqs, eng.runner.static_rows(len(seqs)), depth)
+        # the rows' pending tokens; a chained window finds its rows' there, sampled on the device
+        pending = to_device([seq.output_token_ids[-1] for seq in seqs], torch.int64,
+                            eng.runner.device)
+        outs = self._launch(seqs, plan, pending)
+        for chained in itertools.count():
+            self._prepare_next(seqs, plan.live, plan.static)   # while the device runs
+            nxt, nxt_outs = self._prepared, None
+            if nxt is not None and may_chain(eng, seqs, len(nxt.key), chained):
+                self._prepared, nxt_outs = None, self._launch(seqs, nxt, pending)
+                self.stats["chained"] += 1
+            self._finish(seqs, plan, outs)
+            if nxt_outs is None:
+                break
+            plan, outs = nxt, nxt_outs
+            if stopped(eng, seqs):   # learnt from the read-back: the launched window ends it
+                self._finish(seqs, plan, outs)
+                break
+        eng._finish_failed(seqs)
+        return eng._drain_outputs()
+
+    def _launch(self, seqs: list[Sequence], plan: WindowPlan, pending: torch.Tensor) -> list:
+        """Queue the plan's tokens on the device -> per token (tokens, finite, log-probs) of
+        its live rows, still on the device."""
+        eng, runner = self.engine, self.engine.runner
         self.stats["windows"] += 1
         self.stats["prepared_used"] += plan.ahead
-        return self._run(seqs, plan)
-
-    def _run(self, seqs: list[Sequence], plan: WindowPlan):
-        eng, runner = self.engine, self.engine.runner
-        n, device, depth, static = len(seqs), runner.device, plan.depth, plan.static
+        n, depth, static = len(seqs), plan.depth, plan.static
         (index, rows), live = plan.uploaded, plan.live
         slots = index[:, 2 * static.max_batch: 3 * static.max_batch].long()
-        planes = torch.full((n,), depth - 1, dtype=torch.int32, device=device)
-        pending = to_device([seq.output_token_ids[-1] for seq in seqs], torch.int64, device)
+        planes = torch.full((n,), depth - 1, dtype=torch.int32, device=runner.device)
         embed = runner.model.model.embed_tokens
-        outs = []   # per step: (tokens, finite, log-probs) of its live rows
+        outs = []
         for s, going in enumerate(live):
             static.index.copy_(index[s])
             static.launch_token(n, depth, embed(pending))
@@ -163,11 +193,13 @@ class TokenWindow:
                 runner.copy_exited(slots[s].index_select(0, rows[s]), planes[: len(going)])
             outs.append(sample_rows(eng, static.hidden_out, pending, rows[s],
                                     [seqs[i] for i in going]))
-        self._prepare_next(seqs, live, static, depth)   # host work while the device runs
+        return outs
+
+    def _finish(self, seqs: list[Sequence], plan: WindowPlan, outs: list) -> None:
+        """Read the window back (one copy) and hand its tokens to the engine."""
+        eng = self.engine
         tokens, finite, logps = read_back(outs)
-        for flat, i in enumerate(i for going in live for i in going):
-            accept(eng, seqs[i], tokens[flat], finite[flat], logps[flat], depth)
+        for flat, i in enumerate(i for going in plan.live for i in going):
+            accept(eng, seqs[i], tokens[flat], finite[flat], logps[flat], plan.depth)
         for seq in seqs:   # the last sampled token is pending: every earlier position is final
             seq.num_computed = seq.num_tokens - 1
-        eng._finish_failed(seqs)
-        return eng._drain_outputs()

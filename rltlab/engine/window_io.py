@@ -1,6 +1,22 @@
 """What round windows (round_window.py) and token windows (token_window.py) share: a window's
 static index with every row a padding row, its upload, sampling the exiting rows on the device,
-the one read-back, and handing the tokens to the engine."""
+the one read-back, handing the tokens to the engine, and chaining.
+
+Chaining (EngineConfig.window_chain): after a window is launched, the host plans the next one
+(both kinds plan ahead) and reads this one back, and the device idles from the read-back until
+the next window is launched: at c = 128 on the H200 ~6-9 ms per window of ~130-260 ms, at c = 1
+~2.2 ms per window of ~37 ms (docs/benchmarks/2026-12-02-s3-h200.md). When the next window has
+exactly the same rows, nothing the read-back tells the host can change it: no row reaches its
+length limit in this window (the plan knows), so no slot frees and no admission is due (none
+was when this window started). A row that stops at EOS or a stop token is only learnt from
+the read-back; it computes on through the chained window and its tokens there are dropped,
+as tokens after a stop inside one window are. So the next window is launched first, then this
+one is read back and its tokens handed over while the device runs the next; the chain ends when
+a row stops or fails, when the rows change, after window_chain windows (aborts and new requests
+wait for the step to end), or when any row streams (its tokens go out once per window).
+Each window's device inputs that the host has not read yet (the rows' pending tokens, and for
+round windows the states of rows inside a token) are carried on the device; everything else
+is what the plan made ahead already holds."""
 from __future__ import annotations
 
 import numpy as np
@@ -40,6 +56,19 @@ def sample_rows(engine, hidden: torch.Tensor, pending: torch.Tensor, rows: torch
     logp = drawn.logprobs if drawn.logprobs is not None else \
         torch.full_like(logits[:, 0], float("nan"))
     return drawn.tokens, torch.isfinite(logits).all(dim=-1), logp
+
+
+def may_chain(engine, seqs: list[Sequence], next_rows: int, chained: int) -> bool:
+    """Whether the window planned ahead (for next_rows rows) may be launched before the one
+    just launched (the chained-th of this step, 0-based) is read back: see the module
+    docstring."""
+    return (next_rows == len(seqs) and chained + 1 < engine.config.window_chain
+            and not any(seq.request.stream for seq in seqs))
+
+
+def stopped(engine, seqs: list[Sequence]) -> bool:
+    """After a window's tokens were handed over: did a row stop or fail in it?"""
+    return any(seq.is_finished or seq.seq_id in engine._failed for seq in seqs)
 
 
 def read_back(outs) -> tuple[list[int], list[bool], list[float]]:
