@@ -9,6 +9,17 @@ RoPE + K/V write run as separate small kernels. Here:
     w in [BLOCK_N, BLOCK_K] tiles. act="silu_mul" reads x = [gate | up] and applies
     silu(gate) * up on the fly (SwiGLU's down projection), so the activation never hits memory.
     Accumulation in fp32; one rounding to x's dtype at the end.
+  * Split-K (one row, tiles with SPLIT_K > 1): a narrow weight (N = 2048: o and down) gives
+    only N / BLOCK_N = 256-512 programs, each walking all of K, too few loads in flight to
+    stream HBM (~50% of copy bandwidth vs ~85% for the wide q/k/v and gate/up). The grid becomes
+    (N / BLOCK_N, SPLIT_K): each program accumulates a contiguous run of K tiles and stores an
+    fp32 partial to a per-device workspace, then counts itself in on its column block's counter
+    (atomic, acq_rel). The program that arrives last sums the SPLIT_K partials in the fixed order
+    0..SPLIT_K-1, so the output is bit-identical run to run whichever program that is, writes
+    it, and resets the counter to 0 for the next call (also inside CUDA graphs). Nothing waits
+    on another program, so no scheduling order can deadlock. All calls on a device share the
+    workspace: consecutive ones in a stream are safe (under PDL every store and atomic comes
+    after gdc_wait), concurrent ones on two streams are not.
   * rope_write_kv(qkv, ...) splits a fused q|k|v row, applies rotate-half RoPE to q and k (fp32,
     one rounding), writes k and v into the paged cache (plane, slot) and returns q. One program
     per row; a negative slot marks a padding row (nothing written). With k_out it also stores
@@ -29,6 +40,12 @@ from .pdl import await_previous_kernel, launch_options
 
 MAX_ROWS = 16
 ACTIVATIONS = (None, "silu_mul")
+# Split-K workspace per device: fp32 partials [SPLIT_K, N] and one int32 arrival counter per
+# column block, zero between calls. Fixed sizes (far above Ouro-1.4B's 8 x 11264 partials) so
+# that CUDA graphs keep pointing at the same buffers.
+SPLIT_K_PARTIALS = 1 << 20
+SPLIT_K_COUNTERS = 1 << 16
+_split_k_workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def small_m_linear_ref(x, w, act=None):
@@ -62,37 +79,74 @@ def _accumulate_tile(acc, w, x_ptr, rows, ks, row_ok, K, stride_xm, SILU_MUL: tl
 
 
 @triton.jit
+def _reduce_split_k(acc, partials_ptr, counters_ptr, out_ptr, cols, col_ok, N,
+                    SPLIT_K: tl.constexpr):
+    """Store this program's [1, BLOCK_N] partial; the column block's last program to arrive sums
+    all SPLIT_K partials in order 0..SPLIT_K-1 into out and resets the block's counter."""
+    tl.store(partials_ptr + tl.program_id(1) * N + cols[None, :], acc, mask=col_ok[None, :])
+    # One thread does the atomic below: the barrier orders every thread's partial store before
+    # its release (the pattern of CUTLASS's split-K semaphore).
+    tl.debug_barrier()
+    counter = counters_ptr + tl.program_id(0)
+    if tl.atomic_add(counter, 1, sem="acq_rel") == SPLIT_K - 1:
+        # The partials come from other SMs: read them from L2 (.cg), never from a stale L1 line.
+        total = tl.load(partials_ptr + cols[None, :], mask=col_ok[None, :], cache_modifier=".cg")
+        for split in tl.static_range(1, SPLIT_K):
+            total += tl.load(partials_ptr + split * N + cols[None, :], mask=col_ok[None, :],
+                             cache_modifier=".cg")
+        tl.store(out_ptr + cols[None, :], total.to(out_ptr.dtype.element_ty),
+                 mask=col_ok[None, :])
+        # No program of this launch touches the counter again, and the next launch only after
+        # this one has finished (stream order, or gdc_wait under PDL): a plain store is enough.
+        tl.store(counter, 0)
+
+
+@triton.jit
 def _small_m_linear_kernel(
-    x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+    x_ptr, w_ptr, out_ptr, partials_ptr, counters_ptr, M, N, K, stride_xm, stride_wn, stride_om,
     SILU_MUL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, IEEE: tl.constexpr, GDC: tl.constexpr,
+    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, IEEE: tl.constexpr, GDC: tl.constexpr,
 ):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
     col_ok, row_ok = cols < N, rows < M
+    if SPLIT_K == 1:
+        k_begin, k_end = 0, K
+    else:
+        # Split s takes tiles [s T / SPLIT_K, (s + 1) T / SPLIT_K) of the T = cdiv(K, BLOCK_K):
+        # balanced to one tile, never empty (check_tiles makes SPLIT_K <= T). The masks
+        # below stay `< K`: splits meet on tile boundaries, only the last tile is ragged.
+        k_tiles = tl.cdiv(K, BLOCK_K)
+        k_begin = tl.program_id(1) * k_tiles // SPLIT_K * BLOCK_K
+        k_end = (tl.program_id(1) + 1) * k_tiles // SPLIT_K * BLOCK_K
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # The first weight tile is loaded before waiting for the previous kernel (under PDL the
     # weight stream starts while it drains); the loop takes the rest. Same order either way.
-    ks = tl.arange(0, BLOCK_K)
+    ks = k_begin + tl.arange(0, BLOCK_K)
     w = tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :],
                 mask=col_ok[:, None] & (ks < K)[None, :], other=0.0)
     await_previous_kernel(GDC)
     acc = _accumulate_tile(acc, w, x_ptr, rows, ks, row_ok, K, stride_xm, SILU_MUL, BLOCK_M, IEEE)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
+    for k0 in range(k_begin + BLOCK_K, k_end, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :],
                     mask=col_ok[:, None] & (ks < K)[None, :], other=0.0)
         acc = _accumulate_tile(acc, w, x_ptr, rows, ks, row_ok, K, stride_xm, SILU_MUL, BLOCK_M,
                                IEEE)
-    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :],
-             acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    if SPLIT_K == 1:
+        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    else:
+        _reduce_split_k(acc, partials_ptr, counters_ptr, out_ptr, cols, col_ok, N, SPLIT_K)
 
 
 # Tile shapes (BLOCK_N, BLOCK_K, num_warps, num_stages) for one row and for 2..16 rows, by
-# default and per (N, K) weight shape. One row needs many programs in flight to saturate HBM
-# (N / BLOCK_N of them); 2..16 rows use tensor cores (tl.dot needs BLOCK_N >= 16). The per-shape
-# entries are the Ouro-1.4B layer's, measured by `python -m rltlab.bench.gemv --sweep` on the
-# H200 (docs/benchmarks/2026-11-30-engine-h200.md). Under PDL the same tiles serve: the ones a
+# default and per (N, K) weight shape; a fifth entry SPLIT_K (one row only) splits K over that
+# many programs per column block (module docstring), and 4 entries mean SPLIT_K = 1. One row
+# needs many programs in flight to saturate HBM (N / BLOCK_N * SPLIT_K of them); 2..16 rows use
+# tensor cores (tl.dot needs BLOCK_N >= 16). The per-shape entries are the Ouro-1.4B layer's,
+# measured by `python -m rltlab.bench.gemv --sweep` on the H200
+# (docs/benchmarks/2026-11-30-engine-h200.md). Under PDL the same tiles serve: the ones a
 # --sweep --pdl picked per shape made the engine's interleaved one-row round 4% slower
 # (docs/benchmarks/2026-12-02-h200.md).
 TILES = {
@@ -104,13 +158,53 @@ TILES = {
 }
 
 
-def tiles_for(rows: int, n: int, k: int) -> tuple[int, int, int, int]:
+def tiles_for(rows: int, n: int, k: int) -> tuple[int, ...]:
     kind = "one_row" if rows == 1 else "few_rows"
     return TILES.get((kind, n, k), TILES[kind])
 
 
+def check_tiles(tiles, rows: int, n: int, k: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K) of 4 or 5 tiles for a [rows, K] x
+    [N, K]^T product; ValueError where split-K cannot run it."""
+    if len(tiles) not in (4, 5):
+        raise ValueError(f"tiles are (BLOCK_N, BLOCK_K, num_warps, num_stages[, SPLIT_K]), "
+                         f"got {tiles!r}")
+    block_n, block_k, warps, stages = tiles[:4]
+    split_k = tiles[4] if len(tiles) == 5 else 1
+    k_tiles = triton.cdiv(k, block_k)
+    if split_k < 1:
+        raise ValueError(f"SPLIT_K must be >= 1, got {split_k}")
+    if split_k > 1 and rows != 1:
+        raise ValueError(f"split-K is for one row only, got SPLIT_K={split_k} for {rows} rows")
+    if split_k > k_tiles:
+        raise ValueError(f"SPLIT_K={split_k} leaves a split without a BLOCK_K tile: K={k} has "
+                         f"{k_tiles} tile(s) of BLOCK_K={block_k}")
+    if split_k > 1 and (split_k * n > SPLIT_K_PARTIALS
+                        or triton.cdiv(n, block_n) > SPLIT_K_COUNTERS):
+        raise ValueError(f"N={n}, BLOCK_N={block_n}, SPLIT_K={split_k} exceeds the split-K "
+                         f"workspace ({SPLIT_K_PARTIALS} partials, {SPLIT_K_COUNTERS} counters)")
+    return block_n, block_k, warps, stages, split_k
+
+
+def split_k_workspace(device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp32 partials, int32 counters) of split-K on ``device``, allocated zeroed on first use."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:   # one key per GPU, as x.device gives
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device not in _split_k_workspaces:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # The counters' zeroing would be captured into the graph instead of run now.
+            raise RuntimeError("run one split-K small_m_linear on this device before capturing "
+                               "a CUDA graph (it allocates the split-K workspace)")
+        _split_k_workspaces[device] = (
+            torch.empty(SPLIT_K_PARTIALS, dtype=torch.float32, device=device),
+            torch.zeros(SPLIT_K_COUNTERS, dtype=torch.int32, device=device))
+    return _split_k_workspaces[device]
+
+
 def small_m_linear(x, w, act=None, tiles=None, *, pdl=False):
-    """Triton version of small_m_linear_ref for 1 <= M <= 16 rows (pdl: kernels/pdl.py)."""
+    """Triton version of small_m_linear_ref for 1 <= M <= 16 rows (pdl: kernels/pdl.py; tiles:
+    see TILES)."""
     if act not in ACTIVATIONS:
         raise ValueError(f"act must be one of {ACTIVATIONS}, got {act!r}")
     m, n, k = x.shape[0], w.shape[0], w.shape[1]
@@ -122,13 +216,15 @@ def small_m_linear(x, w, act=None, tiles=None, *, pdl=False):
     if x.dtype != w.dtype or x.stride(-1) != 1 or w.stride(-1) != 1:
         raise ValueError("x and w must share one dtype and be contiguous in their last dim")
     launch = launch_options(pdl, x.device)
-    block_m = 1 if m == 1 else 16
-    block_n, block_k, warps, stages = tiles or tiles_for(m, n, k)
+    block_n, block_k, warps, stages, split_k = check_tiles(tiles or tiles_for(m, n, k), m, n, k)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    _small_m_linear_kernel[(triton.cdiv(n, block_n),)](
-        x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
-        SILU_MUL=act == "silu_mul", BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        IEEE=w.dtype == torch.float32, num_warps=warps, num_stages=stages, **launch,
+    # SPLIT_K = 1 never touches the workspace: out stands in for its pointers.
+    partials, counters = split_k_workspace(x.device) if split_k > 1 else (out, out)
+    _small_m_linear_kernel[(triton.cdiv(n, block_n), split_k)](
+        x, w, out, partials, counters, m, n, k, x.stride(0), w.stride(0), out.stride(0),
+        SILU_MUL=act == "silu_mul", BLOCK_M=1 if m == 1 else 16, BLOCK_N=block_n,
+        BLOCK_K=block_k, SPLIT_K=split_k, IEEE=w.dtype == torch.float32, num_warps=warps,
+        num_stages=stages, **launch,
     )
     return out
 

@@ -2,7 +2,9 @@
 references and float64 math. fp32: atol/rtol 1e-5. bf16 (one-row GEMV, RoPE): one bf16 step.
 
 The interpreter's tl.dot on bf16 inputs is not faithful, so the 2..16-row GEMV path is checked
-here in fp32 (IEEE dot) and in bf16 on the GPU by `python -m rltlab.bench.gemv`.
+here in fp32 (IEEE dot) and in bf16 on the GPU by `python -m rltlab.bench.gemv`. The interpreter
+runs a grid's programs one after another, so it checks split-K's arithmetic and its order of
+summation, not the memory ordering between programs on a GPU.
 """
 
 import os
@@ -16,6 +18,8 @@ import torch.nn.functional as F  # noqa: E402
 from rltlab.kernels import (  # noqa: E402
     rope_write_kv, rope_write_kv_ref, small_m_linear, small_m_linear_ref, triton_available,
 )
+from rltlab.kernels import small_batch  # noqa: E402
+from rltlab.kernels.pdl import INTERPRETED  # noqa: E402
 from rltlab.model.architecture import apply_rope, rope_cos_sin  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -70,6 +74,91 @@ def test_small_m_linear_rejects_bad_input():
         small_m_linear(_randn(2, 16, seed=1), w, "gelu")
     with pytest.raises(ValueError, match="one dtype"):
         small_m_linear(_randn(2, 16, seed=1, dtype=torch.bfloat16), w)
+
+
+# (N, K, one-row split-K tiles): N not a multiple of BLOCK_N, K not of BLOCK_K * SPLIT_K; the
+# last case gives every split exactly one BLOCK_K tile.
+SPLIT_K_CASES = [(36, 200, (8, 32, 4, 2, 2)), (36, 200, (16, 32, 2, 3, 3)),
+                 (50, 300, (4, 64, 4, 2, 4)), (20, 64, (8, 16, 4, 2, 4))]
+
+
+def _one_row_case(n, k, act, seed, dtype=torch.float32):
+    x = _randn(1, 2 * k if act else k, seed=seed, dtype=dtype)
+    w = (_randn(n, k, seed=seed + 1) / k ** 0.5).to(dtype)
+    return x, w
+
+
+@pytest.mark.parametrize("n,k,tiles", SPLIT_K_CASES)
+@pytest.mark.parametrize("act", [None, "silu_mul"])
+def test_split_k_matches_reference_fp32(n, k, tiles, act):
+    x, w = _one_row_case(n, k, act, seed=n + k)
+    out = small_m_linear(x, w, act, tiles=tiles)
+    torch.testing.assert_close(out, small_m_linear_ref(x, w, act), **FP32)
+    xd = x.double()
+    if act:
+        xd = F.silu(xd[:, :k]) * xd[:, k:]
+    torch.testing.assert_close(out.double(), xd @ w.double().T, **FP32)
+
+
+@pytest.mark.parametrize("act", [None, "silu_mul"])
+def test_split_k_is_deterministic_and_leaves_counters_zero(act):
+    x, w = _one_row_case(36, 200, act, seed=11)
+    first = small_m_linear(x, w, act, tiles=(8, 32, 4, 2, 3))
+    _, counters = small_batch.split_k_workspace(x.device)
+    assert not counters.any()   # a following call or graph replay starts clean
+    second = small_m_linear(x, w, act, tiles=(8, 32, 4, 2, 3))
+    assert torch.equal(first, second)
+    assert not counters.any()
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="bit-exact vs separate launches: interpreter only")
+@pytest.mark.parametrize("act", [None, "silu_mul"])
+def test_split_k_sums_the_splits_partials_in_order(act):
+    """Split s covers K tiles [s T / S, (s + 1) T / S); its partial is the SPLIT_K = 1 product
+    of that K slice, and the output is exactly partial 0 + partial 1 + ... in fp32."""
+    n, k, block_k, splits = 36, 200, 32, 3
+    x, w = _one_row_case(n, k, act, seed=12)
+    out = small_m_linear(x, w, act, tiles=(8, block_k, 4, 2, splits))
+    k_tiles = -(-k // block_k)
+    expected = torch.zeros(1, n, device=DEVICE)
+    for split in range(splits):
+        begin = split * k_tiles // splits * block_k
+        end = min((split + 1) * k_tiles // splits * block_k, k)
+        x_slice = x[:, begin:end]
+        if act:   # [gate | up] of the slice
+            x_slice = torch.cat([x_slice, x[:, k + begin:k + end]], dim=1)
+        expected += small_m_linear(x_slice.contiguous(), w[:, begin:end], act, (8, block_k, 4, 2))
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("act", [None, "silu_mul"])
+def test_split_k_one_row_bf16(act):
+    x, w = _one_row_case(48, 256, act, seed=3, dtype=torch.bfloat16)
+    out = small_m_linear(x, w, act, tiles=(8, 32, 4, 3, 4))
+    assert out.dtype == torch.bfloat16
+    expected = small_m_linear_ref(x.float(), w.float(), act)   # fp32 math on the bf16 inputs
+    torch.testing.assert_close(out.float(), expected, **BF16)
+
+
+def test_split_k_rejects_bad_tiles_before_launching(monkeypatch):
+    class NoLaunch:
+        def __getitem__(self, grid):
+            raise AssertionError(f"launched with grid {grid}")
+
+    monkeypatch.setattr(small_batch, "_small_m_linear_kernel", NoLaunch())
+    x, w = _one_row_case(8, 64, None, seed=0)
+    for tiles, message in [((8, 32, 4, 2, 0), "SPLIT_K must be >= 1"),
+                           ((8, 32, 4, 2, 3), "SPLIT_K=3 leaves a split without a BLOCK_K tile"),
+                           ((8, 32, 4), "tiles are"), ((8, 32, 4, 2, 2, 1), "tiles are")]:
+        with pytest.raises(ValueError, match=message):
+            small_m_linear(x, w, tiles=tiles)
+    with pytest.raises(ValueError, match="one row only"):
+        small_m_linear(_randn(2, 64, seed=1), w, tiles=(16, 32, 4, 2, 2))
+    wide = _randn(1, 16, seed=2).expand(1 << 18, 16)   # N = 2^18 rows of one copy
+    for tiles in [(1, 8, 4, 2, 2),    # 2^18 column blocks > SPLIT_K_COUNTERS
+                  (64, 2, 4, 2, 8)]:  # 8 x 2^18 partials > SPLIT_K_PARTIALS
+        with pytest.raises(ValueError, match="exceeds the split-K workspace"):
+            small_m_linear(_randn(1, 16, seed=3), wide, tiles=tiles)
 
 
 def _rope_case(dtype, head_dim=12, num_heads=4, num_kv_heads=2, seed=0):

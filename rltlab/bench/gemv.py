@@ -1,7 +1,7 @@
 """Small-batch GEMV (kernels/small_batch.small_m_linear) vs cuBLAS on one decode round's weights.
 
     python -m rltlab.bench.gemv --preset ouro-1.4b [--rows 1 2 4 8 16] [--sweep] [--pdl]
-                                [--out FILE]
+                                [--shapes o down] [--out FILE]
 
 For a model shape, the four matmuls of a layer (q/k/v fused, o, gate/up fused, down with
 SiLU * up) with L distinct weight copies each (L = num_hidden_layers, so the weights stream
@@ -9,7 +9,10 @@ from HBM as in a real round instead of sitting in the 50 MB L2). Per row count: 
 (max abs error vs the fp32 product of the same bf16 inputs), then the time of one round's matmuls
 (a CUDA graph of all L x 4, median of repeats) for cuBLAS (F.linear; SiLU * up as its own
 kernels) and for the Triton kernel, in GB/s and as a % of the device copy bandwidth measured in
-the same run. --sweep times tile configurations per weight shape first and reports the best.
+the same run. --sweep times tile configurations per weight shape first (--shapes: only those),
+the default tiles among them, and reports the best as (BLOCK_N, BLOCK_K, num_warps,
+num_stages, SPLIT_K); one row also tries split-K (kernels/small_batch.py), for the narrow o and
+down projections.
 --pdl launches the Triton kernels with programmatic dependent launch (rltlab.kernels.pdl), as the
 engine's one-row rounds do on Hopper; its sweep then covers the one-row tiles only.
 Last line: JSON.
@@ -27,12 +30,17 @@ import torch.nn.functional as F
 
 from rltlab.common.atomic import write_text_atomic
 from rltlab.bench.ceilings import copy_bandwidth
-from rltlab.kernels.small_batch import small_m_linear, small_m_linear_ref, tiles_for
+from rltlab.kernels.small_batch import check_tiles, small_m_linear, small_m_linear_ref, tiles_for
 
-ONE_ROW = [(bn, bk, w, 3) for bn, bk, w in itertools.product((4, 8, 16, 32), (256, 512, 1024),
-                                                               (2, 4, 8))]
-FEW_ROWS = [(bn, bk, w, 3) for bn, bk, w in itertools.product((16, 32, 64), (64, 128, 256),
-                                                               (4, 8))]
+# (BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K); the stages are swept after the rest. One
+# row: 36 tiles without split-K, and 81 with 2, 4 or 8 splits for BLOCK_N <= 16 (more programs
+# for narrow N); a shape's sweep skips the splits its K has too few BLOCK_K tiles for.
+ONE_ROW = ([(bn, bk, w, 3, 1) for bn, bk, w in itertools.product((4, 8, 16, 32), (256, 512, 1024),
+                                                                   (2, 4, 8))]
+           + [(bn, bk, w, 3, s) for bn, bk, w, s in itertools.product((4, 8, 16), (256, 512, 1024),
+                                                                        (2, 4, 8), (2, 4, 8))])
+FEW_ROWS = [(bn, bk, w, 3, 1) for bn, bk, w in itertools.product((16, 32, 64), (64, 128, 256),
+                                                                  (4, 8))]
 
 
 def layer_shapes(cfg) -> dict[str, tuple[int, int, str | None]]:
@@ -62,6 +70,15 @@ def graph_ms(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def fits(tiles, rows: int, n: int, k: int) -> bool:
+    """Whether small_m_linear takes these tiles for the shape (split-K needs K tiles to split)."""
+    try:
+        check_tiles(tiles, rows, n, k)
+    except ValueError:
+        return False
+    return True
+
+
 def cublas(x, w, act):
     return F.linear(x, w) if act is None else small_m_linear_ref(x, w, act)
 
@@ -73,6 +90,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--sweep", action="store_true", help="tune tiles per shape first")
     ap.add_argument("--pdl", action="store_true",
                     help="launch the Triton kernels with programmatic dependent launch")
+    ap.add_argument("--shapes", nargs="+", default=None,
+                    choices=("qkv", "o", "gate_up", "down"),
+                    help="sweep only these of the layer's matmuls (default: all four)")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -103,21 +123,26 @@ def main(argv=None) -> dict:
         for kind, m, configs in kinds:
             xs = inputs(m)
             for name, (n, k, act) in shapes.items():
+                if args.shapes and name not in args.shapes:
+                    continue
+                default = check_tiles(tiles_for(m, n, k), m, n, k)
                 timed = {}
-                for tiles in configs:
+                candidates = [t for t in configs if fits(t, m, n, k)]
+                for tiles in candidates + ([default] if default not in candidates else []):
                     try:
                         timed[tiles] = graph_ms(lambda: [triton_gemv(xs[name], w, act, tiles)
                                                          for w in weights[name]], args.repeats)
                     except Exception as err:   # a tile shape the compiler refuses
                         print(f"skip {kind} {name} {tiles}: {repr(err)[:80]}")
                 best = min(timed, key=timed.get)
-                stages = {s: graph_ms(lambda: [triton_gemv(xs[name], w, act, (*best[:3], s))
+                with_stages = {s: (*best[:3], s, best[4]) for s in (2, 3, 4, 5)}
+                stages = {s: graph_ms(lambda: [triton_gemv(xs[name], w, act, tiles)
                                                for w in weights[name]], args.repeats)
-                          for s in (2, 3, 4, 5)}
-                best = (*best[:3], min(stages, key=stages.get))
+                          for s, tiles in with_stages.items()}
+                best = with_stages[min(stages, key=stages.get)]
                 result["tiles"][f"{kind} {name} N={n} K={k}"] = {
                     "best": best, "ms": round(min(stages.values()), 4),
-                    "default_ms": round(timed.get(tiles_for(m, n, k), float("nan")), 4)}
+                    "default_ms": round(timed.get(default, float("nan")), 4)}
                 print(kind, name, result["tiles"][f"{kind} {name} N={n} K={k}"], flush=True)
 
     for m in args.rows:
