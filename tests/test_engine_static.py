@@ -155,6 +155,37 @@ def test_triton_fused_prefill_equals_gather_prefill():
     assert {plane for _, _, plane, _ in chunks} == {0, 1, 2, 3}
 
 
+@pytest.mark.parametrize("after", [3, None])
+def test_recurring_prompt_shapes_take_cudnn_attention_after_enough_rounds(monkeypatch, after):
+    """A (chunks, length) shape of whole prompts asks for cuDNN first once it has run
+    cudnn_prefill_after rounds, FlashAttention-2 before; None never. The rollouts are the
+    gather path's either way (on CPU the math backend runs whatever is asked)."""
+    from rltlab.engine import fused_prefill
+
+    asked = []
+    real = fused_prefill.sdpa_kernel
+    monkeypatch.setattr(fused_prefill, "sdpa_kernel",
+                        lambda backends: asked.append(list(backends)) or real(backends))
+    model = tiny_engine_model(8)
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(1, 60, (12,), generator=gen).tolist() for _ in range(6)]
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=0)
+    engine_args = dict(max_num_seqs=2, block_size=4, cudnn_prefill_after=after)
+    gather = LLM(model, decode_path="static", fused_prefill=False, **engine_args).generate(
+        prompts, params)
+    llm = LLM(model, decode_path="static", **engine_args)
+    assert_same_rollouts(gather, llm.generate(prompts, params))
+    layers = model.config.num_hidden_layers
+    rounds = [asked[i] for i in range(0, len(asked), layers)]   # one SDPA call per layer
+    assert llm.llm_engine.runner.prefill.shape_rounds[(2, 12)] == len(rounds) > 3, rounds
+    firsts = [backends[0] for backends in rounds]
+    if after is None:
+        assert set(firsts) == {fused_prefill.SDPBackend.FLASH_ATTENTION}
+    else:
+        assert firsts == [fused_prefill.SDPBackend.FLASH_ATTENTION] * after + \
+            [fused_prefill.SDPBackend.CUDNN_ATTENTION] * (len(rounds) - after)
+
+
 def test_from_start_chunks_through_sdpa_equal_paged_attention():
     """FusedPrefill._attend: chunks from position 0 go through SDPA in length groups on their
     fresh keys and values (two of one length apart in the step: an index; one alone: a slice),

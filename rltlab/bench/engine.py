@@ -85,6 +85,8 @@ MODES = {
     "graph-gather-prefill": dict(decode_path="static", cuda_graphs=True, fused_prefill=False),
     # Baseline: decode rows run one round in each prefill step (EngineConfig.prefill_first).
     "graph-mixed-prefill": dict(decode_path="static", cuda_graphs=True, prefill_first=False),
+    # Baseline: whole prompts' attention through FlashAttention-2 only (fused_prefill.py).
+    "graph-flash-prefill": dict(decode_path="static", cuda_graphs=True, cudnn_prefill_after=None),
     # Baseline: one window per engine step, read back before the next is launched (window_io).
     "graph-no-chain": dict(decode_path="static", cuda_graphs=True, window_chain=1),
     # Baseline: one-row rounds' kernels launched without programmatic dependent launch.

@@ -72,6 +72,9 @@ class EngineConfig:
     fused_prefill: with the static path, run prefill chunks (rows of contiguous positions)
     through the static path's fused layer with causal paged attention
     (rltlab.engine.fused_prefill); False = the plain-torch gather path.
+    cudnn_prefill_after: in the fused prefill, whole prompts of one (chunks, length) shape take
+    cuDNN attention once that shape has run this many rounds, FlashAttention-2 before
+    (fused_prefill.py says why); None = FlashAttention-2 always.
     fused_spec: with the static path and a DraftProposer, run each speculative iteration
     (K chained drafts, verification, acceptance / rejection sampling) as one device program,
     one CUDA graph on a GPU (rltlab.engine.spec_graph); False = the host-driven loop (one
@@ -104,6 +107,7 @@ class EngineConfig:
     token_window: int = 8
     window_chain: int = 8
     fused_prefill: bool = True
+    cudnn_prefill_after: int | None = 16
     fused_spec: bool = True
 
     def __post_init__(self) -> None:
@@ -112,7 +116,7 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
-        for name in ("num_blocks", "max_model_len", "default_min_loops"):
+        for name in ("num_blocks", "max_model_len", "default_min_loops", "cudnn_prefill_after"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or value <= 0):

@@ -8,7 +8,8 @@ flash attention over the plane through the block table (kernels.paged_prefill_at
 launch per chunk. Nothing is padded, and no [rows, queries, keys] mask is built on the host.
 Chunks that start at position 0 (a whole prompt, the common RL case) see only their own keys:
 those of one length go through torch's fused causal attention together
-(F.scaled_dot_product_attention, FlashAttention on the H200; SDPA_BACKENDS says why not cuDNN),
+(F.scaled_dot_product_attention: FlashAttention-2, then cuDNN for shapes that recur; see
+SDPA_BACKENDS),
 on the layer's fresh k (RoPE'd by the same kernel that writes the cache, into k_out) and v (a
 view of the q|k|v output): no gather from the cache, and no copy at all when the chunks lie
 back to back in the step, as a step of whole prompts does. SiLU * up is one kernel
@@ -24,6 +25,8 @@ reference with the same arguments, used off CUDA (and by the CPU tests).
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -34,10 +37,17 @@ from rltlab.engine.static_decode import post_attention
 from rltlab.model.architecture import OuroForCausalLM, rope_cos_sin
 
 
-# Not cuDNN: it builds an execution plan for every new (chunks, length) shape, and admissions
-# of a few requests at a time bring a new one nearly every step (on the H200 such mixed steps
-# took ~42 ms each in a W7 closed loop; docs/benchmarks/2026-12-01-h200.md).
+# cuDNN runs the whole prompts' causal attention faster than FlashAttention-2 on the H200 (16
+# prompts of 1K tokens: 0.158 against 0.281 ms per layer, 7 x 1K 2.4x, 128 x 128 1.39x;
+# docs/experiments/scripts/sdpa_backends_h200.py), but builds an execution plan for every new
+# (chunks, length) shape: ~70-80 ms each (1.4 s for the first), and admissions of a few requests
+# at a time bring a new shape nearly every step (such mixed steps took ~42 ms each in a W7
+# closed loop, docs/benchmarks/2026-12-01-h200.md). So a shape takes cuDNN only once it has run
+# EngineConfig.cudnn_prefill_after rounds (16 by default: a plan pays for itself after ~25
+# rounds of 24 layers), FlashAttention-2 before; where cuDNN cannot run (CPU, a shape it
+# refuses) torch falls through the list.
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+CUDNN_FIRST = [SDPBackend.CUDNN_ATTENTION] + SDPA_BACKENDS
 
 
 def contiguous(positions: list[torch.Tensor]) -> bool:
@@ -50,9 +60,11 @@ class FusedPrefill:
     (StaticDecoder.layers), so weight updates reach both."""
 
     def __init__(self, model: OuroForCausalLM, layers: list[dict], kv_cache: torch.Tensor,
-                 triton: bool):
+                 triton: bool, cudnn_after: int | None = 16):
         self.model, self.layers, self.kv_cache = model, layers, kv_cache
         self.triton = triton
+        self.cudnn_after = cudnn_after
+        self.shape_rounds: Counter = Counter()   # (chunks, length) -> rounds run (SDPA_BACKENDS)
         self._rmsnorm = kernels.rmsnorm if triton else kernels.rmsnorm_ref
         self._add_rmsnorm = kernels.add_rmsnorm if triton else kernels.add_rmsnorm_ref
         self._rope_write_kv = kernels.rope_write_kv if triton else kernels.rope_write_kv_ref
@@ -75,6 +87,7 @@ class FusedPrefill:
         scale, eps = cfg.head_dim ** -0.5, cfg.rms_norm_eps
         planes = planes.to(torch.int32)
         plan = self._from_start_plan(chunks, hidden.device)
+        self.shape_rounds.update(batch for batch, _ in plan)
         # The fresh RoPE'd keys, for the chunks from position 0 (one buffer for every layer).
         k_fresh = hidden.new_empty(hidden.shape[0], *heads[1:]) if plan else None
         k_end = (heads[0] + heads[1]) * heads[2]
@@ -105,12 +118,17 @@ class FusedPrefill:
                                                   tables[row], start, scale)
         for batch, tokens in plan:   # tokens: a slice (views, no copy) or an index tensor
             heads = lambda t: t[tokens].view(*batch, *t.shape[1:]).transpose(1, 2)   # [B,H,n,D]
-            with sdpa_kernel(SDPA_BACKENDS):
+            with sdpa_kernel(self.backends(batch)):
                 o = F.scaled_dot_product_attention(
                     heads(q), heads(k_fresh), heads(v_fresh), is_causal=True, scale=scale,
                     enable_gqa=self._groups > 1)
             out[tokens] = o.transpose(1, 2).flatten(0, 1)
         return out
+
+    def backends(self, batch: tuple[int, int]) -> list:
+        """SDPA backends, in order of preference, for whole prompts of shape (chunks, length)."""
+        recurs = self.cudnn_after is not None and self.shape_rounds[batch] > self.cudnn_after
+        return CUDNN_FIRST if recurs else SDPA_BACKENDS
 
     @staticmethod
     def _from_start_plan(chunks, device: torch.device):

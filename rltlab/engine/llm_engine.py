@@ -88,7 +88,8 @@ class LLMEngine:
                                   cuda_graphs=config.cuda_graphs, compile=config.compile,
                                   small_batch_kernels=config.small_batch_kernels,
                                   pdl=config.pdl,
-                                  fused_prefill=config.fused_prefill)
+                                  fused_prefill=config.fused_prefill,
+                                  cudnn_prefill_after=config.cudnn_prefill_after)
         self.weights = WeightUpdater(self.model, weight_version)
         self.eos_token_id = getattr(tokenizer, "eos_token_id", None)
         # every id of a list-valued config eos_token_id stops too (as in HF generate)
