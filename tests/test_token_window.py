@@ -167,6 +167,39 @@ def test_windows_chain_only_without_streaming_rows_and_when_asked():
     assert runs["chained"][1]["windows"] == runs["off"][1]["windows"]
 
 
+@pytest.mark.parametrize("kind", ["token", "round"])
+def test_each_windows_read_back_is_queued_before_the_next_window(monkeypatch, kind):
+    """A window's copy to the host is queued right behind its own work: queued after a chained
+    window, the host would wait for that window too, and chaining would overlap nothing (on the
+    H200 it made W7's decode phase 7% slower)."""
+    from rltlab.engine import round_window, token_window
+
+    module = token_window if kind == "token" else round_window
+    events = []
+    queue, read = module.queue_read_back, module.read_back
+    monkeypatch.setattr(module, "queue_read_back", lambda outs: events.append("queued") or
+                        queue(outs))
+    monkeypatch.setattr(module, "read_back", lambda sampled: events.append("read") or
+                        read(sampled))
+    model = tiny_engine_model(7)
+    prompts = random_prompts(4, seed=5)
+    params = fixed_params(4, 3, max_tokens=13, temperature=0.0)
+    if kind == "round":
+        for i, p in enumerate(params):
+            p.exit_policy_args = {"depth": 1 + i % 4}
+    llm = LLM(model, decode_path="static", **dict(IN_PHASE, token_window=3, round_window=3))
+    window = llm.llm_engine._token_window if kind == "token" else llm.llm_engine._round_window
+    launch = window._launch
+    monkeypatch.setattr(window, "_launch", lambda *args: events.append("launch") or
+                        launch(*args))
+    llm.generate(prompts, params)
+    assert window.stats["chained"] > 0
+    launches = [i for i, e in enumerate(events) if e == "launch"]
+    assert len(launches) == events.count("queued") == events.count("read") > 1
+    for i in launches:   # launch, its copy queued, and only then anything else
+        assert events[i + 1] == "queued", events
+
+
 @pytest.mark.parametrize("bad", [-1, 2.0, True, "8"])
 def test_token_window_must_be_a_non_negative_int(bad):
     with pytest.raises(ValueError, match="token_window"):

@@ -58,8 +58,9 @@ import torch
 from rltlab.engine.exit_policies import FixedDepth
 from rltlab.common.device import to_device
 from rltlab.engine.sequence import Sequence, Span
-from rltlab.engine.window_io import (accept, may_chain, padded_index, read_back, sample_rows,
-                                     stopped, upload_index)
+from rltlab.engine.window_io import (ReadBack, accept, may_chain, padded_index,
+                                     queue_read_back, read_back, sample_rows, stopped,
+                                     upload_index)
 
 
 @dataclass
@@ -251,29 +252,29 @@ class RoundWindow:
         if going_on:   # rows inside a token go on from their last state: one gather, one copy
             static.hidden_in.index_copy_(0, to_device(going_on, torch.int64, runner.device),
                                          torch.cat([seqs[i].span.hidden for i in going_on]))
-        outs = self._launch(plan, pending)
+        sampled = self._launch(plan, pending)
         for chained in itertools.count():
             self._prepare_next(plan)   # host work while the device runs (before the read-back)
-            nxt, nxt_outs = self._prepared, None
+            nxt, nxt_sampled = self._prepared, None
             if nxt is not None and may_chain(eng, seqs, len(nxt.plan.seqs), chained):
                 self._prepared, nxt = None, nxt.plan
                 # the same rows in the same order: each goes on from this window's last round
                 static.hidden_in[: len(seqs)].copy_(static.hidden_out[: len(seqs)])
-                nxt_outs = self._launch(nxt, pending)
+                nxt_sampled = self._launch(nxt, pending)
                 self.stats["chained"] += 1
-            self._finish_window(plan, outs, static, leave_states=nxt_outs is None)
-            if nxt_outs is None:
+            self._finish_window(plan, sampled, static, leave_states=nxt_sampled is None)
+            if nxt_sampled is None:
                 break
-            plan, outs = nxt, nxt_outs
+            plan, sampled = nxt, nxt_sampled
             if stopped(eng, seqs):   # learnt from the read-back: the launched window ends it
-                self._finish_window(plan, outs, static, leave_states=True)
+                self._finish_window(plan, sampled, static, leave_states=True)
                 break
         eng._finish_failed(seqs)
         return eng._drain_outputs()
 
-    def _launch(self, plan: WindowPlan, pending: torch.Tensor) -> list:
+    def _launch(self, plan: WindowPlan, pending: torch.Tensor) -> ReadBack:
         """Queue the plan's round steps on the device (rows inside a token already in
-        hidden_in) -> per step with exits (tokens, finite, log-probs), still on the device."""
+        hidden_in), and behind them the copy of what they sample to the host."""
         eng, runner = self.engine, self.engine.runner
         static, n = runner.static, len(plan.seqs)
         index, rows, planes = plan.uploaded or self._to_device(plan, runner.device)
@@ -294,7 +295,7 @@ class RoundWindow:
                 runner.copy_exited(copy_slots, planes[s])
             if s + 1 < plan.num_steps:   # the next round's input: this round's output
                 static.hidden_in[:n].copy_(static.hidden_out[:n])
-        return outs
+        return queue_read_back(outs)
 
     @staticmethod
     def _to_device(plan: WindowPlan, device):
@@ -311,13 +312,14 @@ class RoundWindow:
         return index, rows, exit_planes.split([len(step) for step in planes])
 
     # ------------------------------------------------------------------------ back on host
-    def _finish_window(self, plan: WindowPlan, outs, static, leave_states: bool) -> None:
-        """Read the window back and hand its tokens over; leave_states: also set each row's
-        state at the window's end (num_computed, span), unless a chained window already runs
-        on from it (its own finish sets them)."""
+    def _finish_window(self, plan: WindowPlan, sampled: ReadBack, static,
+                       leave_states: bool) -> None:
+        """Wait for the window's read-back and hand its tokens over; leave_states: also set
+        each row's state at the window's end (num_computed, span), unless a chained window
+        already runs on from it (its own finish sets them)."""
         eng = self.engine
         seqs = plan.seqs
-        tokens, finite, logps = read_back(outs)
+        tokens, finite, logps = read_back(sampled)
         # the exits in step order, row order within a step
         order = [i for step in plan.exits for i in step]
         per_row: list[list[int]] = [[] for _ in seqs]

@@ -37,8 +37,9 @@ import torch
 
 from rltlab.common.device import to_device
 from rltlab.engine.sequence import Sequence
-from rltlab.engine.window_io import (accept, may_chain, padded_index, read_back, sample_rows,
-                                     stopped, upload_index)
+from rltlab.engine.window_io import (ReadBack, accept, may_chain, padded_index,
+                                     queue_read_back, read_back, sample_rows, stopped,
+                                     upload_index)
 
 
 @dataclass
@@ -157,26 +158,27 @@ class TokenWindow:
         # the rows' pending tokens; a chained window finds its rows' there, sampled on the device
         pending = to_device([seq.output_token_ids[-1] for seq in seqs], torch.int64,
                             eng.runner.device)
-        outs = self._launch(seqs, plan, pending)
+        sampled = self._launch(seqs, plan, pending)
         for chained in itertools.count():
             self._prepare_next(seqs, plan.live, plan.static)   # while the device runs
-            nxt, nxt_outs = self._prepared, None
+            nxt, nxt_sampled = self._prepared, None
             if nxt is not None and may_chain(eng, seqs, len(nxt.key), chained):
-                self._prepared, nxt_outs = None, self._launch(seqs, nxt, pending)
+                self._prepared, nxt_sampled = None, self._launch(seqs, nxt, pending)
                 self.stats["chained"] += 1
-            self._finish(seqs, plan, outs)
-            if nxt_outs is None:
+            self._finish(seqs, plan, sampled)
+            if nxt_sampled is None:
                 break
-            plan, outs = nxt, nxt_outs
+            plan, sampled = nxt, nxt_sampled
             if stopped(eng, seqs):   # learnt from the read-back: the launched window ends it
-                self._finish(seqs, plan, outs)
+                self._finish(seqs, plan, sampled)
                 break
         eng._finish_failed(seqs)
         return eng._drain_outputs()
 
-    def _launch(self, seqs: list[Sequence], plan: WindowPlan, pending: torch.Tensor) -> list:
-        """Queue the plan's tokens on the device -> per token (tokens, finite, log-probs) of
-        its live rows, still on the device."""
+    def _launch(self, seqs: list[Sequence], plan: WindowPlan, pending: torch.Tensor
+                ) -> ReadBack:
+        """Queue the plan's tokens on the device, and behind them the copy of what they sample
+        to the host."""
         eng, runner = self.engine, self.engine.runner
         self.stats["windows"] += 1
         self.stats["prepared_used"] += plan.ahead
@@ -193,12 +195,12 @@ class TokenWindow:
                 runner.copy_exited(slots[s].index_select(0, rows[s]), planes[: len(going)])
             outs.append(sample_rows(eng, static.hidden_out, pending, rows[s],
                                     [seqs[i] for i in going]))
-        return outs
+        return queue_read_back(outs)
 
-    def _finish(self, seqs: list[Sequence], plan: WindowPlan, outs: list) -> None:
-        """Read the window back (one copy) and hand its tokens to the engine."""
+    def _finish(self, seqs: list[Sequence], plan: WindowPlan, sampled: ReadBack) -> None:
+        """Wait for the window's read-back and hand its tokens to the engine."""
         eng = self.engine
-        tokens, finite, logps = read_back(outs)
+        tokens, finite, logps = read_back(sampled)
         for flat, i in enumerate(i for going in plan.live for i in going):
             accept(eng, seqs[i], tokens[flat], finite[flat], logps[flat], plan.depth)
         for seq in seqs:   # the last sampled token is pending: every earlier position is final

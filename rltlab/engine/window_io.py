@@ -16,8 +16,12 @@ a row stops or fails, when the rows change, after window_chain windows (aborts a
 wait for the step to end), or when any row streams (its tokens go out once per window).
 Each window's device inputs that the host has not read yet (the rows' pending tokens, and for
 round windows the states of rows inside a token) are carried on the device; everything else
-is what the plan made ahead already holds."""
+is what the plan made ahead already holds. Each window's copy to the host is queued right
+behind its own work (queue_read_back), before the next window: queued later, the read-back
+would wait for the chained window too, and the chain would overlap nothing."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -71,11 +75,34 @@ def stopped(engine, seqs: list[Sequence]) -> bool:
     return any(seq.is_finished or seq.seq_id in engine._failed for seq in seqs)
 
 
-def read_back(outs) -> tuple[list[int], list[bool], list[float]]:
-    """sample_rows' results of a whole window, in step order, in one read-back."""
+@dataclass
+class ReadBack:
+    """A window's sampled tokens, finite flags and log-probs on their way to the host."""
+    tensors: tuple            # three host tensors (pinned on CUDA), valid once `ready` passed
+    ready: object | None      # torch.cuda.Event recorded after the copies (None: already there)
+
+
+def queue_read_back(outs) -> ReadBack:
+    """sample_rows' results of a whole window, in step order, on their way to the host: one
+    concatenation each, queued with a non-blocking copy into pinned memory right behind the
+    window's own work, so a window chained after it (queued next) never delays the copy."""
     if not outs:
-        return [], [], []
-    return tuple(torch.cat([out[k] for out in outs]).tolist() for k in range(3))
+        return ReadBack((torch.empty(0),) * 3, None)
+    parts = [torch.cat([out[k] for out in outs]) for k in range(3)]
+    if parts[0].device.type != "cuda":
+        return ReadBack(tuple(parts), None)
+    host = tuple(torch.empty(p.shape, dtype=p.dtype, pin_memory=True).copy_(p, non_blocking=True)
+                 for p in parts)
+    ready = torch.cuda.Event()
+    ready.record()
+    return ReadBack(host, ready)
+
+
+def read_back(pending: ReadBack) -> tuple[list[int], list[bool], list[float]]:
+    """Wait for a queued read-back (only for its own copies) -> (tokens, finite, log-probs)."""
+    if pending.ready is not None:
+        pending.ready.synchronize()
+    return tuple(t.tolist() for t in pending.tensors)
 
 
 def accept(engine, seq: Sequence, token: int, finite: bool, logprob: float, depth: int) -> bool:
