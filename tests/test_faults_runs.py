@@ -35,7 +35,9 @@ def probe_notebook(tmp_path_factory):
     nb.cells.insert(2, nbformat.v4.new_code_cell(
         "import time\nfrom pathlib import Path\n"
         "(Path(RUN_DIR) / '.iter_0.tmp-probe').mkdir(exist_ok=True)\n"
-        "(Path(RUN_DIR) / 'started').write_text('1')\nt0 = time.time()\n"
+        # written whole, then renamed: a test that sees `started` must never read it empty
+        "(Path(RUN_DIR) / '.started').write_text('1')\n"
+        "(Path(RUN_DIR) / '.started').rename(Path(RUN_DIR) / 'started')\nt0 = time.time()\n"
         "while HOLD and not Path(HOLD).exists() and time.time() - t0 < 120:\n"
         "    time.sleep(0.05)\nif FAIL_MESSAGE:\n    raise RuntimeError(FAIL_MESSAGE)"))
     path = tmp_path_factory.mktemp("nb") / "probe.ipynb"

@@ -248,7 +248,8 @@ class RoundWindow:
         # the rows' pending tokens; a chained window finds its rows' there, sampled on the device
         pending = to_device([seq.output_token_ids[-1] for seq in seqs], torch.int64,
                             runner.device)
-        going_on = [i for i in range(len(seqs)) if i not in set(plan.starts[0])]
+        starting = set(plan.starts[0])
+        going_on = [i for i in range(len(seqs)) if i not in starting]
         if going_on:   # rows inside a token go on from their last state: one gather, one copy
             static.hidden_in.index_copy_(0, to_device(going_on, torch.int64, runner.device),
                                          torch.cat([seqs[i].span.hidden for i in going_on]))

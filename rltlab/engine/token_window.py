@@ -22,10 +22,10 @@ ends. Rows asking for top log-probs (logprobs > 0) take one-token steps.
 
 Planned ahead: while the device runs window k, before reading it back, the host plans and
 uploads window k + 1 for the rows that will still run, at the positions window k leaves them
-(as round windows do). Planning and the pinned upload took ~8 ms of host time per window at
-c = 128 on the H200 with the device idle (docs/benchmarks/2026-12-02-s3-h200.md); now only the
-read-back and the tokens' hand-over are. step() uses the plan only if the rows turn out exactly
-those, at those positions (_key), else it plans afresh.
+(as round windows do): planning and the pinned upload were host work between a window's
+read-back and the next launch (cProfile on the H200, profiler overhead included: ~12 ms of
+_plan and pin_memory per W3 window, docs/benchmarks/2026-12-02-s3-h200.md). step() uses the
+plan only if the rows turn out exactly those, at those positions (_key), else it plans afresh.
 """
 from __future__ import annotations
 
@@ -115,9 +115,8 @@ class TokenWindow:
     def _prepare_next(self, seqs: list[Sequence], live: list[list[int]], static) -> None:
         """Plan and upload the window after this one while the device runs it: for the rows
         that stay below their length limit, at the positions this window leaves them, at
-        their next token's depth. A row
-        that stops at EOS or a stop token, an admission or anything else that changes the rows
-        makes step() see another key and plan afresh."""
+        their next token's depth. A row that stops at EOS or a stop token, an admission or
+        anything else that changes the rows makes step() see another key and plan afresh."""
         made = [sum(i in going for going in live) for i in range(len(seqs))]
         stay = [i for i, seq in enumerate(seqs)
                 if seq.num_output_tokens + made[i] < seq.max_output_tokens]
