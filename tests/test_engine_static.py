@@ -158,8 +158,9 @@ def test_triton_fused_prefill_equals_gather_prefill():
 @pytest.mark.parametrize("after", [3, None])
 def test_recurring_prompt_shapes_take_cudnn_attention_after_enough_rounds(monkeypatch, after):
     """A (chunks, length) shape of whole prompts asks for cuDNN first once it has run
-    cudnn_prefill_after rounds, FlashAttention-2 before; None never. The rollouts are the
-    gather path's either way (on CPU the math backend runs whatever is asked)."""
+    cudnn_prefill_after rounds, FlashAttention-2 before; None never, nor one prompt alone.
+    The rollouts are the gather path's either way (on CPU the math backend runs whatever is
+    asked)."""
     from rltlab.engine import fused_prefill
 
     asked = []
@@ -184,6 +185,12 @@ def test_recurring_prompt_shapes_take_cudnn_attention_after_enough_rounds(monkey
     else:
         assert firsts == [fused_prefill.SDPBackend.FLASH_ATTENTION] * after + \
             [fused_prefill.SDPBackend.CUDNN_ATTENTION] * (len(rounds) - after)
+    # one prompt at a time (c = 1): FlashAttention-2 however often its shape recurs
+    asked.clear()
+    llm = LLM(model, decode_path="static", **dict(engine_args, max_num_seqs=1))
+    llm.generate(prompts, params)
+    assert llm.llm_engine.runner.prefill.shape_rounds[(1, 12)] > 3
+    assert {backends[0] for backends in asked} == {fused_prefill.SDPBackend.FLASH_ATTENTION}
 
 
 def test_from_start_chunks_through_sdpa_equal_paged_attention():

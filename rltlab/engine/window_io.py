@@ -18,7 +18,8 @@ Each window's device inputs that the host has not read yet (the rows' pending to
 round windows the states of rows inside a token) are carried on the device; everything else
 is what the plan made ahead already holds. Each window's copy to the host is queued right
 behind its own work (queue_read_back), before the next window: queued later, the read-back
-would wait for the chained window too, and the chain would overlap nothing."""
+would wait for the chained window too, and the chain would overlap nothing. Measured on the
+H200 (same run): W1 1.029x; at c = 128 within one run's noise (W3 1.006x, W4 0.992x)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
