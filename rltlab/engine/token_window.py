@@ -117,7 +117,10 @@ class TokenWindow:
         that stay below their length limit, at the positions this window leaves them, at
         their next token's depth. A row that stops at EOS or a stop token, an admission or
         anything else that changes the rows makes step() see another key and plan afresh."""
-        made = [sum(i in going for going in live) for i in range(len(seqs))]
+        made = [0] * len(seqs)   # tokens each row samples in this window
+        for going in live:
+            for i in going:
+                made[i] += 1
         stay = [i for i, seq in enumerate(seqs)
                 if seq.num_output_tokens + made[i] < seq.max_output_tokens]
         if not stay:
