@@ -38,6 +38,18 @@ def assert_same_rollouts(a, b):
             assert max(abs(u - v) for u, v in zip(x.logprobs, y.logprobs)) < TOL
 
 
+def stepped_outputs(engine, prompts, params, stream: bool = False) -> list:
+    """Add every prompt as request r<i> (streaming or not) and step the engine until all are
+    done -> each request's final output, in prompt order."""
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        engine.add_request(f"r{i}", prompt, p, stream=stream)
+    outputs = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outputs[out.request_id] = out
+    return [outputs[f"r{i}"] for i in range(len(prompts))]
+
+
 def round_and_window_runs(model, prompts, params, engine_args):
     """-> (round-per-step outputs, windowed outputs, each window's (rows, steps))."""
     rounds = LLM(model, decode_path="static", fused_tokens=False, **engine_args).generate(
@@ -125,13 +137,7 @@ def test_windows_chain_only_without_streaming_rows_and_when_asked():
     for name, chain, stream in (("chained", 8, False), ("off", 1, False), ("stream", 8, True)):
         engine = LLM(model, decode_path="static", **dict(IN_PHASE, round_window=3,
                                                          window_chain=chain)).llm_engine
-        for i, (prompt, p) in enumerate(zip(prompts, params)):
-            engine.add_request(f"r{i}", prompt, p, stream=stream)
-        outputs = {}
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                outputs[out.request_id] = out
-        assert_same_rollouts(rounds, [outputs[f"r{i}"] for i in range(5)])
+        assert_same_rollouts(rounds, stepped_outputs(engine, prompts, params, stream))
         stats[name] = engine._round_window.stats
     assert any(stop in out.token_ids[:-1] for out in free)   # some rollout stops early
     assert stats["chained"]["chained"] > 0

@@ -8,7 +8,7 @@ import torch
 from rltlab.engine import LLM, SamplingParams
 from rltlab.engine.config import EngineConfig
 from test_engine_exactness import MIXED, check_against_recompute, random_prompts, record_finished
-from test_round_window import assert_same_rollouts
+from test_round_window import assert_same_rollouts, stepped_outputs
 from tiny_models import tiny_engine_model
 
 torch.set_num_threads(1)
@@ -153,13 +153,8 @@ def test_windows_chain_only_without_streaming_rows_and_when_asked():
         llm = LLM(model, decode_path="static", **dict(IN_PHASE, token_window=3,
                                                        window_chain=chain))
         engine = llm.llm_engine
-        for i, (prompt, p) in enumerate(zip(prompts, params)):
-            engine.add_request(f"r{i}", prompt, p, stream=stream)
-        outputs = {}
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                outputs[out.request_id] = out
-        runs[name] = ([outputs[f"r{i}"] for i in range(4)], engine._token_window.stats)
+        runs[name] = (stepped_outputs(engine, prompts, params, stream),
+                      engine._token_window.stats)
     for name in ("off", "stream"):
         assert_same_rollouts(runs["chained"][0], runs[name][0])
     assert runs["chained"][1]["chained"] > 0
