@@ -45,6 +45,9 @@ def test_every_pdl_kernel_refuses_pdl_where_unavailable_and_changes_nothing():
                                                          pdl=True),
         "rope_write_kv": lambda: kernels.rope_write_kv(qkv, cos, sin, cache, 0, planes, slots,
                                                        heads, kv_heads, dim, pdl=True),
+        "rope_kv_linear": lambda: kernels.rope_kv_linear(
+            _rows(11, 1, 16), _rows(12, (heads + 2 * kv_heads) * dim, 16), cos[:1], sin[:1],
+            cache, 0, planes[:1], slots[:1], heads, kv_heads, dim, pdl=True),
         "add_rmsnorm": lambda: kernels.add_rmsnorm(_rows(6, 1, 16), _rows(7, 1, 16),
                                                    _rows(8, 16), _rows(9, 16), 1e-6, pdl=True),
         "paged_decode_attention": lambda: kernels.paged_decode_attention(

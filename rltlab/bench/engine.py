@@ -22,6 +22,8 @@ whole token per host round trip at one depth instead of token windows,
 rltlab.engine.token_window), graph-gather-prefill (graph, but
 prefill chunks through the gather path instead of rltlab.engine.fused_prefill), graph-no-pdl
 (graph, but one-row rounds without programmatic dependent launch, rltlab.kernels.pdl),
+graph-unfused-rope (graph, but one-row rounds run RoPE + K/V write as a kernel of its own
+after the q/k/v GEMV instead of in its epilogue, rltlab.kernels.rope_kv_linear),
 graph-mixed-prefill (graph, but decode rows run one round in each prefill step instead of
 waiting for the prefills: EngineConfig.prefill_first), graph-cublas / compile-cublas
 (graph / compile with cuBLAS for every bucket).
@@ -91,6 +93,8 @@ MODES = {
     "graph-no-chain": dict(decode_path="static", cuda_graphs=True, window_chain=1),
     # Baseline: one-row rounds' kernels launched without programmatic dependent launch.
     "graph-no-pdl": dict(decode_path="static", cuda_graphs=True, pdl=False),
+    # Baseline: one-row rounds run the q/k/v GEMV, then RoPE + K/V write as its own kernel.
+    "graph-unfused-rope": dict(decode_path="static", cuda_graphs=True, fused_qkv_rope=False),
     "graph-cublas": dict(decode_path="static", cuda_graphs=True, small_batch_kernels=False),
     "compile-cublas": dict(decode_path="static", cuda_graphs=True, compile=True,
                            small_batch_kernels=False),

@@ -87,7 +87,7 @@ class LLMEngine:
                                   max_model_len=self.max_model_len,
                                   cuda_graphs=config.cuda_graphs, compile=config.compile,
                                   small_batch_kernels=config.small_batch_kernels,
-                                  pdl=config.pdl,
+                                  pdl=config.pdl, fused_qkv_rope=config.fused_qkv_rope,
                                   fused_prefill=config.fused_prefill,
                                   cudnn_prefill_after=config.cudnn_prefill_after)
         self.weights = WeightUpdater(self.model, weight_version)

@@ -86,7 +86,7 @@ class StaticDecoder:
     def __init__(self, model: OuroForCausalLM, *, fused, kv_cache: torch.Tensor,
                  block_size: int, max_batch: int, max_blocks_per_seq: int, cuda_graphs: bool,
                  compile: bool, small_batch_kernels: bool = True, pdl: bool = False,
-                 triton: bool | None = None):
+                 fused_qkv_rope: bool = True, triton: bool | None = None):
         cfg = model.config
         self.model, self.config, self.kv_cache, self.block_size = model, cfg, kv_cache, block_size
         self.device, self.dtype = kv_cache.device, kv_cache.dtype
@@ -117,6 +117,8 @@ class StaticDecoder:
         # Where the fused RoPE + K/V write kernel replaces qkv_rope's RoPE and write_kv: every
         # Triton round except compiled ones (inductor already fuses RoPE into its neighbours).
         self._fused_rope = use_triton and not compile
+        # One-row rounds: RoPE + K/V write in the q/k/v GEMV's epilogue (kernels/rope_gemv.py).
+        self._qkv_rope_gemv = fused_qkv_rope
         self._qkv, self._post = qkv_rope, post_attention
         if compile:
             self._qkv = torch.compile(qkv_rope, dynamic=True, fullgraph=True)
@@ -295,7 +297,10 @@ class StaticDecoder:
         small = n <= self._small_rows
         pdl = {"pdl": True} if small and self.pdl else {}
         for idx, w in enumerate(self.layers):
-            if small:
+            if small and self._qkv_rope_gemv:
+                q = kernels.rope_kv_linear(y, w["w_qkv"], cos, sin, self.kv_cache, idx, planes,
+                                           slots, *heads, **pdl)
+            elif small:
                 qkv = kernels.small_m_linear(y, w["w_qkv"], **pdl)
                 q = kernels.rope_write_kv(qkv, cos, sin, self.kv_cache, idx, planes, slots,
                                           *heads, **pdl)

@@ -1,0 +1,151 @@
+"""One-row q/k/v projection with RoPE and the K/V write in the GEMV's epilogue.
+
+A one-row decode round used to compute qkv = y @ w_qkv.T with the weight-streaming GEMV
+(kernels/small_batch.py) and then run rope_write_kv: one program that reads qkv back, rotates q
+and k, and writes k and v into the paged cache. That second kernel moves a few KB, but it sits on
+the round's critical path in every layer: it waits for the whole GEMV, runs on one SM, and the
+attention waits for it (24 launches per round, ~3 us each in the eager profile of
+docs/benchmarks/2026-12-02-s3-h200.md).
+
+rope_kv_linear does both in one kernel. Each program owns BLOCK_N / 2 RoPE pairs of one head:
+head-local dims j and j + D/2, which rotate-half RoPE mixes. It streams the weight rows of both
+halves (the same bytes as the plain GEMV's BLOCK_N rows), so once its dot products are done it
+holds both members of every pair and can rotate them in registers. Then it stores:
+
+  * a q head: the rotated pair into q [1, Hq, D];
+  * a k head: the rotated pair into the cache at (plane, slot), unless slot < 0 (padding);
+  * a v head: the pair unrotated into the cache, unless slot < 0.
+
+Accumulation is fp32, as in small_m_linear; the rotation is applied to the fp32 dot products,
+and the result is rounded once, where the unfused path rounds qkv first and the rotation again
+(the same within one bf16 step, and identical in fp32 up to summation order).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .pdl import await_previous_kernel, launch_options
+from .small_batch import rope_write_kv_ref, small_m_linear_ref, tiles_for
+
+
+def rope_kv_linear_ref(x, w_qkv, cos, sin, kv_cache, layer, planes, slots, num_heads,
+                       num_kv_heads, head_dim):
+    """rope_write_kv_ref(x @ w_qkv.T, ...): q/k/v of one row, RoPE'd q returned [1, Hq, D],
+    k and v written to kv_cache[layer, :, planes[0], slots[0]] (slot < 0: skipped)."""
+    return rope_write_kv_ref(small_m_linear_ref(x, w_qkv), cos, sin, kv_cache, layer, planes,
+                             slots, num_heads, num_kv_heads, head_dim)
+
+
+@triton.jit
+def _dot_rows(acc, w_ptr, x_ptr, rows, ks, K, stride_wn):
+    """acc + w[rows, ks] @ x[ks] in fp32 (one [PAIRS, BLOCK_K] weight tile)."""
+    k_ok = ks < K
+    w = tl.load(w_ptr + rows[:, None] * stride_wn + ks[None, :], mask=k_ok[None, :], other=0.0)
+    x = tl.load(x_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+    return acc + tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+
+
+@triton.jit
+def _rope_kv_linear_kernel(
+    x_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, kv_ptr, planes_ptr, slots_ptr, K, stride_wn,
+    block_size, stride_kv, stride_p, stride_b, stride_s, stride_h,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, GDC: tl.constexpr,
+):
+    HALF: tl.constexpr = HEAD_DIM // 2
+    blocks_per_head: tl.constexpr = HALF // PAIRS
+    head = tl.program_id(0) // blocks_per_head           # of the Hq + 2 Hkv heads of q|k|v
+    lo = (tl.program_id(0) % blocks_per_head) * PAIRS + tl.arange(0, PAIRS)   # dims j < D/2
+    hi = lo + HALF                                                           # their partners
+    rows_lo, rows_hi = head * HEAD_DIM + lo, head * HEAD_DIM + hi
+    acc_lo = tl.zeros([PAIRS], tl.float32)
+    acc_hi = tl.zeros([PAIRS], tl.float32)
+    # Weights are read before the wait (under PDL the stream starts while the previous kernel
+    # drains), as in small_m_linear; x only after it.
+    ks = tl.arange(0, BLOCK_K)
+    w_lo = tl.load(w_ptr + rows_lo[:, None] * stride_wn + ks[None, :],
+                   mask=(ks < K)[None, :], other=0.0)
+    w_hi = tl.load(w_ptr + rows_hi[:, None] * stride_wn + ks[None, :],
+                   mask=(ks < K)[None, :], other=0.0)
+    await_previous_kernel(GDC)
+    x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+    acc_lo += tl.sum(w_lo.to(tl.float32) * x[None, :], axis=1)
+    acc_hi += tl.sum(w_hi.to(tl.float32) * x[None, :], axis=1)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        acc_lo = _dot_rows(acc_lo, w_ptr, x_ptr, rows_lo, ks, K, stride_wn)
+        acc_hi = _dot_rows(acc_hi, w_ptr, x_ptr, rows_hi, ks, K, stride_wn)
+
+    if head < NUM_HEADS + NUM_KV_HEADS:
+        # rotate-half RoPE: out[j] = x[j] cos[j] - x[j + D/2] sin[j],
+        #                   out[j + D/2] = x[j + D/2] cos[j + D/2] + x[j] sin[j + D/2]
+        out_lo = (acc_lo * tl.load(cos_ptr + lo).to(tl.float32)
+                  - acc_hi * tl.load(sin_ptr + lo).to(tl.float32))
+        out_hi = (acc_hi * tl.load(cos_ptr + hi).to(tl.float32)
+                  + acc_lo * tl.load(sin_ptr + hi).to(tl.float32))
+    else:
+        out_lo, out_hi = acc_lo, acc_hi
+    if head < NUM_HEADS:
+        tl.store(q_ptr + head * HEAD_DIM + lo, out_lo.to(q_ptr.dtype.element_ty))
+        tl.store(q_ptr + head * HEAD_DIM + hi, out_hi.to(q_ptr.dtype.element_ty))
+    else:
+        slot = tl.load(slots_ptr).to(tl.int64)
+        if slot >= 0:
+            dst = (kv_ptr + tl.load(planes_ptr).to(tl.int64) * stride_p
+                   + (slot // block_size) * stride_b + (slot % block_size) * stride_s)
+            if head < NUM_HEADS + NUM_KV_HEADS:
+                dst += (head - NUM_HEADS) * stride_h
+            else:
+                dst += stride_kv + (head - NUM_HEADS - NUM_KV_HEADS) * stride_h
+            tl.store(dst + lo, out_lo.to(kv_ptr.dtype.element_ty))
+            tl.store(dst + hi, out_hi.to(kv_ptr.dtype.element_ty))
+
+
+def check_pairs(tiles, head_dim: int) -> tuple[int, int, int, int]:
+    """(PAIRS, BLOCK_K, num_warps, num_stages) from one-row GEMV tiles: BLOCK_N = 2 PAIRS rows
+    per program, PAIRS a power of two dividing D / 2; ValueError otherwise."""
+    block_n, block_k, warps, stages = tiles[:4]
+    if len(tiles) == 5 and tiles[4] != 1:
+        raise ValueError(f"rope_kv_linear has no split-K, got tiles {tiles!r}")
+    pairs = block_n // 2
+    if block_n % 2 or pairs & (pairs - 1) or (head_dim // 2) % pairs or head_dim % 2:
+        raise ValueError(f"BLOCK_N={block_n} must be twice a power of two that divides "
+                         f"head_dim / 2 = {head_dim / 2}")
+    return pairs, block_k, warps, stages
+
+
+def rope_kv_linear(x, w_qkv, cos, sin, kv_cache, layer, planes, slots, num_heads, num_kv_heads,
+                   head_dim, tiles=None, *, pdl=False):
+    """Triton version of rope_kv_linear_ref for one row: x [1, K], w_qkv [(Hq + 2 Hkv) D, K],
+    cos/sin [1, D], planes int32 [1], slots int [1] (tiles: one-row GEMV tiles, see
+    small_batch.TILES; pdl: kernels/pdl.py). -> q [1, Hq, D]."""
+    n_out, k = w_qkv.shape
+    if x.shape != (1, k):
+        raise ValueError(f"rope_kv_linear takes one row x [1, {k}], got {tuple(x.shape)}")
+    if n_out != (num_heads + 2 * num_kv_heads) * head_dim:
+        raise ValueError(f"w_qkv has {n_out} rows, not (Hq + 2 Hkv) * D = "
+                         f"{(num_heads + 2 * num_kv_heads) * head_dim}")
+    if x.dtype != w_qkv.dtype or not (x.is_contiguous() and w_qkv.stride(-1) == 1):
+        raise ValueError("x and w_qkv must share one dtype and be contiguous in their last dim")
+    if cos.shape != (1, head_dim) or sin.shape != cos.shape or not (
+            cos.is_contiguous() and sin.is_contiguous()):
+        raise ValueError(f"cos/sin must be contiguous [1, D] = [1, {head_dim}]")
+    if kv_cache.shape[-1] != head_dim or kv_cache.stride(-1) != 1:
+        raise ValueError("the cache's head_dim must match and be contiguous")
+    if kv_cache.shape[-2] != num_kv_heads or not 0 <= layer < kv_cache.shape[0]:
+        raise ValueError(f"the cache has {kv_cache.shape[-2]} KV heads and "
+                         f"{kv_cache.shape[0]} layers; asked for {num_kv_heads} and layer {layer}")
+    if planes.numel() != 1 or slots.numel() != 1:
+        raise ValueError("planes and slots must hold one entry each (one row)")
+    pairs, block_k, warps, stages = check_pairs(tiles or tiles_for(1, n_out, k), head_dim)
+    launch = launch_options(pdl, x.device)
+    q = torch.empty(1, num_heads, head_dim, dtype=x.dtype, device=x.device)
+    layer_cache = kv_cache[layer]   # [2, P, NB, BS, Hkv, D]
+    _rope_kv_linear_kernel[(n_out // (2 * pairs),)](
+        x, w_qkv, cos, sin, q, layer_cache, planes, slots, k, w_qkv.stride(0),
+        kv_cache.shape[4], *layer_cache.stride()[:5],
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, PAIRS=pairs,
+        BLOCK_K=block_k, num_warps=warps, num_stages=stages, **launch,
+    )
+    return q
