@@ -1,0 +1,68 @@
+"""Issue 17: the one-row round's fusions (RoPE + K/V write in the q/k/v GEMV's epilogue,
+EngineConfig.fused_qkv_rope; the split merge in the decode attention's last split,
+EngineConfig.fused_split_merge) change how a round is launched, never what it computes.
+
+The embedded model (fp32; on a GPU the static path's one-row rounds run the Triton GEMVs, split
+decode attention and CUDA graphs), 12 requests one at a time (max_num_seqs=1; prompts of 8-300
+tokens, greedy and sampled rows, logprobs=0): replayed depths 1-4 and a fixed depth, with both
+fusions, with each one off and with both off, against the plain-torch gather path. Prints
+identical rollouts and the largest log-prob difference per comparison. Last line: JSON.
+
+    python docs/experiments/scripts/one_row_exactness.py [--device cuda]
+"""
+import json
+import random
+import sys
+
+import torch
+
+from rltlab.engine import LLM, SamplingParams
+from rltlab.model.checkpoint import load_model_and_tokenizer
+
+CONFIGS = {
+    "fused": {},
+    "unfused-rope": dict(fused_qkv_rope=False),
+    "unfused-merge": dict(fused_split_merge=False),
+    "unfused": dict(fused_qkv_rope=False, fused_split_merge=False),
+}
+
+
+def requests(rng: random.Random):
+    prompts = [[0] + [rng.randrange(1, 1000) for _ in range(rng.randrange(8, 300))]
+               for _ in range(12)]
+    params = []
+    for i in range(12):
+        policy = dict(exit_policy="trace", exit_policy_args={
+            "depths": [4] + [rng.choice([1, 2, 3, 4]) for _ in range(40)]}) if i % 3 else \
+            dict(exit_policy="fixed", exit_policy_args={"depth": 4})
+        params.append(SamplingParams(temperature=(0.0, 1.0)[i % 2], seed=i, ignore_eos=True,
+                                     max_tokens=rng.randrange(16, 40), logprobs=0, **policy))
+    return prompts, params
+
+
+def main(device: str) -> dict:
+    model, _ = load_model_and_tokenizer("artifacts/ouro-tiny", dtype=torch.float32)
+    prompts, params = requests(random.Random(0))
+    reference = [o.outputs[0] for o in LLM(model, device=device, dtype=torch.float32,
+                                           decode_path="gather", max_num_seqs=1
+                                           ).generate(prompts, params)]
+    results = {}
+    for name, kw in CONFIGS.items():
+        llm = LLM(model, device=device, dtype=torch.float32, decode_path="static",
+                  max_num_seqs=1, **kw)
+        outs = [o.outputs[0] for o in llm.generate(prompts, params)]
+        pairs = list(zip(outs, reference))
+        same = sum(a.token_ids == b.token_ids and a.exit_depths == b.exit_depths
+                   for a, b in pairs)
+        diff = max(abs(x - y) for a, b in pairs if a.token_ids == b.token_ids
+                   for x, y in zip(a.logprobs, b.logprobs))
+        results[f"{name} vs gather"] = {"identical": f"{same}/{len(pairs)}",
+                                        "max_abs_logprob_diff": float(f"{diff:.3g}")}
+        print(f"{device} fp32 one row, {name} vs gather path: identical {same}/{len(pairs)}, "
+              f"max |logprob diff| {diff:.2e}", flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    device = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cpu"
+    print(json.dumps(main(device)))
