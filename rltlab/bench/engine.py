@@ -163,24 +163,35 @@ def decode_phase(llm: LLM, prompts, params, costs: ModelCosts) -> dict:
             "work": work_of(costs, sorted(done, key=lambda o: int(o.request_id[1:])))}
 
 
+def make_llm(model, spec: dict, mode: str, kv_gib: float) -> LLM:
+    """The engine a workload runs on in one mode."""
+    return LLM(model, max_num_seqs=spec["concurrency"],
+               max_model_len=spec["prompt_len"] + spec["max_tokens"],
+               # Big prefill steps: the gather path's per-step launch cost is paid per 16K
+               # tokens instead of per 4K (prefill is compute-bound either way).
+               max_num_batched_tokens=max(16384, spec["prompt_len"] + spec["concurrency"]),
+               prefill_chunk=max(512, spec["prompt_len"]), kv_cache_memory_gib=kv_gib,
+               **MODES[mode])
+
+
+def warm_up(llm: LLM, prompts, params, concurrency: int) -> None:
+    """Capture / compile / autotune outside the timings: a few requests, then every batch
+    bucket the measured runs will use."""
+    warm = min(concurrency, 4)
+    llm.generate(prompts[:warm], params[:warm])
+    if concurrency > warm:
+        llm.generate(prompts[:concurrency], [SamplingParams(**{**vars(p), "max_tokens": 2})
+                                             for p in params[:concurrency]])
+
+
 def run_mode(model, spec: dict, mode: str, prompts, params, kv_gib: float,
              costs: ModelCosts) -> dict:
-    llm = LLM(model, max_num_seqs=spec["concurrency"],
-              max_model_len=spec["prompt_len"] + spec["max_tokens"],
-              # Big prefill steps: the gather path's per-step launch cost is paid per 16K
-              # tokens instead of per 4K (prefill is compute-bound either way).
-              max_num_batched_tokens=max(16384, spec["prompt_len"] + spec["concurrency"]),
-              prefill_chunk=max(512, spec["prompt_len"]), kv_cache_memory_gib=kv_gib,
-              **MODES[mode])
+    llm = make_llm(model, spec, mode, kv_gib)
     c = spec["concurrency"]
     try:
         if spec.get("n"):
             return group_workload.run(llm, spec, prompts, params, costs)
-        warm = min(c, 4)   # capture / compile / autotune outside the timings
-        llm.generate(prompts[:warm], params[:warm])
-        if c > warm:   # capture every bucket the measured runs will use
-            llm.generate(prompts[:c], [SamplingParams(**{**vars(p), "max_tokens": 2})
-                                       for p in params[:c]])
+        warm_up(llm, prompts, params, c)
         first_pass = None
         if spec["requests"] > 1:
             # One closed loop before the reported one: its draining tail and staggered admissions

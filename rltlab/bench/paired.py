@@ -1,0 +1,122 @@
+"""Depth pairs measured paired: the baseline and the cheap workload of a pair (W4/W3, W7/W6)
+alternate closed loops on ONE engine, so every gain compares two loops run back to back.
+
+rltlab.bench.engine runs each workload on an engine of its own, one after the other. Their
+closed loops then differ by ~1-2% from one engine (and moment) to the next, and a pair's share of
+its ideal savings, 100 (gain - 1) / (ideal - 1), magnifies that about tenfold: on the H200 the
+same code gave W4/W3 70.9% and 80.9% in two calls (docs/benchmarks/2026-12-02-s4-h200.md).
+The two workloads of a pair share every engine setting and differ only in their requests' exit
+policy, so here, per mode:
+
+  1. one engine; a warm-up and one closed loop of each workload (captures, specialisations);
+  2. `loops` rounds of one baseline loop and one cheap loop, the order alternating by round (a
+     drift in time then cancels between rounds);
+  3. both workloads' decode phase and the baseline's prefill-only loop, for the ideal gain
+     (ceilings.depth_pair, the same formula as rltlab.bench.engine).
+
+Each round's e2e_gain and pct_of_ideal_e2e are reported with their median and range.
+Last line: JSON.
+
+    python -m rltlab.bench.paired --preset ouro-1.4b --device cuda --dtype bfloat16 \\
+        --pair W4/W3 W7/W6 --modes graph --loops 5 --out paired.json
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+
+from tqdm import tqdm
+
+from rltlab.bench import ceilings, engine_checks
+from rltlab.bench.__main__ import add_model_arguments, build_model, prompts_for
+from rltlab.bench.ceilings import ModelCosts
+from rltlab.bench.engine import (DEPTH_PAIRS, MODES, WORKLOADS, decode_phase, make_llm, scaled,
+                                 warm_up, workload_params)
+
+
+def run_pair(model, pair: str, mode: str, loops: int, scale: float, kv_gib: float,
+             costs: ModelCosts) -> dict:
+    base_name, cheap_name = DEPTH_PAIRS[pair]
+    spec = scaled(WORKLOADS[base_name], scale)
+    cfg = model.config
+    prompts = prompts_for(spec["requests"], spec["prompt_len"], cfg.vocab_size, seed=7)
+    params = {name: workload_params(scaled(WORKLOADS[name], scale), cfg.num_rounds,
+                                    spec["requests"], cfg.vocab_size)
+              for name in (base_name, cheap_name)}
+    c = spec["concurrency"]
+    llm = make_llm(model, spec, mode, kv_gib)
+    try:
+        for name in (base_name, cheap_name):
+            warm_up(llm, prompts, params[name], c)
+            engine_checks.closed_loop(llm, prompts, params[name], c, costs)
+        rounds = []
+        for i in tqdm(range(loops), desc=f"{pair} {mode}", unit="round"):
+            order = (base_name, cheap_name) if i % 2 == 0 else (cheap_name, base_name)
+            loop = {name: engine_checks.closed_loop(llm, prompts, params[name], c, costs)[0]
+                    for name in order}
+            rounds.append(loop)
+        decode = {name: decode_phase(llm, prompts[:c], params[name][:c], costs)
+                  for name in (base_name, cheap_name)}
+        prefill = engine_checks.prefill_only(llm, prompts, params[base_name], c, costs)
+    finally:
+        del llm
+        gc.collect()
+        engine_checks.free_device_memory()
+    pairs = [ceilings.depth_pair({"closed_loop": r[base_name], "decode": decode[base_name],
+                                  "prefill": prefill},
+                                 {"closed_loop": r[cheap_name], "decode": decode[cheap_name]})
+             for r in rounds]
+    gains = [p["e2e_gain"] for p in pairs]
+    pcts = [p["pct_of_ideal_e2e"] for p in pairs]
+    return {"rounds": [{name: {"tok_s": r[name]["tok_s"], "wall_s": r[name]["wall_s"]}
+                        for name in r} for r in rounds],
+            "e2e_gain": gains, "pct_of_ideal_e2e": pcts,
+            "ideal_e2e_gain": pairs[0]["ideal_e2e_gain"],
+            "median_e2e_gain": round(statistics.median(gains), 3),
+            "median_pct_of_ideal_e2e": round(statistics.median(pcts), 1),
+            "range_pct_of_ideal_e2e": [min(pcts), max(pcts)],
+            "decode_gain": pairs[0]["decode_gain"], "prefill_s": pairs[0]["prefill_s"],
+            "decode_s": pairs[0]["decode_s"], "base_rounds": pairs[0]["base_rounds"],
+            "cheap_rounds": pairs[0]["cheap_rounds"]}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m rltlab.bench.paired", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_arguments(ap)
+    ap.add_argument("--pair", nargs="+", default=sorted(DEPTH_PAIRS), choices=sorted(DEPTH_PAIRS))
+    ap.add_argument("--modes", default="graph", help=f"comma-separated, from {','.join(MODES)}")
+    ap.add_argument("--loops", type=int, default=5, help="rounds of (baseline, cheap) loops")
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="multiply prompt/output lengths and request counts (CPU smoke runs)")
+    ap.add_argument("--kv-gib", type=float, default=110.0)
+    ap.add_argument("--out", help="also write the JSON here after every pair and mode")
+    args = ap.parse_args(argv)
+    modes = args.modes.split(",")
+    if set(modes) - set(MODES):
+        ap.error(f"unknown modes {sorted(set(modes) - set(MODES))}")
+    if args.loops < 1:
+        ap.error(f"--loops must be >= 1, got {args.loops}")
+    args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    model = build_model(args)
+    costs = ModelCosts.of(model)
+    results = {"device": args.device, "dtype": args.dtype,
+               "model": args.model or f"random:{args.preset}", "loops": args.loops, "pairs": {}}
+    for pair in args.pair:
+        for mode in modes:
+            res = run_pair(model, pair, mode, args.loops, args.scale, args.kv_gib, costs)
+            results["pairs"].setdefault(pair, {})[mode] = res
+            print(f"{pair} end to end ({mode}, {args.loops} paired rounds): median "
+                  f"{res['median_e2e_gain']}x of an ideal {res['ideal_e2e_gain']}x = "
+                  f"{res['median_pct_of_ideal_e2e']}% of the ideal savings (rounds: "
+                  f"{res['range_pct_of_ideal_e2e'][0]}-{res['range_pct_of_ideal_e2e'][1]}%)",
+                  flush=True)
+            engine_checks.save(results, args.out)
+    print(json.dumps(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""rltlab.bench.paired on the tiny model (CPU, eager, 2% workloads): the two workloads of a
+pair alternate loops on one engine, and each round's gain is its own two loops' ratio."""
+
+import json
+import statistics
+
+import pytest
+
+from rltlab.bench import ceilings
+from rltlab.bench.paired import main as paired_main
+
+ARGS = ["--preset", "tiny", "--device", "cpu", "--scale", "0.02", "--kv-gib", "0.05",
+        "--modes", "eager"]
+
+
+def test_rounds_alternate_and_each_gain_is_its_own_loops_ratio(tmp_path):
+    out = tmp_path / "paired.json"
+    res = paired_main(ARGS + ["--pair", "W4/W3", "--loops", "3", "--out", str(out)])
+    assert json.loads(out.read_text()) == res
+    pair = res["pairs"]["W4/W3"]["eager"]
+    # round 0: W3 then W4; round 1: W4 then W3; round 2: W3 then W4
+    assert [list(r) for r in pair["rounds"]] == [["W3", "W4"], ["W4", "W3"], ["W3", "W4"]]
+    ratios = [r["W4"]["tok_s"] / r["W3"]["tok_s"] for r in pair["rounds"]]
+    assert pair["e2e_gain"] == pytest.approx(ratios, abs=5e-4)
+    assert len(set(pair["e2e_gain"])) > 1   # three loops, not one figure copied
+    ideal = pair["ideal_e2e_gain"]
+    assert ideal == pytest.approx(ceilings.ideal_e2e_gain(
+        pair["prefill_s"], pair["decode_s"], pair["cheap_rounds"], pair["base_rounds"]),
+        abs=2e-3)
+    assert pair["cheap_rounds"] < pair["base_rounds"] == 4.0
+    assert pair["pct_of_ideal_e2e"] == pytest.approx(
+        [100 * (g - 1) / (ideal - 1) for g in pair["e2e_gain"]], abs=0.2)
+    assert pair["median_pct_of_ideal_e2e"] == statistics.median(pair["pct_of_ideal_e2e"])
+    assert pair["range_pct_of_ideal_e2e"] == [min(pair["pct_of_ideal_e2e"]),
+                                             max(pair["pct_of_ideal_e2e"])]
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(SystemExit):
+        paired_main(ARGS + ["--loops", "0"])
+    with pytest.raises(SystemExit):
+        paired_main(ARGS + ["--modes", "nonsense"])
+    with pytest.raises(SystemExit):
+        paired_main(ARGS + ["--pair", "W3/W4"])
