@@ -33,6 +33,8 @@ def test_rounds_alternate_and_each_gain_is_its_own_loops_ratio(tmp_path):
     assert pair["median_pct_of_ideal_e2e"] == statistics.median(pair["pct_of_ideal_e2e"])
     assert pair["range_pct_of_ideal_e2e"] == [min(pair["pct_of_ideal_e2e"]),
                                              max(pair["pct_of_ideal_e2e"])]
+    for loop in (r[w] for r in pair["rounds"] for w in ("W3", "W4")):
+        assert 0 < loop["pct_of_ceiling"] < 100
 
 
 def test_bad_arguments_are_refused():

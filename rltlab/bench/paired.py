@@ -14,8 +14,9 @@ policy, so here, per mode:
   3. both workloads' decode phase and the baseline's prefill-only loop, for the ideal gain
      (ceilings.depth_pair, the same formula as rltlab.bench.engine).
 
-Each round's e2e_gain and pct_of_ideal_e2e are reported with their median and range.
-Last line: JSON.
+Each round's e2e_gain and pct_of_ideal_e2e are reported with their median and range, and every
+loop's tok/s with its % of its ceiling (ceilings.ceiling, at the matmul rate and copy bandwidth
+measured at the start of the run). Last line: JSON.
 
     python -m rltlab.bench.paired --preset ouro-1.4b --device cuda --dtype bfloat16 \\
         --pair W4/W3 W7/W6 --modes graph --loops 5 --out paired.json
@@ -37,7 +38,9 @@ from rltlab.bench.engine import (DEPTH_PAIRS, MODES, WORKLOADS, decode_phase, ma
 
 
 def run_pair(model, pair: str, mode: str, loops: int, scale: float, kv_gib: float,
-             costs: ModelCosts) -> dict:
+             costs: ModelCosts, rates: tuple[float, float]) -> dict:
+    """rates: (matmul TFLOP/s, copy GB/s) measured in this run, for each loop's % of its
+    ceiling (ceilings.ceiling)."""
     base_name, cheap_name = DEPTH_PAIRS[pair]
     spec = scaled(WORKLOADS[base_name], scale)
     cfg = model.config
@@ -70,8 +73,13 @@ def run_pair(model, pair: str, mode: str, loops: int, scale: float, kv_gib: floa
              for r in rounds]
     gains = [p["e2e_gain"] for p in pairs]
     pcts = [p["pct_of_ideal_e2e"] for p in pairs]
-    return {"rounds": [{name: {"tok_s": r[name]["tok_s"], "wall_s": r[name]["wall_s"]}
-                        for name in r} for r in rounds],
+
+    def figures(loop: dict) -> dict:
+        limit = ceilings.ceiling(costs, loop["work"], c, *rates)["ceiling_tok_s"]
+        return {"tok_s": loop["tok_s"], "wall_s": loop["wall_s"],
+                "pct_of_ceiling": ceilings.pct(loop["tok_s"], limit)}
+
+    return {"rounds": [{name: figures(r[name]) for name in r} for r in rounds],
             "e2e_gain": gains, "pct_of_ideal_e2e": pcts,
             "ideal_e2e_gain": pairs[0]["ideal_e2e_gain"],
             "median_e2e_gain": round(statistics.median(gains), 3),
@@ -103,16 +111,21 @@ def main(argv=None) -> dict:
     model = build_model(args)
     costs = ModelCosts.of(model)
     results = {"device": args.device, "dtype": args.dtype,
-               "model": args.model or f"random:{args.preset}", "loops": args.loops, "pairs": {}}
+               "model": args.model or f"random:{args.preset}", "loops": args.loops,
+               "copy_bandwidth_gb_s": ceilings.copy_bandwidth(args.device),
+               "matmul_tflop_s": ceilings.matmul_tflop_s(args.device, model.lm_head.weight.dtype),
+               "pairs": {}}
+    rates = (results["matmul_tflop_s"], results["copy_bandwidth_gb_s"])
     for pair in args.pair:
         for mode in modes:
-            res = run_pair(model, pair, mode, args.loops, args.scale, args.kv_gib, costs)
+            res = run_pair(model, pair, mode, args.loops, args.scale, args.kv_gib, costs, rates)
             results["pairs"].setdefault(pair, {})[mode] = res
+            base_pcts = [r[DEPTH_PAIRS[pair][0]]["pct_of_ceiling"] for r in res["rounds"]]
             print(f"{pair} end to end ({mode}, {args.loops} paired rounds): median "
                   f"{res['median_e2e_gain']}x of an ideal {res['ideal_e2e_gain']}x = "
                   f"{res['median_pct_of_ideal_e2e']}% of the ideal savings (rounds: "
-                  f"{res['range_pct_of_ideal_e2e'][0]}-{res['range_pct_of_ideal_e2e'][1]}%)",
-                  flush=True)
+                  f"{res['range_pct_of_ideal_e2e'][0]}-{res['range_pct_of_ideal_e2e'][1]}%); "
+                  f"{DEPTH_PAIRS[pair][0]} at {base_pcts}% of its ceiling", flush=True)
             engine_checks.save(results, args.out)
     print(json.dumps(results))
     return results
