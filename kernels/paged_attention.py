@@ -20,10 +20,6 @@ _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.floa
 # Launch settings (tuned on an H200, bf16, head_dim 128; see docs/kernels.md).
 DECODE_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2}
 PREFILL_CONFIG = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
-# Fused split merge: one int32 arrival counter per (row, KV head), zero between calls, per device;
-# a fixed size so that CUDA graphs keep pointing at the same buffer.
-MERGE_COUNTERS = 1 << 16
-_merge_counters: dict[torch.device, torch.Tensor] = {}
 
 
 def _gather_keys(cache, plane, block_table, positions, block_size):
@@ -106,54 +102,17 @@ def _attend_tile(
 
 
 @triton.jit
-def _merge_if_last(out_ptr, lse_ptr, counters_ptr, final_ptr, row, kv_head, num_heads, heads, d,
-                   g_mask, d_mask, stride_ob, stride_oh, stride_os, stride_fb, stride_fh,
-                   BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Count this split in on its (row, KV head) counter. The last split to arrive merges every
-    split's output of the group's heads by log-sum-exp into final, in split order 0..S-1 (so the
-    result does not depend on which program arrives last), and resets the counter for the next
-    call, also inside CUDA graphs (the pattern of split-K GEMV, kernels/small_batch.py)."""
-    # One thread does the atomic: the barrier orders every thread's stores before its release.
-    tl.debug_barrier()
-    num_splits = tl.num_programs(2)
-    counter = counters_ptr + row * tl.num_programs(1) + kv_head
-    if tl.atomic_add(counter, 1, sem="acq_rel") == num_splits - 1:
-        # Other SMs wrote the partials: read them from L2 (.cg), never from a stale L1 line.
-        # lse is [B, Hq, S]; split 0 always has keys, so the max is finite.
-        lse_at = lse_ptr + (row * num_heads + heads) * num_splits
-        top = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        for s in range(0, num_splits):
-            top = tl.maximum(top, tl.load(lse_at + s, mask=g_mask, other=0.0,
-                                          cache_modifier=".cg"))
-        mask = g_mask[:, None] & d_mask[None, :]
-        part_at = out_ptr + row * stride_ob + heads[:, None] * stride_oh + d[None, :]
-        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-        total = tl.zeros([BLOCK_G], tl.float32)
-        for s in range(0, num_splits):
-            w = tl.exp2(tl.load(lse_at + s, mask=g_mask, other=0.0, cache_modifier=".cg") - top)
-            acc += w[:, None] * tl.load(part_at + s * stride_os, mask=mask, other=0.0,
-                                        cache_modifier=".cg")
-            total += w
-        tl.store(final_ptr + row * stride_fb + heads[:, None] * stride_fh + d[None, :],
-                 acc / total[:, None], mask=mask)
-        # No program of this launch touches the counter again, and the next launch only after
-        # this one has finished (stream order, or gdc_wait under PDL): a plain store is enough.
-        tl.store(counter, 0)
-
-
-@triton.jit
 def _decode_kernel(
-    q_ptr, k_ptr, v_ptr, planes_ptr, bt_ptr, ctx_ptr, out_ptr, lse_ptr, counters_ptr, final_ptr,
+    q_ptr, k_ptr, v_ptr, planes_ptr, bt_ptr, ctx_ptr, out_ptr, lse_ptr,
     qk_scale, block_size, tiles_per_split,
     stride_qb, stride_qh,
     stride_kp, stride_kb, stride_ks, stride_kh,
     stride_vp, stride_vb, stride_vs, stride_vh,
     stride_btb,
-    stride_ob, stride_oh, stride_os, stride_fb, stride_fh,
+    stride_ob, stride_oh, stride_os,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, INPUT_PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr,
-    GDC: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, INPUT_PRECISION: tl.constexpr, GDC: tl.constexpr,
 ):
     await_previous_kernel(GDC)
     # One program = (row, kv head, split of the key range). Its GQA group of query heads forms
@@ -200,10 +159,6 @@ def _decode_kernel(
     # lse is a contiguous [B, Hq, num_splits] buffer.
     lse_offs = (row * GROUP * tl.num_programs(1) + heads) * tl.num_programs(2) + split
     tl.store(lse_ptr + lse_offs, lse, mask=g_mask)
-    if FUSED_MERGE:
-        _merge_if_last(out_ptr, lse_ptr, counters_ptr, final_ptr, row, kv_head,
-                       GROUP * tl.num_programs(1), heads, d, g_mask, d_mask, stride_ob,
-                       stride_oh, stride_os, stride_fb, stride_fh, BLOCK_G, BLOCK_D)
 
 
 @triton.jit
@@ -240,31 +195,13 @@ def _default_num_splits(work_items, max_context_len, block_n, device):
     return max(1, min(triton.cdiv(max_context_len, block_n), (4 * sms) // work_items))
 
 
-def merge_counters(device) -> torch.Tensor:
-    """The int32 (row, KV head) arrival counters of the fused split merge on ``device``,
-    allocated zeroed on first use (each call leaves them zero)."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:   # one key per GPU, as x.device gives
-        device = torch.device("cuda", torch.cuda.current_device())
-    if device not in _merge_counters:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            # The zeroing would be captured into the graph instead of run now.
-            raise RuntimeError("run one split paged_decode_attention on this device before "
-                               "capturing a CUDA graph (it allocates the merge counters)")
-        _merge_counters[device] = torch.zeros(MERGE_COUNTERS, dtype=torch.int32, device=device)
-    return _merge_counters[device]
-
-
 def paged_decode_attention(q, k_cache, v_cache, planes, block_tables, context_lens, scale, *,
-                           max_context_len=None, num_splits=None, block_n=None, pdl=False,
-                           fused_merge=True):
+                           max_context_len=None, num_splits=None, block_n=None, pdl=False):
     """Triton version of paged_decode_attention_ref (same arguments and result).
 
     max_context_len: host-side upper bound on context_lens (default: block table capacity);
     only used to size the key-range split. num_splits / block_n override the heuristics.
-    pdl: launch with programmatic dependent launch (kernels/pdl.py). fused_merge: with more than
-    one split, the last split of each (row, KV head) to finish merges them (one kernel, see
-    _merge_if_last); False, or more (row, KV head) pairs than MERGE_COUNTERS, = a second kernel.
+    pdl: launch with programmatic dependent launch (kernels/pdl.py).
     """
     launch = launch_options(pdl, q.device)
     batch, num_heads, head_dim = q.shape
@@ -287,21 +224,19 @@ def paged_decode_attention(q, k_cache, v_cache, planes, block_tables, context_le
     # With one split the kernel writes the final result (cast to q.dtype) straight into out.
     part = out.unsqueeze(2) if num_splits == 1 else torch.empty(
         batch, num_heads, num_splits, head_dim, device=q.device, dtype=torch.float32)
-    fused_merge = fused_merge and num_splits > 1 and batch * num_kv_heads <= MERGE_COUNTERS
     _decode_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, planes, block_tables, context_lens, part, lse,
-        merge_counters(q.device) if fused_merge else lse, out,
         scale * _LOG2E, block_size, tiles_per_split,
         q.stride(0), q.stride(1),
         *k_cache.stride()[:4], *v_cache.stride()[:4],
         block_tables.stride(0),
-        part.stride(0), part.stride(1), part.stride(2), out.stride(0), out.stride(1),
+        part.stride(0), part.stride(1), part.stride(2),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-        DOT_DTYPE=dot_dtype, INPUT_PRECISION=precision, FUSED_MERGE=fused_merge,
+        DOT_DTYPE=dot_dtype, INPUT_PRECISION=precision,
         num_warps=DECODE_CONFIG["num_warps"], num_stages=DECODE_CONFIG["num_stages"], **launch,
     )
-    if num_splits > 1 and not fused_merge:
+    if num_splits > 1:
         _merge_splits_kernel[(batch * num_heads,)](
             part, lse, out, num_heads, num_splits, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),

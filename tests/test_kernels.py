@@ -17,8 +17,6 @@ from rltlab.kernels import (  # noqa: E402
     paged_prefill_attention_ref, rmsnorm, rmsnorm_ref, triton_available, write_kv, write_kv_ref,
 )
 
-from rltlab.kernels import paged_attention  # noqa: E402
-
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(
     not triton_available(DEVICE),
@@ -87,12 +85,9 @@ def test_decode_ref_matches_naive(hq, hkv, dim, block_size, ctx, planes):
 
 
 @needs_triton
-@pytest.mark.parametrize("num_splits,fused_merge", [(1, True), (3, True), (3, False)])
+@pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("hq,hkv,dim,block_size,ctx,planes", DECODE_CASES)
-def test_decode_triton_matches_ref(hq, hkv, dim, block_size, ctx, planes, num_splits,
-                                   fused_merge):
-    """Split runs leave some splits empty (context 1 or 3 of a 36-key table): the merge must
-    give them no weight, in the decode kernel's last split (fused) or in a kernel of its own."""
+def test_decode_triton_matches_ref(hq, hkv, dim, block_size, ctx, planes, num_splits):
     # Non-contiguous cache view on the last case: strides must be honoured.
     kv = make_kv(2, 3, 24, block_size, hkv, dim, transposed=(dim == 24), seed=1)
     k_cache, v_cache = kv[1, 0], kv[1, 1]
@@ -100,24 +95,8 @@ def test_decode_triton_matches_ref(hq, hkv, dim, block_size, ctx, planes, num_sp
     q = torch.randn(len(ctx), hq, dim, device=DEVICE)
     args = (q, k_cache, v_cache, torch.tensor(planes, dtype=torch.int32, device=DEVICE), bt,
             torch.tensor(ctx, dtype=torch.int32, device=DEVICE), dim ** -0.5)
-    out = paged_decode_attention(*args, num_splits=num_splits, block_n=16,
-                                 fused_merge=fused_merge)
+    out = paged_decode_attention(*args, num_splits=num_splits, block_n=16)
     torch.testing.assert_close(out, paged_decode_attention_ref(*args), **FP32)
-
-
-@needs_triton
-def test_fused_merge_leaves_its_counters_zero_and_repeats_bit_for_bit():
-    """The counters are reset by each call's last split (a CUDA graph replays the same buffer),
-    and the merge sums splits in a fixed order."""
-    kv = make_kv(1, 3, 24, 4, 2, 32, seed=11)
-    bt = shuffled_block_tables(3, 9, 24, seed=12)
-    q = torch.randn(3, 4, 32, device=DEVICE)
-    args = (q, kv[0, 0], kv[0, 1], torch.tensor([0, 2, 1], dtype=torch.int32, device=DEVICE),
-            bt, torch.tensor([36, 17, 2], dtype=torch.int32, device=DEVICE), 32 ** -0.5)
-    first = paged_decode_attention(*args, num_splits=5, block_n=8)
-    assert not paged_attention.merge_counters(DEVICE).any()
-    assert torch.equal(paged_decode_attention(*args, num_splits=5, block_n=8), first)
-    torch.testing.assert_close(first, paged_decode_attention_ref(*args), **FP32)
 
 
 @needs_triton

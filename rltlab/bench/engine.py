@@ -24,8 +24,6 @@ prefill chunks through the gather path instead of rltlab.engine.fused_prefill), 
 (graph, but one-row rounds without programmatic dependent launch, rltlab.kernels.pdl),
 graph-unfused-rope (graph, but one-row rounds run RoPE + K/V write as a kernel of its own
 after the q/k/v GEMV instead of in its epilogue, rltlab.kernels.rope_kv_linear),
-graph-unfused-merge (graph, but split decode attention merges its splits in a second kernel
-instead of in its last split, rltlab.kernels.paged_decode_attention),
 graph-mixed-prefill (graph, but decode rows run one round in each prefill step instead of
 waiting for the prefills: EngineConfig.prefill_first), graph-cublas / compile-cublas
 (graph / compile with cuBLAS for every bucket).
@@ -97,8 +95,6 @@ MODES = {
     "graph-no-pdl": dict(decode_path="static", cuda_graphs=True, pdl=False),
     # Baseline: one-row rounds run the q/k/v GEMV, then RoPE + K/V write as its own kernel.
     "graph-unfused-rope": dict(decode_path="static", cuda_graphs=True, fused_qkv_rope=False),
-    # Baseline: split decode attention merges its splits in a kernel of its own.
-    "graph-unfused-merge": dict(decode_path="static", cuda_graphs=True, fused_split_merge=False),
     "graph-cublas": dict(decode_path="static", cuda_graphs=True, small_batch_kernels=False),
     "compile-cublas": dict(decode_path="static", cuda_graphs=True, compile=True,
                            small_batch_kernels=False),

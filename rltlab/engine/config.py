@@ -52,9 +52,6 @@ class EngineConfig:
     (rltlab.kernels.pdl); ignored where unavailable (CPU, older GPUs, the interpreter).
     fused_qkv_rope: one-row Triton rounds compute q/k/v, RoPE and the K/V write in one kernel
     (rltlab.kernels.rope_kv_linear); False = the q/k/v GEMV, then rope_write_kv.
-    fused_split_merge: Triton decode attention split over the key range (small batches) merges
-    the splits in the last split to finish (kernels.paged_decode_attention(fused_merge=True));
-    False = a merge kernel of its own.
     fused_tokens: with the static path, run all rounds of host-fixed-depth decode tokens in one
     launch when nothing needs to look between rounds (rltlab.engine.token_step).
     round_window: with whole-token steps on, decode rows at mixed host-fixed depths
@@ -106,7 +103,6 @@ class EngineConfig:
     small_batch_kernels: bool = True
     pdl: bool = True
     fused_qkv_rope: bool = True
-    fused_split_merge: bool = True
     fused_tokens: bool = True
     round_window: int = 16
     round_window_admit: int = 1
@@ -155,7 +151,7 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.decode_path must be one of {DECODE_PATHS}, "
                              f"got {self.decode_path!r}")
         for name in ("cuda_graphs", "compile", "small_batch_kernels", "pdl", "fused_qkv_rope",
-                     "fused_split_merge", "fused_tokens", "fused_prefill", "fused_spec", "prefill_first"):
+                     "fused_tokens", "fused_prefill", "fused_spec", "prefill_first"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
         self.dtype = parse_dtype(self.dtype)

@@ -88,7 +88,6 @@ class LLMEngine:
                                   cuda_graphs=config.cuda_graphs, compile=config.compile,
                                   small_batch_kernels=config.small_batch_kernels,
                                   pdl=config.pdl, fused_qkv_rope=config.fused_qkv_rope,
-                                  fused_split_merge=config.fused_split_merge,
                                   fused_prefill=config.fused_prefill,
                                   cudnn_prefill_after=config.cudnn_prefill_after)
         self.weights = WeightUpdater(self.model, weight_version)

@@ -86,8 +86,7 @@ class StaticDecoder:
     def __init__(self, model: OuroForCausalLM, *, fused, kv_cache: torch.Tensor,
                  block_size: int, max_batch: int, max_blocks_per_seq: int, cuda_graphs: bool,
                  compile: bool, small_batch_kernels: bool = True, pdl: bool = False,
-                 fused_qkv_rope: bool = True, fused_split_merge: bool = True,
-                 triton: bool | None = None):
+                 fused_qkv_rope: bool = True, triton: bool | None = None):
         cfg = model.config
         self.model, self.config, self.kv_cache, self.block_size = model, cfg, kv_cache, block_size
         self.device, self.dtype = kv_cache.device, kv_cache.dtype
@@ -105,8 +104,8 @@ class StaticDecoder:
         self._write_kv = kernels.write_kv if use_triton else kernels.write_kv_ref
         # The Triton kernel sizes its key-range split from a host bound; the graph fixes it at
         # the block-table capacity (empty splits cost one tile check each).
-        self._attention_kwargs = ({"max_context_len": max_blocks_per_seq * block_size,
-                                   "fused_merge": fused_split_merge} if use_triton else {})
+        self._attention_kwargs = ({"max_context_len": max_blocks_per_seq * block_size}
+                                  if use_triton else {})
         # Under torch.compile the torch reference norm is fused by inductor with its neighbours.
         self._norm = kernels.add_rmsnorm if use_triton and not compile else kernels.add_rmsnorm_ref
         # Under torch.compile inductor fuses SiLU * up itself.
