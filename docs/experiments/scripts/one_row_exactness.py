@@ -1,12 +1,14 @@
-"""Issue 17: the one-row round's fusions (RoPE + K/V write in the q/k/v GEMV's epilogue,
-EngineConfig.fused_qkv_rope; the split merge in the decode attention's last split,
-EngineConfig.fused_split_merge) change how a round is launched, never what it computes.
+"""Issue 17: the one-row round's fusion of RoPE + K/V write into the q/k/v GEMV's epilogue
+(EngineConfig.fused_qkv_rope) changes how a round is launched, never what it computes. (Call 2
+of 2026-12-02-s4 ran it at 391a6f1 with two more configurations, the split merge fused into the
+decode attention on and off; that fusion was reverted as slower, see
+docs/benchmarks/2026-12-02-s4-h200.md.)
 
 The embedded model (fp32; on a GPU the static path's one-row rounds run the Triton GEMVs, split
 decode attention and CUDA graphs), 12 requests one at a time (max_num_seqs=1; prompts of 8-300
-tokens, greedy and sampled rows, logprobs=0): replayed depths 1-4 and a fixed depth, with both
-fusions, with each one off and with both off, against the plain-torch gather path. Prints
-identical rollouts and the largest log-prob difference per comparison. Last line: JSON.
+tokens, greedy and sampled rows, logprobs=0): replayed depths 1-4 and a fixed depth, with the
+fusion on and off, against the plain-torch gather path. Prints identical rollouts and the
+largest log-prob difference per comparison. Last line: JSON.
 
     python docs/experiments/scripts/one_row_exactness.py [--device cuda]
 """
@@ -22,8 +24,6 @@ from rltlab.model.checkpoint import load_model_and_tokenizer
 CONFIGS = {
     "fused": {},
     "unfused-rope": dict(fused_qkv_rope=False),
-    "unfused-merge": dict(fused_split_merge=False),
-    "unfused": dict(fused_qkv_rope=False, fused_split_merge=False),
 }
 
 
