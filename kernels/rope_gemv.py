@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from .pdl import await_previous_kernel, launch_options
-from .small_batch import prefetch_tiles, rope_write_kv_ref, small_m_linear_ref, tiles_for
+from .small_batch import rope_write_kv_ref, small_m_linear_ref, tiles_for
 
 
 def rope_kv_linear_ref(x, w_qkv, cos, sin, kv_cache, layer, planes, slots, num_heads,
@@ -51,7 +51,7 @@ def _rope_kv_linear_kernel(
     x_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, kv_ptr, planes_ptr, slots_ptr, K, stride_wn,
     block_size, stride_kv, stride_p, stride_b, stride_s, stride_h,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, GDC: tl.constexpr,
+    PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, GDC: tl.constexpr,
 ):
     HALF: tl.constexpr = HEAD_DIM // 2
     blocks_per_head: tl.constexpr = HALF // PAIRS
@@ -61,28 +61,18 @@ def _rope_kv_linear_kernel(
     rows_lo, rows_hi = head * HEAD_DIM + lo, head * HEAD_DIM + hi
     acc_lo = tl.zeros([PAIRS], tl.float32)
     acc_hi = tl.zeros([PAIRS], tl.float32)
-    # The first PREFETCH weight tiles are read before the wait (under PDL the stream starts
-    # while the previous kernel drains), as in small_m_linear; x only after it.
+    # Weights are read before the wait (under PDL the stream starts while the previous kernel
+    # drains), as in small_m_linear; x only after it.
     ks = tl.arange(0, BLOCK_K)
     w_lo = tl.load(w_ptr + rows_lo[:, None] * stride_wn + ks[None, :],
                    mask=(ks < K)[None, :], other=0.0)
     w_hi = tl.load(w_ptr + rows_hi[:, None] * stride_wn + ks[None, :],
                    mask=(ks < K)[None, :], other=0.0)
-    if PREFETCH == 2:
-        ks_2 = ks + BLOCK_K
-        w_lo_2 = tl.load(w_ptr + rows_lo[:, None] * stride_wn + ks_2[None, :],
-                         mask=(ks_2 < K)[None, :], other=0.0)
-        w_hi_2 = tl.load(w_ptr + rows_hi[:, None] * stride_wn + ks_2[None, :],
-                         mask=(ks_2 < K)[None, :], other=0.0)
     await_previous_kernel(GDC)
     x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
     acc_lo += tl.sum(w_lo.to(tl.float32) * x[None, :], axis=1)
     acc_hi += tl.sum(w_hi.to(tl.float32) * x[None, :], axis=1)
-    if PREFETCH == 2:
-        x_2 = tl.load(x_ptr + ks_2, mask=ks_2 < K, other=0.0).to(tl.float32)
-        acc_lo += tl.sum(w_lo_2.to(tl.float32) * x_2[None, :], axis=1)
-        acc_hi += tl.sum(w_hi_2.to(tl.float32) * x_2[None, :], axis=1)
-    for k0 in range(PREFETCH * BLOCK_K, K, BLOCK_K):
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         acc_lo = _dot_rows(acc_lo, w_ptr, x_ptr, rows_lo, ks, K, stride_wn)
         acc_hi = _dot_rows(acc_hi, w_ptr, x_ptr, rows_hi, ks, K, stride_wn)
@@ -156,7 +146,6 @@ def rope_kv_linear(x, w_qkv, cos, sin, kv_cache, layer, planes, slots, num_heads
         x, w_qkv, cos, sin, q, layer_cache, planes, slots, k, w_qkv.stride(0),
         kv_cache.shape[4], *layer_cache.stride()[:5],
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, PAIRS=pairs,
-        BLOCK_K=block_k, PREFETCH=prefetch_tiles(triton.cdiv(k, block_k)), num_warps=warps,
-        num_stages=stages, **launch,
+        BLOCK_K=block_k, num_warps=warps, num_stages=stages, **launch,
     )
     return q

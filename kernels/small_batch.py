@@ -39,10 +39,6 @@ from .kv_copy import write_kv_ref
 from .pdl import await_previous_kernel, launch_options
 
 MAX_ROWS = 16
-# Weight tiles each GEMV program loads before it waits for the previous kernel under PDL (1 or
-# 2): a second tile puts more of the weight stream in flight while that kernel drains, at the
-# cost of one more tile of registers.
-PREFETCH_TILES = 1
 ACTIVATIONS = (None, "silu_mul")
 # Split-K workspace per device: fp32 partials [SPLIT_K, N] and one int32 arrival counter per
 # column block, zero between calls. Fixed sizes (far above Ouro-1.4B's 8 x 11264 partials) so
@@ -109,8 +105,7 @@ def _reduce_split_k(acc, partials_ptr, counters_ptr, out_ptr, cols, col_ok, N,
 def _small_m_linear_kernel(
     x_ptr, w_ptr, out_ptr, partials_ptr, counters_ptr, M, N, K, stride_xm, stride_wn, stride_om,
     SILU_MUL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, IEEE: tl.constexpr, PREFETCH: tl.constexpr,
-    GDC: tl.constexpr,
+    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, IEEE: tl.constexpr, GDC: tl.constexpr,
 ):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
@@ -125,22 +120,14 @@ def _small_m_linear_kernel(
         k_begin = tl.program_id(1) * k_tiles // SPLIT_K * BLOCK_K
         k_end = (tl.program_id(1) + 1) * k_tiles // SPLIT_K * BLOCK_K
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # The first PREFETCH weight tiles (1 or 2; every split has that many) are loaded before
-    # waiting for the previous kernel (under PDL the weight stream starts while it drains); the
-    # loop takes the rest. Same order of summation either way.
+    # The first weight tile is loaded before waiting for the previous kernel (under PDL the
+    # weight stream starts while it drains); the loop takes the rest. Same order either way.
     ks = k_begin + tl.arange(0, BLOCK_K)
     w = tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :],
                 mask=col_ok[:, None] & (ks < K)[None, :], other=0.0)
-    if PREFETCH == 2:
-        ks_2 = ks + BLOCK_K
-        w_2 = tl.load(w_ptr + cols[:, None] * stride_wn + ks_2[None, :],
-                      mask=col_ok[:, None] & (ks_2 < K)[None, :], other=0.0)
     await_previous_kernel(GDC)
     acc = _accumulate_tile(acc, w, x_ptr, rows, ks, row_ok, K, stride_xm, SILU_MUL, BLOCK_M, IEEE)
-    if PREFETCH == 2:
-        acc = _accumulate_tile(acc, w_2, x_ptr, rows, ks_2, row_ok, K, stride_xm, SILU_MUL,
-                               BLOCK_M, IEEE)
-    for k0 in range(k_begin + PREFETCH * BLOCK_K, k_end, BLOCK_K):
+    for k0 in range(k_begin + BLOCK_K, k_end, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :],
                     mask=col_ok[:, None] & (ks < K)[None, :], other=0.0)
@@ -239,17 +226,10 @@ def small_m_linear(x, w, act=None, tiles=None, *, pdl=False):
     _small_m_linear_kernel[(triton.cdiv(n, block_n), split_k)](
         x, w, out, partials, counters, m, n, k, x.stride(0), w.stride(0), out.stride(0),
         SILU_MUL=act == "silu_mul", BLOCK_M=1 if m == 1 else 16, BLOCK_N=block_n,
-        BLOCK_K=block_k, SPLIT_K=split_k, IEEE=w.dtype == torch.float32,
-        PREFETCH=prefetch_tiles(triton.cdiv(k, block_k) // split_k), num_warps=warps,
+        BLOCK_K=block_k, SPLIT_K=split_k, IEEE=w.dtype == torch.float32, num_warps=warps,
         num_stages=stages, **launch,
     )
     return out
-
-
-def prefetch_tiles(tiles_per_program: int) -> int:
-    """Weight tiles a one-row or few-row GEMV program loads before its PDL wait: PREFETCH_TILES,
-    at most 2 and at most the K tiles every program has."""
-    return max(1, min(PREFETCH_TILES, 2, tiles_per_program))
 
 
 def rope_write_kv_ref(qkv, cos, sin, kv_cache, layer, planes, slots, num_heads, num_kv_heads,

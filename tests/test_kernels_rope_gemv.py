@@ -10,7 +10,6 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from rltlab.kernels import rope_kv_linear, rope_kv_linear_ref, triton_available  # noqa: E402
-from rltlab.kernels import small_batch  # noqa: E402
 from rltlab.model.architecture import apply_rope, rope_cos_sin  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -43,11 +42,8 @@ def _case(head_dim, *, slot=9, plane=2, position=13, k=72, dtype=torch.float32, 
 CASES = [(16, None), (16, (8, 32, 4, 2)), (12, (2, 64, 2, 2)), (12, None)]
 
 
-@pytest.mark.parametrize("prefetch", [1, 2])
 @pytest.mark.parametrize("head_dim,tiles", CASES)
-def test_matches_reference_and_the_models_rope_fp32(monkeypatch, head_dim, tiles, prefetch):
-    """prefetch: weight tiles loaded before the PDL wait (small_batch.PREFETCH_TILES)."""
-    monkeypatch.setattr(small_batch, "PREFETCH_TILES", prefetch)
+def test_matches_reference_and_the_models_rope_fp32(head_dim, tiles):
     x, w, cos, sin, cache, planes, slots = _case(head_dim)
     ref_cache = cache.clone()
     q = rope_kv_linear(x, w, cos, sin, cache, 1, planes, slots, HEADS, KV_HEADS, head_dim,

@@ -238,24 +238,3 @@ def test_rope_write_kv_rejects_bad_shapes():
         rope_write_kv(qkv[:, :-1], cos, sin, cache, 1, planes, slots, 4, 2, 12)
     with pytest.raises(ValueError, match="cos/sin"):
         rope_write_kv(qkv, cos[:3], sin[:3], cache, 1, planes, slots, 4, 2, 12)
-
-
-@pytest.mark.parametrize("rows,tiles", SHAPES + [(1, t) for _, _, t in SPLIT_K_CASES])
-@pytest.mark.parametrize("act", [None, "silu_mul"])
-def test_two_tiles_loaded_before_the_wait_give_the_same_product(monkeypatch, rows, tiles, act):
-    """PREFETCH_TILES = 2: each program loads its first two weight tiles before the PDL wait
-    (where every split of its K range has two; the last split case has one: it stays at 1)."""
-    monkeypatch.setattr(small_batch, "PREFETCH_TILES", 2)
-    n, k = 36, 200
-    x = _randn(rows, 2 * k if act else k, seed=rows + 40)
-    w = _randn(n, k, seed=rows + 41) / k ** 0.5
-    out = small_m_linear(x, w, act, tiles=tiles)
-    torch.testing.assert_close(out, small_m_linear_ref(x, w, act), **FP32)
-
-
-def test_prefetch_tiles_never_exceed_a_programs_tiles(monkeypatch):
-    assert [small_batch.prefetch_tiles(t) for t in (1, 2, 5)] == [1, 1, 1]
-    monkeypatch.setattr(small_batch, "PREFETCH_TILES", 2)
-    assert [small_batch.prefetch_tiles(t) for t in (1, 2, 5)] == [1, 2, 2]
-    monkeypatch.setattr(small_batch, "PREFETCH_TILES", 3)   # the kernels hold at most two
-    assert small_batch.prefetch_tiles(5) == 2

@@ -1,4 +1,8 @@
-"""Issue 17, W1: does loading two weight tiles before the PDL wait (kernels.small_batch
+"""A record of call 4 of 2026-12-02-s4, run at 6a1da06. The two-tile option it measured lost
+(W1 220.7 against 227.9 tok/s, round 1.112 against 1.069 ms, same run) and was removed, so at
+later commits its 1-tile and 2-tile runs are the same kernels.
+
+Issue 17, W1: does loading two weight tiles before the PDL wait (kernels.small_batch
 PREFETCH_TILES = 2, instead of 1) shorten the one-row round? And the RoPE + K/V fusion
 (EngineConfig.fused_qkv_rope) against its baseline, in the same run.
 
