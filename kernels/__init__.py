@@ -31,8 +31,8 @@ __all__ = [
     "last_exited_copy", "last_exited_copy_ref", "write_kv", "write_kv_ref",
     "paged_decode_attention", "paged_decode_attention_ref",
     "paged_prefill_attention", "paged_prefill_attention_ref", "pdl_available",
-    "rope_kv_linear", "rope_kv_linear_ref", "rope_write_kv", "rope_write_kv_ref", "silu_mul", "silu_mul_ref", "small_m_linear",
-    "small_m_linear_ref", "triton_available",
+    "rope_kv_linear", "rope_kv_linear_ref", "rope_write_kv", "rope_write_kv_ref", "silu_mul",
+    "silu_mul_ref", "small_m_linear", "small_m_linear_ref", "triton_available",
 ]
 
 
