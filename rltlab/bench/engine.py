@@ -221,12 +221,12 @@ def run_mode(model, spec: dict, mode: str, prompts, params, kv_gib: float,
 
 
 def window_stats(llm: LLM) -> dict:
-    """Round and token windows run, and run from a plan made ahead, over every generate of this
-    engine (warm-up included); zeros for a kind the engine does not have."""
+    """Round and token windows run, run from a plan made ahead, and chained, over every generate
+    of this engine (warm-up included), for each kind the engine has."""
     engine = llm.llm_engine
-    return {kind: dict(window.stats) if window is not None else {"windows": 0, "prepared_used": 0}
+    return {kind: dict(window.stats)
             for kind, window in (("round_windows", engine._round_window),
-                                 ("token_windows", engine._token_window))}
+                                 ("token_windows", engine._token_window)) if window is not None}
 
 
 def depth_pairs(workloads: dict) -> dict:
