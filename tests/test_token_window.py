@@ -162,6 +162,28 @@ def test_windows_chain_only_without_streaming_rows_and_when_asked():
     assert runs["chained"][1]["windows"] == runs["off"][1]["windows"]
 
 
+def test_a_stop_ends_the_chain_after_the_window_launched_ahead():
+    """A stop token is learnt from a chained window's read-back, while the next window already
+    runs: the chain ends there. The rollouts stay the unchained engine's, and each stopped
+    rollout costs at most that one window launched ahead."""
+    model = tiny_engine_model(7)
+    prompts = random_prompts(4, seed=5)
+    greedy = dict(max_tokens=13, temperature=0.0)
+    free = LLM(model, decode_path="static", **dict(IN_PHASE, token_window=3)).generate(
+        prompts, fixed_params(4, 3, **greedy))
+    stop = free[1].token_ids[4]   # a token the second rollout samples in its second window
+    params = fixed_params(4, 3, **greedy, ignore_eos=False, stop_token_ids=[stop])
+    runs = {}
+    for name, chain in (("chained", 8), ("off", 1)):
+        engine = LLM(model, decode_path="static", **dict(IN_PHASE, token_window=3,
+                                                          window_chain=chain)).llm_engine
+        runs[name] = (stepped_outputs(engine, prompts, params), engine._token_window.stats)
+    assert_same_rollouts(runs["off"][0], runs["chained"][0])
+    stops = sum(len(out.token_ids) < 13 for out in runs["off"][0])
+    assert stops and runs["chained"][1]["chained"] > 0
+    assert runs["chained"][1]["windows"] <= runs["off"][1]["windows"] + stops
+
+
 @pytest.mark.parametrize("kind", ["token", "round"])
 def test_each_windows_read_back_is_queued_before_the_next_window(monkeypatch, kind):
     """A window's copy to the host is queued right behind its own work: queued after a chained
