@@ -38,12 +38,18 @@ def rope_kv_linear_ref(x, w_qkv, cos, sin, kv_cache, layer, planes, slots, num_h
 
 
 @triton.jit
-def _dot_rows(acc, w_ptr, x_ptr, rows, ks, K, stride_wn):
-    """acc + w[rows, ks] @ x[ks] in fp32 (one [PAIRS, BLOCK_K] weight tile)."""
-    k_ok = ks < K
-    w = tl.load(w_ptr + rows[:, None] * stride_wn + ks[None, :], mask=k_ok[None, :], other=0.0)
-    x = tl.load(x_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
-    return acc + tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+def _weight_tile(w_ptr, rows, ks, K, stride_wn):
+    """w[rows, ks]: one [PAIRS, BLOCK_K] weight tile (zeros past K)."""
+    return tl.load(w_ptr + rows[:, None] * stride_wn + ks[None, :], mask=(ks < K)[None, :],
+                   other=0.0)
+
+
+@triton.jit
+def _accumulate(acc_lo, acc_hi, w_lo, w_hi, x_ptr, ks, K):
+    """Both halves' tiles times x[ks] (loaded once), added in fp32."""
+    x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+    return (acc_lo + tl.sum(w_lo.to(tl.float32) * x[None, :], axis=1),
+            acc_hi + tl.sum(w_hi.to(tl.float32) * x[None, :], axis=1))
 
 
 @triton.jit
@@ -64,18 +70,14 @@ def _rope_kv_linear_kernel(
     # Weights are read before the wait (under PDL the stream starts while the previous kernel
     # drains), as in small_m_linear; x only after it.
     ks = tl.arange(0, BLOCK_K)
-    w_lo = tl.load(w_ptr + rows_lo[:, None] * stride_wn + ks[None, :],
-                   mask=(ks < K)[None, :], other=0.0)
-    w_hi = tl.load(w_ptr + rows_hi[:, None] * stride_wn + ks[None, :],
-                   mask=(ks < K)[None, :], other=0.0)
+    w_lo = _weight_tile(w_ptr, rows_lo, ks, K, stride_wn)
+    w_hi = _weight_tile(w_ptr, rows_hi, ks, K, stride_wn)
     await_previous_kernel(GDC)
-    x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
-    acc_lo += tl.sum(w_lo.to(tl.float32) * x[None, :], axis=1)
-    acc_hi += tl.sum(w_hi.to(tl.float32) * x[None, :], axis=1)
+    acc_lo, acc_hi = _accumulate(acc_lo, acc_hi, w_lo, w_hi, x_ptr, ks, K)
     for k0 in range(BLOCK_K, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        acc_lo = _dot_rows(acc_lo, w_ptr, x_ptr, rows_lo, ks, K, stride_wn)
-        acc_hi = _dot_rows(acc_hi, w_ptr, x_ptr, rows_hi, ks, K, stride_wn)
+        acc_lo, acc_hi = _accumulate(acc_lo, acc_hi, _weight_tile(w_ptr, rows_lo, ks, K, stride_wn),
+                                     _weight_tile(w_ptr, rows_hi, ks, K, stride_wn), x_ptr, ks, K)
 
     if head < NUM_HEADS + NUM_KV_HEADS:
         # rotate-half RoPE: out[j] = x[j] cos[j] - x[j + D/2] sin[j],
