@@ -31,6 +31,16 @@ def requests(kind: str, rng: random.Random):
     return prompts, params
 
 
+def agreement(outs, reference) -> dict:
+    """Completions against the reference's, in order: how many have identical tokens and exit
+    depths, and the largest |log-prob difference| among those with identical tokens."""
+    pairs = list(zip(outs, reference))
+    same = sum(a.token_ids == b.token_ids and a.exit_depths == b.exit_depths for a, b in pairs)
+    diff = max(abs(x - y) for a, b in pairs if a.token_ids == b.token_ids
+               for x, y in zip(a.logprobs, b.logprobs))
+    return {"identical": f"{same}/{len(pairs)}", "max_abs_logprob_diff": float(f"{diff:.3g}")}
+
+
 def main(device: str) -> dict:
     model, _ = load_model_and_tokenizer("artifacts/ouro-tiny", dtype=torch.float32)
     results = {}
@@ -46,15 +56,10 @@ def main(device: str) -> dict:
                 llm.llm_engine._token_window
             stats[name] = dict(window.stats) if window is not None else None
         for other in ("chained", "unchained"):
-            pairs = list(zip(outs[other], outs["rounds"]))
-            same = sum(a.token_ids == b.token_ids and a.exit_depths == b.exit_depths
-                       for a, b in pairs)
-            diff = max(abs(x - y) for a, b in pairs if a.token_ids == b.token_ids
-                       for x, y in zip(a.logprobs, b.logprobs))
-            results[f"{kind} {other} vs rounds"] = {"identical": f"{same}/32",
-                                                     "max_abs_logprob_diff": float(f"{diff:.3g}")}
+            got = results[f"{kind} {other} vs rounds"] = agreement(outs[other], outs["rounds"])
             print(f"{device} fp32 {kind}: {other} vs round steps + gather prefill: identical "
-                  f"{same}/32, max |logprob diff| {diff:.2e}", flush=True)
+                  f"{got['identical']}, max |logprob diff| {got['max_abs_logprob_diff']:.2e}",
+                  flush=True)
         results[f"{kind} window stats"] = {k: v for k, v in stats.items() if v is not None}
         print(kind, "window stats", json.dumps(results[f"{kind} window stats"]), flush=True)
     return results

@@ -18,6 +18,7 @@ import sys
 
 import torch
 
+from chain_exactness import agreement   # this directory: the script's own (sys.path[0])
 from rltlab.engine import LLM, SamplingParams
 from rltlab.model.checkpoint import load_model_and_tokenizer
 
@@ -51,15 +52,9 @@ def main(device: str) -> dict:
         llm = LLM(model, device=device, dtype=torch.float32, decode_path="static",
                   max_num_seqs=1, **kw)
         outs = [o.outputs[0] for o in llm.generate(prompts, params)]
-        pairs = list(zip(outs, reference))
-        same = sum(a.token_ids == b.token_ids and a.exit_depths == b.exit_depths
-                   for a, b in pairs)
-        diff = max(abs(x - y) for a, b in pairs if a.token_ids == b.token_ids
-                   for x, y in zip(a.logprobs, b.logprobs))
-        results[f"{name} vs gather"] = {"identical": f"{same}/{len(pairs)}",
-                                        "max_abs_logprob_diff": float(f"{diff:.3g}")}
-        print(f"{device} fp32 one row, {name} vs gather path: identical {same}/{len(pairs)}, "
-              f"max |logprob diff| {diff:.2e}", flush=True)
+        got = results[f"{name} vs gather"] = agreement(outs, reference)
+        print(f"{device} fp32 one row, {name} vs gather path: identical {got['identical']}, "
+              f"max |logprob diff| {got['max_abs_logprob_diff']:.2e}", flush=True)
     return results
 
 
