@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .l2_prefetch import CHUNK, LANES, prefetch_args, prefetch_l2
 from .pdl import INTERPRETED, await_previous_kernel, launch_options
 
 _LOG2E = 1.4426950408889634
@@ -109,11 +110,14 @@ def _decode_kernel(
     stride_kp, stride_kb, stride_ks, stride_kh,
     stride_vp, stride_vb, stride_vs, stride_vh,
     stride_btb,
-    stride_ob, stride_oh, stride_os,
+    stride_ob, stride_oh, stride_os, pf_ptr, pf_bytes,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_DTYPE: tl.constexpr, INPUT_PRECISION: tl.constexpr, GDC: tl.constexpr,
+    PREFETCH: tl.constexpr, PF_CHUNK: tl.constexpr, PF_LANES: tl.constexpr,
 ):
+    # The o projection's weights into L2 while HBM would idle (kernels/l2_prefetch.py).
+    prefetch_l2(pf_ptr, pf_bytes, PREFETCH, PF_CHUNK, PF_LANES)
     await_previous_kernel(GDC)
     # One program = (row, kv head, split of the key range). Its GQA group of query heads forms
     # the M side of tl.dot (padded to >= 16 rows), so every K/V element is read once per row.
@@ -196,14 +200,17 @@ def _default_num_splits(work_items, max_context_len, block_n, device):
 
 
 def paged_decode_attention(q, k_cache, v_cache, planes, block_tables, context_lens, scale, *,
-                           max_context_len=None, num_splits=None, block_n=None, pdl=False):
+                           max_context_len=None, num_splits=None, block_n=None, pdl=False,
+                           prefetch=None):
     """Triton version of paged_decode_attention_ref (same arguments and result).
 
     max_context_len: host-side upper bound on context_lens (default: block table capacity);
     only used to size the key-range split. num_splits / block_n override the heuristics.
     pdl: launch with programmatic dependent launch (kernels/pdl.py).
+    prefetch: (weight, nbytes) to bring into L2 for a later kernel (kernels/l2_prefetch.py).
     """
     launch = launch_options(pdl, q.device)
+    pf = prefetch_args(*(prefetch or (None, 0)), placeholder=q)
     batch, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[2], k_cache.shape[3]
     group = num_heads // num_kv_heads
@@ -230,11 +237,12 @@ def paged_decode_attention(q, k_cache, v_cache, planes, block_tables, context_le
         q.stride(0), q.stride(1),
         *k_cache.stride()[:4], *v_cache.stride()[:4],
         block_tables.stride(0),
-        part.stride(0), part.stride(1), part.stride(2),
+        part.stride(0), part.stride(1), part.stride(2), pf.pop("pf_ptr"), pf.pop("pf_bytes"),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
         DOT_DTYPE=dot_dtype, INPUT_PRECISION=precision,
-        num_warps=DECODE_CONFIG["num_warps"], num_stages=DECODE_CONFIG["num_stages"], **launch,
+        num_warps=DECODE_CONFIG["num_warps"], num_stages=DECODE_CONFIG["num_stages"],
+        PF_CHUNK=CHUNK, PF_LANES=LANES, **pf, **launch,
     )
     if num_splits > 1:
         _merge_splits_kernel[(batch * num_heads,)](

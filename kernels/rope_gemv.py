@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .l2_prefetch import CHUNK, LANES, prefetch_args, prefetch_l2
 from .pdl import await_previous_kernel, launch_options
 from .small_batch import rope_write_kv_ref, small_m_linear_ref, tiles_for
 
@@ -55,9 +56,10 @@ def _accumulate(acc_lo, acc_hi, w_lo, w_hi, x_ptr, ks, K):
 @triton.jit
 def _rope_kv_linear_kernel(
     x_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, kv_ptr, planes_ptr, slots_ptr, K, stride_wn,
-    block_size, stride_kv, stride_p, stride_b, stride_s, stride_h,
+    block_size, stride_kv, stride_p, stride_b, stride_s, stride_h, pf_ptr, pf_bytes,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, GDC: tl.constexpr,
+    PREFETCH: tl.constexpr, PF_CHUNK: tl.constexpr, PF_LANES: tl.constexpr,
 ):
     HALF: tl.constexpr = HEAD_DIM // 2
     blocks_per_head: tl.constexpr = HALF // PAIRS
@@ -72,6 +74,7 @@ def _rope_kv_linear_kernel(
     ks = tl.arange(0, BLOCK_K)
     w_lo = _weight_tile(w_ptr, rows_lo, ks, K, stride_wn)
     w_hi = _weight_tile(w_ptr, rows_hi, ks, K, stride_wn)
+    prefetch_l2(pf_ptr, pf_bytes, PREFETCH, PF_CHUNK, PF_LANES)   # the next kernel's weights
     await_previous_kernel(GDC)
     acc_lo, acc_hi = _accumulate(acc_lo, acc_hi, w_lo, w_hi, x_ptr, ks, K)
     for k0 in range(BLOCK_K, K, BLOCK_K):
@@ -118,10 +121,11 @@ def check_pairs(tiles, head_dim: int) -> tuple[int, int, int, int]:
 
 
 def rope_kv_linear(x, w_qkv, cos, sin, kv_cache, layer, planes, slots, num_heads, num_kv_heads,
-                   head_dim, tiles=None, *, pdl=False):
+                   head_dim, tiles=None, *, pdl=False, prefetch=None):
     """Triton version of rope_kv_linear_ref for one row: x [1, K], w_qkv [(Hq + 2 Hkv) D, K],
     cos/sin [1, D], planes int32 [1], slots int [1] (tiles: one-row GEMV tiles, see
-    small_batch.TILES; pdl: kernels/pdl.py). -> q [1, Hq, D]."""
+    small_batch.TILES; pdl: kernels/pdl.py; prefetch: (weight, nbytes), kernels/l2_prefetch.py).
+    -> q [1, Hq, D]."""
     n_out, k = w_qkv.shape
     if x.shape != (1, k):
         raise ValueError(f"rope_kv_linear takes one row x [1, {k}], got {tuple(x.shape)}")
@@ -142,12 +146,14 @@ def rope_kv_linear(x, w_qkv, cos, sin, kv_cache, layer, planes, slots, num_heads
         raise ValueError("planes and slots must hold one entry each (one row)")
     pairs, block_k, warps, stages = check_pairs(tiles or tiles_for(1, n_out, k), head_dim)
     launch = launch_options(pdl, x.device)
+    pf = prefetch_args(*(prefetch or (None, 0)), placeholder=w_qkv)
     q = torch.empty(1, num_heads, head_dim, dtype=x.dtype, device=x.device)
     layer_cache = kv_cache[layer]   # [2, P, NB, BS, Hkv, D]
     _rope_kv_linear_kernel[(n_out // (2 * pairs),)](
         x, w_qkv, cos, sin, q, layer_cache, planes, slots, k, w_qkv.stride(0),
-        kv_cache.shape[4], *layer_cache.stride()[:5],
+        kv_cache.shape[4], *layer_cache.stride()[:5], pf.pop("pf_ptr"), pf.pop("pf_bytes"),
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, PAIRS=pairs,
-        BLOCK_K=block_k, num_warps=warps, num_stages=stages, **launch,
+        BLOCK_K=block_k, num_warps=warps, num_stages=stages, PF_CHUNK=CHUNK, PF_LANES=LANES,
+        **pf, **launch,
     )
     return q

@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from .kv_copy import write_kv_ref
+from .l2_prefetch import CHUNK, LANES, prefetch_args, prefetch_l2
 from .pdl import await_previous_kernel, launch_options
 
 MAX_ROWS = 16
@@ -104,8 +105,10 @@ def _reduce_split_k(acc, partials_ptr, counters_ptr, out_ptr, cols, col_ok, N,
 @triton.jit
 def _small_m_linear_kernel(
     x_ptr, w_ptr, out_ptr, partials_ptr, counters_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+    pf_ptr, pf_bytes,
     SILU_MUL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, IEEE: tl.constexpr, GDC: tl.constexpr,
+    PREFETCH: tl.constexpr, PF_CHUNK: tl.constexpr, PF_LANES: tl.constexpr,
 ):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
@@ -125,6 +128,7 @@ def _small_m_linear_kernel(
     ks = k_begin + tl.arange(0, BLOCK_K)
     w = tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :],
                 mask=col_ok[:, None] & (ks < K)[None, :], other=0.0)
+    prefetch_l2(pf_ptr, pf_bytes, PREFETCH, PF_CHUNK, PF_LANES)   # the next kernel's weights
     await_previous_kernel(GDC)
     acc = _accumulate_tile(acc, w, x_ptr, rows, ks, row_ok, K, stride_xm, SILU_MUL, BLOCK_M, IEEE)
     for k0 in range(k_begin + BLOCK_K, k_end, BLOCK_K):
@@ -205,9 +209,10 @@ def split_k_workspace(device) -> tuple[torch.Tensor, torch.Tensor]:
     return _split_k_workspaces[device]
 
 
-def small_m_linear(x, w, act=None, tiles=None, *, pdl=False):
+def small_m_linear(x, w, act=None, tiles=None, *, pdl=False, prefetch=None):
     """Triton version of small_m_linear_ref for 1 <= M <= 16 rows (pdl: kernels/pdl.py; tiles:
-    see TILES)."""
+    see TILES; prefetch: (weight, nbytes) to bring into L2 for the next kernel,
+    kernels/l2_prefetch.py)."""
     if act not in ACTIVATIONS:
         raise ValueError(f"act must be one of {ACTIVATIONS}, got {act!r}")
     m, n, k = x.shape[0], w.shape[0], w.shape[1]
@@ -220,14 +225,15 @@ def small_m_linear(x, w, act=None, tiles=None, *, pdl=False):
         raise ValueError("x and w must share one dtype and be contiguous in their last dim")
     launch = launch_options(pdl, x.device)
     block_n, block_k, warps, stages, split_k = check_tiles(tiles or tiles_for(m, n, k), m, n, k)
+    pf = prefetch_args(*(prefetch or (None, 0)), placeholder=w)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     # SPLIT_K = 1 never touches the workspace: out stands in for its pointers.
     partials, counters = split_k_workspace(x.device) if split_k > 1 else (out, out)
     _small_m_linear_kernel[(triton.cdiv(n, block_n), split_k)](
         x, w, out, partials, counters, m, n, k, x.stride(0), w.stride(0), out.stride(0),
-        SILU_MUL=act == "silu_mul", BLOCK_M=1 if m == 1 else 16, BLOCK_N=block_n,
+        pf.pop("pf_ptr"), pf.pop("pf_bytes"), SILU_MUL=act == "silu_mul", BLOCK_M=1 if m == 1 else 16, BLOCK_N=block_n,
         BLOCK_K=block_k, SPLIT_K=split_k, IEEE=w.dtype == torch.float32, num_warps=warps,
-        num_stages=stages, **launch,
+        num_stages=stages, PF_CHUNK=CHUNK, PF_LANES=LANES, **pf, **launch,
     )
     return out
 

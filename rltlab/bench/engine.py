@@ -95,6 +95,10 @@ MODES = {
     "graph-no-pdl": dict(decode_path="static", cuda_graphs=True, pdl=False),
     # Baseline: one-row rounds run the q/k/v GEMV, then RoPE + K/V write as its own kernel.
     "graph-unfused-rope": dict(decode_path="static", cuda_graphs=True, fused_qkv_rope=False),
+    # L2 prefetch of the next GEMV's weights in one-row rounds, up to N MiB per kernel.
+    "graph-l2-4": dict(decode_path="static", cuda_graphs=True, l2_prefetch_mb=4),
+    "graph-l2-8": dict(decode_path="static", cuda_graphs=True, l2_prefetch_mb=8),
+    "graph-l2-16": dict(decode_path="static", cuda_graphs=True, l2_prefetch_mb=16),
     "graph-cublas": dict(decode_path="static", cuda_graphs=True, small_batch_kernels=False),
     "compile-cublas": dict(decode_path="static", cuda_graphs=True, compile=True,
                            small_batch_kernels=False),

@@ -52,6 +52,8 @@ class EngineConfig:
     (rltlab.kernels.pdl); ignored where unavailable (CPU, older GPUs, the interpreter).
     fused_qkv_rope: one-row Triton rounds compute q/k/v, RoPE and the K/V write in one kernel
     (rltlab.kernels.rope_kv_linear); False = the q/k/v GEMV, then rope_write_kv.
+    l2_prefetch_mb: one-row PDL rounds (with fused_qkv_rope): each kernel brings up to this many
+    MiB of the next GEMV's weight into L2 (rltlab.kernels.l2_prefetch); 0 = off.
     fused_tokens: with the static path, run all rounds of host-fixed-depth decode tokens in one
     launch when nothing needs to look between rounds (rltlab.engine.token_step).
     round_window: with whole-token steps on, decode rows at mixed host-fixed depths
@@ -103,6 +105,7 @@ class EngineConfig:
     small_batch_kernels: bool = True
     pdl: bool = True
     fused_qkv_rope: bool = True
+    l2_prefetch_mb: float = 0.0
     fused_tokens: bool = True
     round_window: int = 16
     round_window_admit: int = 1
@@ -130,6 +133,10 @@ class EngineConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"EngineConfig.{name} must be an int >= 0 (0 = off), "
                                  f"got {value!r}")
+        if isinstance(self.l2_prefetch_mb, bool) or not isinstance(
+                self.l2_prefetch_mb, (int, float)) or not 0 <= self.l2_prefetch_mb < 1024:
+            raise ValueError("EngineConfig.l2_prefetch_mb must be a number of MiB in [0, 1024), "
+                             f"got {self.l2_prefetch_mb!r}")
         if not self.kv_cache_memory_gib > 0:
             raise ValueError("EngineConfig.kv_cache_memory_gib must be positive, got "
                              f"{self.kv_cache_memory_gib!r}")

@@ -88,6 +88,7 @@ class LLMEngine:
                                   cuda_graphs=config.cuda_graphs, compile=config.compile,
                                   small_batch_kernels=config.small_batch_kernels,
                                   pdl=config.pdl, fused_qkv_rope=config.fused_qkv_rope,
+                                  l2_prefetch_mb=config.l2_prefetch_mb,
                                   fused_prefill=config.fused_prefill,
                                   cudnn_prefill_after=config.cudnn_prefill_after)
         self.weights = WeightUpdater(self.model, weight_version)

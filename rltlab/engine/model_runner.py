@@ -98,7 +98,7 @@ class ModelRunner:
                  static_decode: bool = False, max_batch: int = 1, max_model_len: int = 0,
                  cuda_graphs: bool = True, compile: bool = False,
                  small_batch_kernels: bool = True, pdl: bool = True,
-                 fused_qkv_rope: bool = True,
+                 fused_qkv_rope: bool = True, l2_prefetch_mb: float = 0.0,
                  fused_prefill: bool = True, cudnn_prefill_after: int | None = 16):
         cfg = model.config
         self.model, self.config, self.block_size = model, cfg, block_size
@@ -119,7 +119,8 @@ class ModelRunner:
                                      max_blocks_per_seq=-(-max_model_len // block_size),
                                      cuda_graphs=cuda_graphs, compile=compile,
                                      small_batch_kernels=small_batch_kernels, pdl=pdl,
-                                     fused_qkv_rope=fused_qkv_rope)
+                                     fused_qkv_rope=fused_qkv_rope,
+                                     l2_prefetch_mb=l2_prefetch_mb)
             self.static = StaticDecoder(model, max_batch=max_batch, **self._static_args)
         self.prefill = (FusedPrefill(model, self.static.layers, self.kv_cache,
                                      triton=self._use_triton, cudnn_after=cudnn_prefill_after)

@@ -86,7 +86,8 @@ class StaticDecoder:
     def __init__(self, model: OuroForCausalLM, *, fused, kv_cache: torch.Tensor,
                  block_size: int, max_batch: int, max_blocks_per_seq: int, cuda_graphs: bool,
                  compile: bool, small_batch_kernels: bool = True, pdl: bool = False,
-                 fused_qkv_rope: bool = True, triton: bool | None = None):
+                 fused_qkv_rope: bool = True, l2_prefetch_mb: float = 0.0,
+                 triton: bool | None = None):
         cfg = model.config
         self.model, self.config, self.kv_cache, self.block_size = model, cfg, kv_cache, block_size
         self.device, self.dtype = kv_cache.device, kv_cache.dtype
@@ -119,6 +120,10 @@ class StaticDecoder:
         self._fused_rope = use_triton and not compile
         # One-row rounds: RoPE + K/V write in the q/k/v GEMV's epilogue (kernels/rope_gemv.py).
         self._qkv_rope_gemv = fused_qkv_rope
+        # One-row PDL rounds: each kernel brings the head of the next GEMV's weight into L2
+        # (kernels/l2_prefetch.py); PDL's condition is the prefetch's (Hopper, compiled).
+        self._prefetch = (prefetch_plan(self.layers, int(l2_prefetch_mb * 2 ** 20))
+                          if self.pdl and fused_qkv_rope and l2_prefetch_mb > 0 else None)
         self._qkv, self._post = qkv_rope, post_attention
         if compile:
             self._qkv = torch.compile(qkv_rope, dynamic=True, fullgraph=True)
@@ -297,6 +302,7 @@ class StaticDecoder:
         small = n <= self._small_rows
         pdl = {"pdl": True} if small and self.pdl else {}
         for idx, w in enumerate(self.layers):
+            fetch = self._prefetch[idx] if small and self._prefetch else {}
             if small and self._qkv_rope_gemv:
                 q = kernels.rope_kv_linear(y, w["w_qkv"], cos, sin, self.kv_cache, idx, planes,
                                            slots, *heads, **pdl)
@@ -311,9 +317,10 @@ class StaticDecoder:
                 q, k, v = self._qkv(y, w["w_qkv"], cos[:, None], sin[:, None], *heads)
                 self._write_kv(self.kv_cache, idx, planes, slots, k, v)
             attn = self._attention(q, self.kv_cache[idx, 0], self.kv_cache[idx, 1], planes,
-                                   tables, ctx, scale, **self._attention_kwargs, **pdl)
+                                   tables, ctx, scale, **self._attention_kwargs, **pdl,
+                                   **({"prefetch": fetch["attention"]} if fetch else {}))
             if small:
-                x, y = self._small_mlp(x, attn, w, eps, pdl)
+                x, y = self._small_mlp(x, attn, w, eps, pdl, fetch)
             else:
                 x, y = self._post(x, attn, w["w_o"], w["w_attn_out"], w["w_mlp_in"],
                                   w["w_gate_up"], w["w_down"], w["w_mlp_out"], w["w_next"], eps,
@@ -322,11 +329,30 @@ class StaticDecoder:
         self.gate_out[:n].copy_(model.early_exit_gate(y).float().squeeze(-1))
 
     @staticmethod
-    def _small_mlp(x, attn, w, eps, pdl: dict):
+    def _small_mlp(x, attn, w, eps, pdl: dict, fetch: dict):
         """post_attention for <= 16 rows: weight-streaming GEMVs, SiLU * up fused into down;
-        pdl: {"pdl": True} to launch them with PDL, else {}."""
+        pdl: {"pdl": True} to launch them with PDL, else {}; fetch: the layer's prefetch_plan
+        entry, or {}."""
         linear = kernels.small_m_linear
-        x, m = kernels.add_rmsnorm(x, linear(attn.flatten(1), w["w_o"], **pdl), w["w_attn_out"],
-                                   w["w_mlp_in"], eps, **pdl)
-        down = linear(linear(m, w["w_gate_up"], **pdl), w["w_down"], "silu_mul", **pdl)
+        o = linear(attn.flatten(1), w["w_o"], prefetch=fetch.get("w_o"), **pdl)
+        x, m = kernels.add_rmsnorm(x, o, w["w_attn_out"], w["w_mlp_in"], eps, **pdl)
+        gate_up = linear(m, w["w_gate_up"], prefetch=fetch.get("w_gate_up"), **pdl)
+        down = linear(gate_up, w["w_down"], "silu_mul", prefetch=fetch.get("w_down"), **pdl)
         return kernels.add_rmsnorm(x, down, w["w_mlp_out"], w["w_next"], eps, **pdl)
+
+
+def prefetch_plan(layers: list[dict], budget: int) -> list[dict]:
+    """Per layer, what each one-row kernel brings into L2 for the GEMV after it: the attention
+    the o projection's weight, and each GEMV (keyed by its own weight) the next GEMV's, the
+    last layer's down projection the first layer's q/k/v (the next round). Each entry is
+    (weight, first min(budget, size) bytes)."""
+    if budget < 16:
+        raise ValueError(f"an L2 prefetch budget of {budget} bytes prefetches nothing")
+
+    def head(weight):
+        return weight, kernels.prefetch_bytes(weight, budget)
+
+    return [{"attention": head(w["w_o"]), "w_o": head(w["w_gate_up"]),
+             "w_gate_up": head(w["w_down"]),
+             "w_down": head(layers[(i + 1) % len(layers)]["w_qkv"])}
+            for i, w in enumerate(layers)]

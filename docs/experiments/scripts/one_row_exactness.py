@@ -25,6 +25,9 @@ from rltlab.model.checkpoint import load_model_and_tokenizer
 CONFIGS = {
     "fused": {},
     "unfused-rope": dict(fused_qkv_rope=False),
+    # kernels/l2_prefetch.py: a hint to the memory system, so identical by construction;
+    # this checks that adding it to three kernels' launches changed nothing else.
+    "l2-prefetch-8": dict(l2_prefetch_mb=8),
 }
 
 
