@@ -95,9 +95,11 @@ MODES = {
     "graph-no-pdl": dict(decode_path="static", cuda_graphs=True, pdl=False),
     # Baseline: one-row rounds run the q/k/v GEMV, then RoPE + K/V write as its own kernel.
     "graph-unfused-rope": dict(decode_path="static", cuda_graphs=True, fused_qkv_rope=False),
-    # L2 prefetch of the next GEMV's weights in one-row rounds, up to N MiB per kernel.
+    # L2 prefetch of the next GEMV's weights in one-row rounds, up to N MiB per kernel (the
+    # default 4); baseline: none.
     **{f"graph-l2-{mib}": dict(decode_path="static", cuda_graphs=True, l2_prefetch_mb=mib)
        for mib in (1, 2, 3, 4, 6, 8, 16)},
+    "graph-no-l2-prefetch": dict(decode_path="static", cuda_graphs=True, l2_prefetch_mb=0),
     # Round windows of 8 and 32 round steps instead of 16 (mixed depths: W4, W7).
     "graph-rw8": dict(decode_path="static", cuda_graphs=True, round_window=8),
     "graph-rw32": dict(decode_path="static", cuda_graphs=True, round_window=32),

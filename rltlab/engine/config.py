@@ -53,7 +53,8 @@ class EngineConfig:
     fused_qkv_rope: one-row Triton rounds compute q/k/v, RoPE and the K/V write in one kernel
     (rltlab.kernels.rope_kv_linear); False = the q/k/v GEMV, then rope_write_kv.
     l2_prefetch_mb: one-row PDL rounds (with fused_qkv_rope): each kernel brings up to this many
-    MiB of the next GEMV's weight into L2 (rltlab.kernels.l2_prefetch); 0 = off.
+    MiB of the next GEMV's weight into L2 (rltlab.kernels.l2_prefetch); 0 = off. 4 was the best
+    of 1-16 on the H200 (docs/benchmarks/2026-12-02-s5-h200.md).
     fused_tokens: with the static path, run all rounds of host-fixed-depth decode tokens in one
     launch when nothing needs to look between rounds (rltlab.engine.token_step).
     round_window: with whole-token steps on, decode rows at mixed host-fixed depths
@@ -105,7 +106,7 @@ class EngineConfig:
     small_batch_kernels: bool = True
     pdl: bool = True
     fused_qkv_rope: bool = True
-    l2_prefetch_mb: float = 0.0
+    l2_prefetch_mb: float = 4.0
     fused_tokens: bool = True
     round_window: int = 16
     round_window_admit: int = 1

@@ -98,7 +98,7 @@ class ModelRunner:
                  static_decode: bool = False, max_batch: int = 1, max_model_len: int = 0,
                  cuda_graphs: bool = True, compile: bool = False,
                  small_batch_kernels: bool = True, pdl: bool = True,
-                 fused_qkv_rope: bool = True, l2_prefetch_mb: float = 0.0,
+                 fused_qkv_rope: bool = True, l2_prefetch_mb: float = 4.0,
                  fused_prefill: bool = True, cudnn_prefill_after: int | None = 16):
         cfg = model.config
         self.model, self.config, self.block_size = model, cfg, block_size

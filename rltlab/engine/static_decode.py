@@ -86,7 +86,7 @@ class StaticDecoder:
     def __init__(self, model: OuroForCausalLM, *, fused, kv_cache: torch.Tensor,
                  block_size: int, max_batch: int, max_blocks_per_seq: int, cuda_graphs: bool,
                  compile: bool, small_batch_kernels: bool = True, pdl: bool = False,
-                 fused_qkv_rope: bool = True, l2_prefetch_mb: float = 0.0,
+                 fused_qkv_rope: bool = True, l2_prefetch_mb: float = 4.0,
                  triton: bool | None = None):
         cfg = model.config
         self.model, self.config, self.kv_cache, self.block_size = model, cfg, kv_cache, block_size

@@ -23,10 +23,11 @@ from rltlab.engine import LLM, SamplingParams
 from rltlab.model.checkpoint import load_model_and_tokenizer
 
 CONFIGS = {
-    "fused": {},
+    "fused": {},   # the defaults: fused RoPE + K/V write, L2 prefetch of 4 MiB per kernel
     "unfused-rope": dict(fused_qkv_rope=False),
     # kernels/l2_prefetch.py: a hint to the memory system, so identical by construction;
     # this checks that adding it to three kernels' launches changed nothing else.
+    "no-l2-prefetch": dict(l2_prefetch_mb=0),
     "l2-prefetch-8": dict(l2_prefetch_mb=8),
 }
 
