@@ -51,12 +51,15 @@ def prefetch_l2(base_ptr, nbytes, PREFETCH: tl.constexpr, CHUNK: tl.constexpr,
                 "=r,l,r", [base + offset, size], dtype=tl.int32, is_pure=False, pack=1)
 
 
-def prefetch_args(weight: torch.Tensor | None, nbytes: int, placeholder: torch.Tensor) -> dict:
-    """Kernel arguments (pf_ptr, pf_bytes, PREFETCH) for prefetching the first ``nbytes`` of
-    ``weight`` (None or 0 bytes: off, with ``placeholder``, any tensor of the launch, standing
-    in for the pointer); ValueError where it cannot run."""
-    if weight is None or nbytes == 0:
-        return {"pf_ptr": placeholder, "pf_bytes": 0, "PREFETCH": False}
+def prefetch_args(prefetch: tuple[torch.Tensor, int] | None, placeholder: torch.Tensor
+                  ) -> tuple[tuple, dict]:
+    """((pf_ptr, pf_bytes), constexprs) of a launch that prefetches ``prefetch`` = (weight,
+    nbytes): the first nbytes of weight (None: off, with ``placeholder``, any tensor of the
+    launch, standing in for the pointer); ValueError where it cannot run."""
+    off = {"PREFETCH": False, "PF_CHUNK": CHUNK, "PF_LANES": LANES}
+    if prefetch is None or prefetch[1] == 0:
+        return (placeholder, 0), off
+    weight, nbytes = prefetch
     if nbytes < 0 or nbytes % 16 or nbytes > weight.numel() * weight.element_size():
         raise ValueError(f"prefetch of {nbytes} bytes: must be a multiple of 16 within the "
                          f"weight's {weight.numel() * weight.element_size()} bytes")
@@ -65,7 +68,7 @@ def prefetch_args(weight: torch.Tensor | None, nbytes: int, placeholder: torch.T
     if not pdl_available(weight.device):
         raise ValueError("L2 prefetch needs a CUDA device of compute capability >= 9.0 and "
                          f"compiled (not interpreted) Triton kernels; got {weight.device}")
-    return {"pf_ptr": weight, "pf_bytes": nbytes, "PREFETCH": True}
+    return (weight, nbytes), {**off, "PREFETCH": True}
 
 
 def prefetch_bytes(weight: torch.Tensor, budget: int) -> int:

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .l2_prefetch import CHUNK, LANES, prefetch_args, prefetch_l2
+from .l2_prefetch import prefetch_args, prefetch_l2
 from .pdl import INTERPRETED, await_previous_kernel, launch_options
 
 _LOG2E = 1.4426950408889634
@@ -210,7 +210,7 @@ def paged_decode_attention(q, k_cache, v_cache, planes, block_tables, context_le
     prefetch: (weight, nbytes) to bring into L2 for a later kernel (kernels/l2_prefetch.py).
     """
     launch = launch_options(pdl, q.device)
-    pf = prefetch_args(*(prefetch or (None, 0)), placeholder=q)
+    pf_args, pf_meta = prefetch_args(prefetch, placeholder=q)
     batch, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[2], k_cache.shape[3]
     group = num_heads // num_kv_heads
@@ -237,12 +237,12 @@ def paged_decode_attention(q, k_cache, v_cache, planes, block_tables, context_le
         q.stride(0), q.stride(1),
         *k_cache.stride()[:4], *v_cache.stride()[:4],
         block_tables.stride(0),
-        part.stride(0), part.stride(1), part.stride(2), pf.pop("pf_ptr"), pf.pop("pf_bytes"),
+        part.stride(0), part.stride(1), part.stride(2), *pf_args,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
         DOT_DTYPE=dot_dtype, INPUT_PRECISION=precision,
-        num_warps=DECODE_CONFIG["num_warps"], num_stages=DECODE_CONFIG["num_stages"],
-        PF_CHUNK=CHUNK, PF_LANES=LANES, **pf, **launch,
+        num_warps=DECODE_CONFIG["num_warps"], num_stages=DECODE_CONFIG["num_stages"], **pf_meta,
+        **launch,
     )
     if num_splits > 1:
         _merge_splits_kernel[(batch * num_heads,)](

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .l2_prefetch import CHUNK, LANES, prefetch_args, prefetch_l2
+from .l2_prefetch import prefetch_args, prefetch_l2
 from .pdl import await_previous_kernel, launch_options
 from .small_batch import rope_write_kv_ref, small_m_linear_ref, tiles_for
 
@@ -146,14 +146,13 @@ def rope_kv_linear(x, w_qkv, cos, sin, kv_cache, layer, planes, slots, num_heads
         raise ValueError("planes and slots must hold one entry each (one row)")
     pairs, block_k, warps, stages = check_pairs(tiles or tiles_for(1, n_out, k), head_dim)
     launch = launch_options(pdl, x.device)
-    pf = prefetch_args(*(prefetch or (None, 0)), placeholder=w_qkv)
+    pf_args, pf_meta = prefetch_args(prefetch, placeholder=w_qkv)
     q = torch.empty(1, num_heads, head_dim, dtype=x.dtype, device=x.device)
     layer_cache = kv_cache[layer]   # [2, P, NB, BS, Hkv, D]
     _rope_kv_linear_kernel[(n_out // (2 * pairs),)](
         x, w_qkv, cos, sin, q, layer_cache, planes, slots, k, w_qkv.stride(0),
-        kv_cache.shape[4], *layer_cache.stride()[:5], pf.pop("pf_ptr"), pf.pop("pf_bytes"),
+        kv_cache.shape[4], *layer_cache.stride()[:5], *pf_args,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, PAIRS=pairs,
-        BLOCK_K=block_k, num_warps=warps, num_stages=stages, PF_CHUNK=CHUNK, PF_LANES=LANES,
-        **pf, **launch,
+        BLOCK_K=block_k, num_warps=warps, num_stages=stages, **pf_meta, **launch,
     )
     return q

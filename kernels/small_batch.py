@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from .kv_copy import write_kv_ref
-from .l2_prefetch import CHUNK, LANES, prefetch_args, prefetch_l2
+from .l2_prefetch import prefetch_args, prefetch_l2
 from .pdl import await_previous_kernel, launch_options
 
 MAX_ROWS = 16
@@ -225,15 +225,15 @@ def small_m_linear(x, w, act=None, tiles=None, *, pdl=False, prefetch=None):
         raise ValueError("x and w must share one dtype and be contiguous in their last dim")
     launch = launch_options(pdl, x.device)
     block_n, block_k, warps, stages, split_k = check_tiles(tiles or tiles_for(m, n, k), m, n, k)
-    pf = prefetch_args(*(prefetch or (None, 0)), placeholder=w)
+    pf_args, pf_meta = prefetch_args(prefetch, placeholder=w)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     # SPLIT_K = 1 never touches the workspace: out stands in for its pointers.
     partials, counters = split_k_workspace(x.device) if split_k > 1 else (out, out)
     _small_m_linear_kernel[(triton.cdiv(n, block_n), split_k)](
         x, w, out, partials, counters, m, n, k, x.stride(0), w.stride(0), out.stride(0),
-        pf.pop("pf_ptr"), pf.pop("pf_bytes"), SILU_MUL=act == "silu_mul", BLOCK_M=1 if m == 1 else 16, BLOCK_N=block_n,
+        *pf_args, SILU_MUL=act == "silu_mul", BLOCK_M=1 if m == 1 else 16, BLOCK_N=block_n,
         BLOCK_K=block_k, SPLIT_K=split_k, IEEE=w.dtype == torch.float32, num_warps=warps,
-        num_stages=stages, PF_CHUNK=CHUNK, PF_LANES=LANES, **pf, **launch,
+        num_stages=stages, **pf_meta, **launch,
     )
     return out
 

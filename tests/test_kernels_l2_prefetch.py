@@ -90,16 +90,17 @@ def test_prefetch_bytes_rounds_down_and_caps_at_the_size():
 
 def test_prefetch_arguments_refuse_what_cannot_run():
     w = torch.randn(8, 8)
-    off = prefetch_args(None, 0, placeholder=w)
-    assert off["PREFETCH"] is False and off["pf_bytes"] == 0 and off["pf_ptr"] is w
+    for off in (None, (w, 0)):
+        args, meta = prefetch_args(off, placeholder=w)
+        assert args[0] is w and args[1] == 0 and meta["PREFETCH"] is False
     for nbytes in (8, -16, 1024):   # not a multiple of 16; negative; past the weight
         with pytest.raises(ValueError, match="multiple of 16"):
-            prefetch_args(w, nbytes, placeholder=w)
+            prefetch_args((w, nbytes), placeholder=w)
     with pytest.raises(ValueError, match="contiguous"):
-        prefetch_args(w.t(), 64, placeholder=w)
+        prefetch_args((w.t(), 64), placeholder=w)
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9):
         with pytest.raises(ValueError, match="compute capability"):
-            prefetch_args(w, 64, placeholder=w)
+            prefetch_args((w, 64), placeholder=w)
 
 
 @pytest.mark.parametrize("value", [-1, True, "8", 1024])
