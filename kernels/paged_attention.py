@@ -116,9 +116,6 @@ def _decode_kernel(
     DOT_DTYPE: tl.constexpr, INPUT_PRECISION: tl.constexpr, GDC: tl.constexpr,
     PREFETCH: tl.constexpr, PF_CHUNK: tl.constexpr, PF_LANES: tl.constexpr,
 ):
-    # The o projection's weights into L2 while HBM would idle (kernels/l2_prefetch.py).
-    prefetch_l2(pf_ptr, pf_bytes, PREFETCH, PF_CHUNK, PF_LANES)
-    await_previous_kernel(GDC)
     # One program = (row, kv head, split of the key range). Its GQA group of query heads forms
     # the M side of tl.dot (padded to >= 16 rows), so every K/V element is read once per row.
     # Decode is memory bound, but the dot path gets Triton's pipelined loads: on an H200 it ran
@@ -126,8 +123,13 @@ def _decode_kernel(
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    # The o projection's weights into L2 while HBM would idle (kernels/l2_prefetch.py).
+    prefetch_l2(pf_ptr, pf_bytes, PREFETCH, PF_CHUNK, PF_LANES)
+    # Context lengths and planes come from the round's index, which no kernel of a PDL chain
+    # writes (the host's copy lands before the chain starts): read before the wait (pdl.py).
     ctx = tl.load(ctx_ptr + row)
     plane = tl.load(planes_ptr + row).to(tl.int64)
+    await_previous_kernel(GDC)
 
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)

@@ -6,8 +6,11 @@ Hopper and newer a kernel launched with PDL may start while its predecessor in t
 still running: every kernel here first lets its own successor launch
 (``gdc_launch_dependents``), then waits for its predecessor to finish and flush its writes
 (``gdc_wait``) before it reads an activation or writes anything. Only reads of data that no
-kernel of the round writes (the weights) may come before the wait, which is how a GEMV starts
-streaming its first weight tile while the previous kernel drains.
+kernel of the round writes may come before the wait: the weights (a GEMV starts streaming its
+first tile, a norm loads its weights, a kernel issues its L2 prefetch while the previous kernel
+drains) and the round's index (the decode attention's context lengths and planes: the host's
+copy of it runs before the round, and a PDL kernel starts only after every non-PDL one before
+it has finished).
 
 Every kernel waits unconditionally, so "finished" is transitive: when a kernel's wait returns,
 every earlier kernel of the stream has finished too. A kernel launched without PDL (torch, cuBLAS)
