@@ -42,12 +42,12 @@ def run_pair(model, pair: str, mode: str, loops: int, scale: float, kv_gib: floa
     """rates: (matmul TFLOP/s, copy GB/s) measured in this run, for each loop's % of its
     ceiling (ceilings.ceiling)."""
     base_name, cheap_name = DEPTH_PAIRS[pair]
-    spec = scaled(WORKLOADS[base_name], scale)
+    specs = {name: scaled(WORKLOADS[name], scale) for name in (base_name, cheap_name)}
+    spec = specs[base_name]   # the pair's workloads differ only in the exit policy (replay)
     cfg = model.config
     prompts = prompts_for(spec["requests"], spec["prompt_len"], cfg.vocab_size, seed=7)
-    params = {name: workload_params(scaled(WORKLOADS[name], scale), cfg.num_rounds,
-                                    spec["requests"], cfg.vocab_size)
-              for name in (base_name, cheap_name)}
+    params = {name: workload_params(specs[name], cfg.num_rounds, spec["requests"],
+                                    cfg.vocab_size) for name in specs}
     c = spec["concurrency"]
     llm = make_llm(model, spec, mode, kv_gib)
     try:
