@@ -60,9 +60,9 @@ def prefetch_args(prefetch: tuple[torch.Tensor, int] | None, placeholder: torch.
     if prefetch is None or prefetch[1] == 0:
         return (placeholder, 0), off
     weight, nbytes = prefetch
-    if nbytes < 0 or nbytes % 16 or nbytes > weight.numel() * weight.element_size():
+    if nbytes < 0 or nbytes % 16 or nbytes > weight.nbytes:
         raise ValueError(f"prefetch of {nbytes} bytes: must be a multiple of 16 within the "
-                         f"weight's {weight.numel() * weight.element_size()} bytes")
+                         f"weight's {weight.nbytes} bytes")
     if not weight.is_contiguous() or weight.data_ptr() % 16:
         raise ValueError("the prefetched weight must be contiguous and 16-byte aligned")
     if not pdl_available(weight.device):
@@ -73,4 +73,4 @@ def prefetch_args(prefetch: tuple[torch.Tensor, int] | None, placeholder: torch.
 
 def prefetch_bytes(weight: torch.Tensor, budget: int) -> int:
     """The first min(budget, size) bytes of weight, rounded down to 16 (0: off)."""
-    return min(budget, weight.numel() * weight.element_size()) // 16 * 16
+    return min(budget, weight.nbytes) // 16 * 16

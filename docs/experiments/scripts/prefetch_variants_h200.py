@@ -26,7 +26,7 @@ def whole_o_plan(layers, budget):
     """The default plan, with the attention prefetching all of the o projection's weight."""
     plan = DEFAULT_PLAN(layers, budget)
     for entry, w in zip(plan, layers):
-        entry["attention"] = (w["w_o"], w["w_o"].numel() * w["w_o"].element_size())
+        entry["attention"] = (w["w_o"], w["w_o"].nbytes)
     return plan
 
 
