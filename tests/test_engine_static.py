@@ -12,7 +12,7 @@ from rltlab.engine.static_decode import GEMV_ROWS, StaticDecoder
 from test_engine_exactness import (MIXED, POLICIES, assert_same_rollouts,
                                    check_against_recompute, check_exit_oracle, params_list,
                                    random_prompts)
-from tiny_models import tiny_engine_model
+from tiny_models import tiny_engine_model, with_distinct_norms
 
 torch.set_num_threads(1)
 
@@ -116,12 +116,13 @@ def test_engine_benchmark_reports_every_mode_and_the_w4_gain():
 
 
 @pytest.mark.skipif(not kernels.triton_available("cpu"), reason="needs TRITON_INTERPRET=1")
-@pytest.mark.parametrize("fused_qkv_rope", [True, False])
-def test_triton_small_batch_rounds_equal_the_reference_rounds(fused_qkv_rope):
+@pytest.mark.parametrize("fused_qkv_rope,fold_norms", [(True, True), (False, True),
+                                                       (True, False)])
+def test_triton_small_batch_rounds_equal_the_reference_rounds(fused_qkv_rope, fold_norms):
     """The small-batch kernels (Triton GEMVs, RoPE + K/V write in the q/k/v GEMV or after it,
-    paged attention) wired into the static decoder, interpreted on CPU in fp32, against the
-    torch-reference decoder."""
-    model = tiny_engine_model(6)
+    the sandwich norms in the GEMV before them or on their own, paged attention) wired into the
+    static decoder, interpreted on CPU in fp32, against the torch-reference decoder."""
+    model = with_distinct_norms(tiny_engine_model(6))
     prompts = random_prompts(2, seed=8)
     params = params_list(prompts, POLICIES["q_exit"], seed0=20)
     one_row = {**MIXED, "max_num_seqs": 1}   # the GEMV takes rounds of GEMV_ROWS = 1 row
@@ -129,7 +130,8 @@ def test_triton_small_batch_rounds_equal_the_reference_rounds(fused_qkv_rope):
     llm = LLM(model, decode_path="static", **one_row)
     runner = llm.llm_engine.runner
     runner.static = StaticDecoder(runner.model, max_batch=runner.static.max_batch, triton=True,
-                                  **{**runner._static_args, "fused_qkv_rope": fused_qkv_rope})
+                                  **{**runner._static_args, "fused_qkv_rope": fused_qkv_rope,
+                                     "fold_norms": fold_norms})
     assert runner.static._small_rows == GEMV_ROWS == 1
     assert_same_rollouts(reference, llm.generate(prompts, params))
 

@@ -1,5 +1,7 @@
 """The tiny random Ouro models the tests share: an engine-level model (fp32, rounds that differ)
 and a tiny checkpoint directory with a tokenizer (notebooks, run directories)."""
+import torch
+
 from rltlab.model.config import OuroConfig
 from rltlab.model.architecture import OuroForCausalLM
 
@@ -11,6 +13,17 @@ def tiny_engine_model(seed: int = 0) -> OuroForCausalLM:
                      num_attention_heads=4, num_key_value_heads=2, total_ut_steps=ROUNDS,
                      max_position_embeddings=256)
     return OuroForCausalLM(cfg).init_weights(seed, std=0.2).eval()
+
+
+def with_distinct_norms(model: OuroForCausalLM, seed: int = 0) -> OuroForCausalLM:
+    """model with every RMSNorm weight drawn around 1 (init_weights leaves them all 1, so a
+    kernel that swapped two norms' weights would go unnoticed)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                param.copy_(1 + 0.3 * torch.randn(param.shape, generator=gen))
+    return model
 
 
 def write_tiny_checkpoint(out):
