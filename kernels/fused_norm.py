@@ -45,19 +45,6 @@ def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, eps, hidden, stride_x, stride_y, BLOCK:
 
 
 @triton.jit
-def add_rmsnorm_row(h, x, w_post, w_next, hidden, eps):
-    """One row's sandwich step on loaded vectors (h, x in the tensors' dtype; w_post, w_next in
-    fp32) -> (h_new in h's dtype, y in fp32). Each torch op of the reference computes in fp32
-    and rounds to the tensor dtype; this rounds at the same points, so bf16 results match it bit
-    for bit (up to rsqrt / summation order) when compiled with enable_fp_fusion=False: else
-    (normed * w_post) + h becomes one FMA that skips the rounding of the product (~25% of h_new
-    one bf16 step off)."""
-    branch = (_normalize(x, hidden, eps) * w_post).to(h.dtype).to(tl.float32)
-    h_new = (h.to(tl.float32) + branch).to(h.dtype)
-    return h_new, _normalize(h_new, hidden, eps) * w_next
-
-
-@triton.jit
 def _add_rmsnorm_kernel(
     h_ptr, x_ptr, w_post_ptr, w_next_ptr, h_out_ptr, y_ptr, eps, hidden,
     stride_h, stride_x, stride_h_out, stride_y, BLOCK: tl.constexpr, GDC: tl.constexpr,
@@ -72,9 +59,12 @@ def _add_rmsnorm_kernel(
     await_previous_kernel(GDC)
     h = tl.load(h_ptr + row * stride_h + cols, mask=mask, other=0.0)
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-    h_new, y = add_rmsnorm_row(h, x, w_post, w_next, hidden, eps)
+    # Each torch op of the reference computes in fp32 and rounds to the tensor dtype; round at
+    # the same points so bf16 results match it bit for bit (up to rsqrt / summation order).
+    branch = (_normalize(x, hidden, eps) * w_post).to(h.dtype).to(tl.float32)
+    h_new = (h.to(tl.float32) + branch).to(h.dtype)
     tl.store(h_out_ptr + row * stride_h_out + cols, h_new, mask=mask)
-    tl.store(y_ptr + row * stride_y + cols, y, mask=mask)
+    tl.store(y_ptr + row * stride_y + cols, _normalize(h_new, hidden, eps) * w_next, mask=mask)
 
 
 def _check_rows(*tensors):
@@ -105,6 +95,8 @@ def add_rmsnorm(h, x, w_post, w_next, eps, *, pdl=False):
         h, x, w_post, w_next, h_new, y, eps, hidden,
         h.stride(0), x.stride(0), h_new.stride(0), y.stride(0),
         BLOCK=triton.next_power_of_2(hidden), num_warps=8 if hidden >= 2048 else 4,
-        enable_fp_fusion=False, **launch,   # add_rmsnorm_row: torch's roundings
+        # Without this the compiler fuses (normed * w_post) + h into one bf16 FMA, skipping the
+        # rounding of the product that torch does: ~25% of h_new would differ by one bf16 step.
+        enable_fp_fusion=False, **launch,
     )
     return h_new, y

@@ -35,7 +35,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .fused_norm import add_rmsnorm_row
 from .kv_copy import write_kv_ref
 from .l2_prefetch import prefetch_args, prefetch_l2
 from .pdl import await_previous_kernel, launch_options
@@ -47,8 +46,6 @@ ACTIVATIONS = (None, "silu_mul")
 # that CUDA graphs keep pointing at the same buffers.
 SPLIT_K_PARTIALS = 1 << 20
 SPLIT_K_COUNTERS = 1 << 16
-NORM_SLOT = SPLIT_K_COUNTERS - 1   # then_add_rmsnorm's counter: never a column block's
-NORM_COUNTER = tl.constexpr(NORM_SLOT)
 _split_k_workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
@@ -92,8 +89,7 @@ def _reduce_split_k(acc, partials_ptr, counters_ptr, out_ptr, cols, col_ok, N,
     # its release (the pattern of CUTLASS's split-K semaphore).
     tl.debug_barrier()
     counter = counters_ptr + tl.program_id(0)
-    last = tl.atomic_add(counter, 1, sem="acq_rel") == SPLIT_K - 1
-    if last:
+    if tl.atomic_add(counter, 1, sem="acq_rel") == SPLIT_K - 1:
         # The partials come from other SMs: read them from L2 (.cg), never from a stale L1 line.
         total = tl.load(partials_ptr + cols[None, :], mask=col_ok[None, :], cache_modifier=".cg")
         for split in tl.static_range(1, SPLIT_K):
@@ -104,39 +100,15 @@ def _reduce_split_k(acc, partials_ptr, counters_ptr, out_ptr, cols, col_ok, N,
         # No program of this launch touches the counter again, and the next launch only after
         # this one has finished (stream order, or gdc_wait under PDL): a plain store is enough.
         tl.store(counter, 0)
-    return last
-
-
-@triton.jit
-def _add_rmsnorm_when_last(out_ptr, counter, arrivals, M, N, stride_om, h_ptr, stride_h,
-                           w_post_ptr, w_next_ptr, h_out_ptr, y_ptr, eps, BLOCK: tl.constexpr):
-    """Count this program's finished output columns in (`arrivals` programs write them); the
-    last to arrive runs add_rmsnorm(h, out, w_post, w_next) on every row of the whole output
-    (read from L2, as _reduce_split_k reads partials) and resets the counter."""
-    tl.debug_barrier()   # every thread's output store before the release
-    if tl.atomic_add(counter, 1, sem="acq_rel") == arrivals - 1:
-        cols = tl.arange(0, BLOCK)
-        ok = cols < N
-        w_post = tl.load(w_post_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-        w_next = tl.load(w_next_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-        for row in range(M):
-            x = tl.load(out_ptr + row * stride_om + cols, mask=ok, other=0.0,
-                        cache_modifier=".cg")
-            h = tl.load(h_ptr + row * stride_h + cols, mask=ok, other=0.0)
-            h_new, y = add_rmsnorm_row(h, x, w_post, w_next, N, eps)
-            tl.store(h_out_ptr + row * N + cols, h_new, mask=ok)
-            tl.store(y_ptr + row * N + cols, y, mask=ok)
-        tl.store(counter, 0)
 
 
 @triton.jit
 def _small_m_linear_kernel(
     x_ptr, w_ptr, out_ptr, partials_ptr, counters_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-    pf_ptr, pf_bytes, h_ptr, stride_h, w_post_ptr, w_next_ptr, h_out_ptr, y_ptr, eps,
+    pf_ptr, pf_bytes,
     SILU_MUL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, IEEE: tl.constexpr, GDC: tl.constexpr,
     PREFETCH: tl.constexpr, PF_CHUNK: tl.constexpr, PF_LANES: tl.constexpr,
-    NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
 ):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
@@ -168,15 +140,8 @@ def _small_m_linear_kernel(
     if SPLIT_K == 1:
         tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :],
                  acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
-        wrote = True
     else:
-        wrote = _reduce_split_k(acc, partials_ptr, counters_ptr, out_ptr, cols, col_ok, N,
-                                SPLIT_K)
-    if NORM:
-        if wrote:   # one program per column block counts in
-            _add_rmsnorm_when_last(out_ptr, counters_ptr + NORM_COUNTER, tl.num_programs(0), M, N,
-                                   stride_om, h_ptr, stride_h, w_post_ptr, w_next_ptr, h_out_ptr,
-                                   y_ptr, eps, NORM_BLOCK)
+        _reduce_split_k(acc, partials_ptr, counters_ptr, out_ptr, cols, col_ok, N, SPLIT_K)
 
 
 # Tile shapes (BLOCK_N, BLOCK_K, num_warps, num_stages) for one row and for 2..16 rows, by
@@ -222,7 +187,7 @@ def check_tiles(tiles, rows: int, n: int, k: int) -> tuple[int, int, int, int, i
         raise ValueError(f"SPLIT_K={split_k} leaves a split without a BLOCK_K tile: K={k} has "
                          f"{k_tiles} tile(s) of BLOCK_K={block_k}")
     if split_k > 1 and (split_k * n > SPLIT_K_PARTIALS
-                        or triton.cdiv(n, block_n) > NORM_SLOT):
+                        or triton.cdiv(n, block_n) > SPLIT_K_COUNTERS):
         raise ValueError(f"N={n}, BLOCK_N={block_n}, SPLIT_K={split_k} exceeds the split-K "
                          f"workspace ({SPLIT_K_PARTIALS} partials, {SPLIT_K_COUNTERS} counters)")
     return block_n, block_k, warps, stages, split_k
@@ -244,13 +209,10 @@ def split_k_workspace(device) -> tuple[torch.Tensor, torch.Tensor]:
     return _split_k_workspaces[device]
 
 
-def small_m_linear(x, w, act=None, tiles=None, *, pdl=False, prefetch=None,
-                   then_add_rmsnorm=None):
+def small_m_linear(x, w, act=None, tiles=None, *, pdl=False, prefetch=None):
     """Triton version of small_m_linear_ref for 1 <= M <= 16 rows (pdl: kernels/pdl.py; tiles:
     see TILES; prefetch: (weight, nbytes) to bring into L2 for the next kernel,
-    kernels/l2_prefetch.py). then_add_rmsnorm=(h, w_post, w_next, eps): instead of the
-    product, return add_rmsnorm(h, product, w_post, w_next, eps) = (h_new, y), run by the
-    launch's last program (one kernel boundary fewer than a separate add_rmsnorm)."""
+    kernels/l2_prefetch.py)."""
     if act not in ACTIVATIONS:
         raise ValueError(f"act must be one of {ACTIVATIONS}, got {act!r}")
     m, n, k = x.shape[0], w.shape[0], w.shape[1]
@@ -265,31 +227,15 @@ def small_m_linear(x, w, act=None, tiles=None, *, pdl=False, prefetch=None,
     block_n, block_k, warps, stages, split_k = check_tiles(tiles or tiles_for(m, n, k), m, n, k)
     pf_args, pf_meta = prefetch_args(prefetch, placeholder=w)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    if then_add_rmsnorm is None:
-        norm_args, h_new, y = (out, 0, out, out, out, out, 0.0), None, None
-    else:
-        h, w_post, w_next, eps = then_add_rmsnorm
-        if h.shape != (m, n) or w_post.shape != (n,) or w_next.shape != (n,):
-            raise ValueError(f"then_add_rmsnorm needs h [{m}, {n}] and weights [{n}], got "
-                             f"{tuple(h.shape)}, {tuple(w_post.shape)}, {tuple(w_next.shape)}")
-        if any(t.dtype != x.dtype or t.stride(-1) != 1 for t in (h, w_post, w_next)):
-            raise ValueError("then_add_rmsnorm's tensors must have x's dtype and be contiguous "
-                             "in their last dim")
-        h_new, y = torch.empty_like(out), torch.empty_like(out)
-        norm_args = (h, h.stride(0), w_post, w_next, h_new, y, eps)
-    # SPLIT_K = 1 without the norm never touches the workspace: out stands in for its pointers.
-    partials, counters = (split_k_workspace(x.device) if split_k > 1 or h_new is not None
-                          else (out, out))
+    # SPLIT_K = 1 never touches the workspace: out stands in for its pointers.
+    partials, counters = split_k_workspace(x.device) if split_k > 1 else (out, out)
     _small_m_linear_kernel[(triton.cdiv(n, block_n), split_k)](
         x, w, out, partials, counters, m, n, k, x.stride(0), w.stride(0), out.stride(0),
-        *pf_args, *norm_args, SILU_MUL=act == "silu_mul", BLOCK_M=1 if m == 1 else 16,
-        BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, IEEE=w.dtype == torch.float32,
-        num_warps=warps, num_stages=stages, NORM=h_new is not None,
-        NORM_BLOCK=triton.next_power_of_2(n) if h_new is not None else 1, **pf_meta, **launch,
-        # add_rmsnorm_row needs torch's roundings; the GEMV's FMAs become a multiply and an add
-        **({"enable_fp_fusion": False} if h_new is not None else {}),
+        *pf_args, SILU_MUL=act == "silu_mul", BLOCK_M=1 if m == 1 else 16, BLOCK_N=block_n,
+        BLOCK_K=block_k, SPLIT_K=split_k, IEEE=w.dtype == torch.float32, num_warps=warps,
+        num_stages=stages, **pf_meta, **launch,
     )
-    return out if h_new is None else (h_new, y)
+    return out
 
 
 def rope_write_kv_ref(qkv, cos, sin, kv_cache, layer, planes, slots, num_heads, num_kv_heads,

@@ -100,8 +100,6 @@ MODES = {
     **{f"graph-l2-{mib}": dict(decode_path="static", cuda_graphs=True, l2_prefetch_mb=mib)
        for mib in (1, 2, 3, 4, 6, 8, 16)},
     "graph-no-l2-prefetch": dict(decode_path="static", cuda_graphs=True, l2_prefetch_mb=0),
-    # Baseline: one-row rounds' sandwich norms as their own kernels, not in the GEMV before.
-    "graph-unfolded-norms": dict(decode_path="static", cuda_graphs=True, fold_norms=False),
     # Round windows of 8 and 32 round steps instead of 16 (mixed depths: W4, W7).
     "graph-rw8": dict(decode_path="static", cuda_graphs=True, round_window=8),
     "graph-rw32": dict(decode_path="static", cuda_graphs=True, round_window=32),

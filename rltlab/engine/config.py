@@ -55,9 +55,6 @@ class EngineConfig:
     l2_prefetch_mb: one-row PDL rounds (with fused_qkv_rope): each kernel brings up to this many
     MiB of the next GEMV's weight into L2 (rltlab.kernels.l2_prefetch); 0 = off. 4 was the best
     of 1-16 on the H200 (docs/benchmarks/2026-12-02-s5-h200.md).
-    fold_norms: Triton rounds of <= 16 rows run each sandwich norm (add_rmsnorm) in the last
-    program of the GEMV before it (the o and down projections) instead of as its own kernel
-    (rltlab.kernels.small_batch: then_add_rmsnorm); False = separate add_rmsnorm kernels.
     fused_tokens: with the static path, run all rounds of host-fixed-depth decode tokens in one
     launch when nothing needs to look between rounds (rltlab.engine.token_step).
     round_window: with whole-token steps on, decode rows at mixed host-fixed depths
@@ -110,7 +107,6 @@ class EngineConfig:
     pdl: bool = True
     fused_qkv_rope: bool = True
     l2_prefetch_mb: float = 4.0
-    fold_norms: bool = True
     fused_tokens: bool = True
     round_window: int = 16
     round_window_admit: int = 1
@@ -163,7 +159,7 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.decode_path must be one of {DECODE_PATHS}, "
                              f"got {self.decode_path!r}")
         for name in ("cuda_graphs", "compile", "small_batch_kernels", "pdl", "fused_qkv_rope",
-                     "fold_norms", "fused_tokens", "fused_prefill", "fused_spec", "prefill_first"):
+                     "fused_tokens", "fused_prefill", "fused_spec", "prefill_first"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
         self.dtype = parse_dtype(self.dtype)

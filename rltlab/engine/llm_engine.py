@@ -89,7 +89,6 @@ class LLMEngine:
                                   small_batch_kernels=config.small_batch_kernels,
                                   pdl=config.pdl, fused_qkv_rope=config.fused_qkv_rope,
                                   l2_prefetch_mb=config.l2_prefetch_mb,
-                                  fold_norms=config.fold_norms,
                                   fused_prefill=config.fused_prefill,
                                   cudnn_prefill_after=config.cudnn_prefill_after)
         self.weights = WeightUpdater(self.model, weight_version)

@@ -99,7 +99,7 @@ class ModelRunner:
                  cuda_graphs: bool = True, compile: bool = False,
                  small_batch_kernels: bool = True, pdl: bool = True,
                  fused_qkv_rope: bool = True, l2_prefetch_mb: float = 4.0,
-                 fold_norms: bool = True, fused_prefill: bool = True, cudnn_prefill_after: int | None = 16):
+                 fused_prefill: bool = True, cudnn_prefill_after: int | None = 16):
         cfg = model.config
         self.model, self.config, self.block_size = model, cfg, block_size
         param = next(model.parameters())
@@ -120,7 +120,7 @@ class ModelRunner:
                                      cuda_graphs=cuda_graphs, compile=compile,
                                      small_batch_kernels=small_batch_kernels, pdl=pdl,
                                      fused_qkv_rope=fused_qkv_rope,
-                                     l2_prefetch_mb=l2_prefetch_mb, fold_norms=fold_norms)
+                                     l2_prefetch_mb=l2_prefetch_mb)
             self.static = StaticDecoder(model, max_batch=max_batch, **self._static_args)
         self.prefill = (FusedPrefill(model, self.static.layers, self.kv_cache,
                                      triton=self._use_triton, cudnn_after=cudnn_prefill_after)

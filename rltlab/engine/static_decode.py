@@ -87,7 +87,7 @@ class StaticDecoder:
                  block_size: int, max_batch: int, max_blocks_per_seq: int, cuda_graphs: bool,
                  compile: bool, small_batch_kernels: bool = True, pdl: bool = False,
                  fused_qkv_rope: bool = True, l2_prefetch_mb: float = 4.0,
-                 fold_norms: bool = True, triton: bool | None = None):
+                 triton: bool | None = None):
         cfg = model.config
         self.model, self.config, self.kv_cache, self.block_size = model, cfg, kv_cache, block_size
         self.device, self.dtype = kv_cache.device, kv_cache.dtype
@@ -124,8 +124,6 @@ class StaticDecoder:
         # (kernels/l2_prefetch.py); PDL's condition is the prefetch's (Hopper, compiled).
         self._prefetch = (prefetch_plan(self.layers, int(l2_prefetch_mb * 2 ** 20))
                           if self.pdl and fused_qkv_rope and l2_prefetch_mb > 0 else None)
-        # Rounds of <= 16 rows: each sandwich norm in the last program of the GEMV before it.
-        self._fold_norms = fold_norms
         self._qkv, self._post = qkv_rope, post_attention
         if compile:
             self._qkv = torch.compile(qkv_rope, dynamic=True, fullgraph=True)
@@ -322,7 +320,7 @@ class StaticDecoder:
                                    tables, ctx, scale, **self._attention_kwargs, **pdl,
                                    **({"prefetch": fetch["attention"]} if fetch else {}))
             if small:
-                x, y = self._small_mlp(x, attn, w, eps, pdl, fetch, self._fold_norms)
+                x, y = self._small_mlp(x, attn, w, eps, pdl, fetch)
             else:
                 x, y = self._post(x, attn, w["w_o"], w["w_attn_out"], w["w_mlp_in"],
                                   w["w_gate_up"], w["w_down"], w["w_mlp_out"], w["w_next"], eps,
@@ -331,22 +329,16 @@ class StaticDecoder:
         self.gate_out[:n].copy_(model.early_exit_gate(y).float().squeeze(-1))
 
     @staticmethod
-    def _small_mlp(x, attn, w, eps, pdl: dict, fetch: dict, fold: bool):
+    def _small_mlp(x, attn, w, eps, pdl: dict, fetch: dict):
         """post_attention for <= 16 rows: weight-streaming GEMVs, SiLU * up fused into down;
         pdl: {"pdl": True} to launch them with PDL, else {}; fetch: the layer's prefetch_plan
-        entry, or {}; fold: each add_rmsnorm in the GEMV before it."""
-        def linear_then_norm(inp, weight, act, residual, w_post, w_next):
-            args = dict(prefetch=fetch.get(weight), **pdl)
-            norm = (residual, w[w_post], w[w_next], eps)
-            if fold:
-                return kernels.small_m_linear(inp, w[weight], act, then_add_rmsnorm=norm, **args)
-            out = kernels.small_m_linear(inp, w[weight], act, **args)
-            return kernels.add_rmsnorm(residual, out, *norm[1:], **pdl)
-
-        x, m = linear_then_norm(attn.flatten(1), "w_o", None, x, "w_attn_out", "w_mlp_in")
-        gate_up = kernels.small_m_linear(m, w["w_gate_up"], prefetch=fetch.get("w_gate_up"),
-                                         **pdl)
-        return linear_then_norm(gate_up, "w_down", "silu_mul", x, "w_mlp_out", "w_next")
+        entry, or {}."""
+        linear = kernels.small_m_linear
+        o = linear(attn.flatten(1), w["w_o"], prefetch=fetch.get("w_o"), **pdl)
+        x, m = kernels.add_rmsnorm(x, o, w["w_attn_out"], w["w_mlp_in"], eps, **pdl)
+        gate_up = linear(m, w["w_gate_up"], prefetch=fetch.get("w_gate_up"), **pdl)
+        down = linear(gate_up, w["w_down"], "silu_mul", prefetch=fetch.get("w_down"), **pdl)
+        return kernels.add_rmsnorm(x, down, w["w_mlp_out"], w["w_next"], eps, **pdl)
 
 
 def prefetch_plan(layers: list[dict], budget: int) -> list[dict]:

@@ -23,14 +23,12 @@ from rltlab.engine import LLM, SamplingParams
 from rltlab.model.checkpoint import load_model_and_tokenizer
 
 CONFIGS = {
-    "fused": {},   # the defaults: fused RoPE + K/V write, 4 MiB L2 prefetch, folded norms
+    "fused": {},   # the defaults: fused RoPE + K/V write, L2 prefetch of 4 MiB per kernel
     "unfused-rope": dict(fused_qkv_rope=False),
     # kernels/l2_prefetch.py: a hint to the memory system, so identical by construction;
     # this checks that adding it to three kernels' launches changed nothing else.
     "no-l2-prefetch": dict(l2_prefetch_mb=0),
     "l2-prefetch-8": dict(l2_prefetch_mb=8),
-    # the sandwich norms as their own add_rmsnorm kernels, not in the GEMV before them
-    "unfolded-norms": dict(fold_norms=False),
 }
 
 
