@@ -1,4 +1,5 @@
 #!/bin/bash
+# Ran at d536c26; the fold (EngineConfig.fold_norms, bench mode graph-unfolded-norms) was reverted in ab40ce0 as slower.
 # Issue 17, 2026-12-02 sixth session, call 1 (sandwich norms folded into the GEMV before them).
 # 1. Exactness (fp32, embedded model): one-row rounds with folded norms (the default), unfolded,
 #    and the earlier configurations, against the gather path.

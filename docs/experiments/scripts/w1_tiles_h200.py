@@ -1,0 +1,98 @@
+"""Issue 17 (W1): the one-row round's kernel shapes re-tuned inside the engine's round.
+
+    python docs/experiments/scripts/w1_tiles_h200.py [--scale 1.0]
+
+The GEMV tiles (kernels.small_batch.TILES) were picked by sweeps of same-shape GEMV chains,
+before PDL and the L2 prefetch; the decode attention splits W1's 256-key range into 4 (one
+64-key tile each) plus a merge kernel. Here each variant changes one shape's tiles (or the
+attention's split count) in the real one-row round: a fresh engine (mode graph, the W1
+workload), its whole-token graph captured by a W1 warm-up, then the GPU time of one round
+(graph replay, 200 repeats, ms / round; the same measure as bench.engine's
+round.gpu_ms_per_round) and one W1 decode phase (tok/s). The defaults run first, in the middle
+and last. Last line: JSON.
+"""
+import argparse
+import gc
+import json
+import time
+
+import torch
+
+from rltlab.bench import engine as bench
+from rltlab.bench.__main__ import add_model_arguments, build_model, prompts_for
+from rltlab.bench.ceilings import ModelCosts
+from rltlab.bench.engine_checks import free_device_memory, sync
+from rltlab.kernels import paged_attention, small_batch
+
+QKV, O, GATE_UP, DOWN = (6144, 2048), (2048, 2048), (11264, 2048), (2048, 5632)
+VARIANTS = [("default", None, None),
+            ("attention 1 split", "splits", 1), ("attention 2 splits", "splits", 2),
+            ("o (4,1024,4,3,2)", O, (4, 1024, 4, 3, 2)), ("o (8,512,2,3,2)", O, (8, 512, 2, 3, 2)),
+            ("o (4,512,2,3,4)", O, (4, 512, 2, 3, 4)),
+            ("default", None, None),
+            ("down (8,512,2,5,2)", DOWN, (8, 512, 2, 5, 2)),
+            ("down (8,512,2,5,8)", DOWN, (8, 512, 2, 5, 8)),
+            ("down (4,512,2,5,4)", DOWN, (4, 512, 2, 5, 4)),
+            ("gate_up (4,1024,4,2)", GATE_UP, (4, 1024, 4, 2)),
+            ("gate_up (4,512,2,3)", GATE_UP, (4, 512, 2, 3)),
+            ("gate_up (8,512,4,3)", GATE_UP, (8, 512, 4, 3)),
+            ("qkv (4,512,2,2)", QKV, (4, 512, 2, 2)), ("qkv (8,1024,4,3)", QKV, (8, 1024, 4, 3)),
+            ("default", None, None)]
+
+
+def round_ms(decoder, repeats: int = 200) -> float:
+    """GPU ms per round of the one-row whole-token graph (as engine_checks.round_profile)."""
+    key = next(k for k in decoder._graphs if isinstance(k, tuple) and k[0] == 1)
+    graph = decoder._graphs[key]
+    graph.replay()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        graph.replay()
+    sync()
+    return 1e3 * (time.perf_counter() - t0) / repeats / key[1]
+
+
+def run_variant(model, spec, prompts, params, costs) -> dict:
+    llm = bench.make_llm(model, spec, "graph", kv_gib=4.0)
+    try:
+        bench.warm_up(llm, prompts, params, 1)
+        ms = round_ms(llm.llm_engine.runner.static)
+        tok_s = bench.decode_phase(llm, prompts[:1], params[:1], costs)["decode_tok_s"]
+        return {"round_ms": round(ms, 4), "tok_s": tok_s}
+    finally:
+        del llm
+        gc.collect()
+        free_device_memory()
+
+
+def main() -> dict:
+    ap = argparse.ArgumentParser()
+    add_model_arguments(ap)
+    ap.set_defaults(preset="ouro-1.4b", device="cuda", dtype="bfloat16")
+    args = ap.parse_args()
+    model = build_model(args)
+    costs = ModelCosts.of(model)
+    spec = bench.WORKLOADS["W1"]
+    prompts = prompts_for(1, spec["prompt_len"], model.config.vocab_size, seed=7)
+    params = bench.workload_params(spec, model.config.num_rounds, 1, model.config.vocab_size)
+    default_tiles, default_splits = dict(small_batch.TILES), paged_attention._default_num_splits
+    results = []
+    for name, shape, value in VARIANTS:
+        small_batch.TILES.clear()
+        small_batch.TILES.update(default_tiles)
+        paged_attention._default_num_splits = default_splits
+        if shape == "splits":
+            paged_attention._default_num_splits = lambda *a, splits=value: splits
+        elif shape is not None:
+            small_batch.TILES[("one_row", *shape)] = value
+        got = run_variant(model, spec, prompts, params, costs)
+        results.append({"variant": name, **got})
+        print(f"{name:24s} round {got['round_ms']:.4f} ms  W1 {got['tok_s']:.2f} tok/s", flush=True)
+    out = {"workload": "W1", "dtype": args.dtype, "variants": results}
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()
