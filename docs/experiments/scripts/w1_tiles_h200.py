@@ -1,6 +1,6 @@
 """Issue 17 (W1): the one-row round's kernel shapes re-tuned inside the engine's round.
 
-    python docs/experiments/scripts/w1_tiles_h200.py [--scale 1.0]
+    python docs/experiments/scripts/w1_tiles_h200.py [--sweep first|second]
 
 The GEMV tiles (kernels.small_batch.TILES) were picked by sweeps of same-shape GEMV chains,
 before PDL and the L2 prefetch; the decode attention splits W1's 256-key range into 4 (one
@@ -8,8 +8,8 @@ before PDL and the L2 prefetch; the decode attention splits W1's 256-key range i
 attention's split count) in the real one-row round: a fresh engine (mode graph, the W1
 workload), its whole-token graph captured by a W1 warm-up, then the GPU time of one round
 (graph replay, 200 repeats, ms / round; the same measure as bench.engine's
-round.gpu_ms_per_round) and one W1 decode phase (tok/s). The defaults run first, in the middle
-and last. Last line: JSON.
+round.gpu_ms_per_round) and one W1 decode phase (tok/s). The sweep's base tiles run first, in
+the middle and last. Last line: JSON.
 """
 import argparse
 import gc
@@ -25,19 +25,41 @@ from rltlab.bench.engine_checks import free_device_memory, sync
 from rltlab.kernels import paged_attention, small_batch
 
 QKV, O, GATE_UP, DOWN = (6144, 2048), (2048, 2048), (11264, 2048), (2048, 5632)
-VARIANTS = [("default", None, None),
-            ("attention 1 split", "splits", 1), ("attention 2 splits", "splits", 2),
-            ("o (4,1024,4,3,2)", O, (4, 1024, 4, 3, 2)), ("o (8,512,2,3,2)", O, (8, 512, 2, 3, 2)),
-            ("o (4,512,2,3,4)", O, (4, 512, 2, 3, 4)),
-            ("default", None, None),
-            ("down (8,512,2,5,2)", DOWN, (8, 512, 2, 5, 2)),
-            ("down (8,512,2,5,8)", DOWN, (8, 512, 2, 5, 8)),
-            ("down (4,512,2,5,4)", DOWN, (4, 512, 2, 5, 4)),
-            ("gate_up (4,1024,4,2)", GATE_UP, (4, 1024, 4, 2)),
-            ("gate_up (4,512,2,3)", GATE_UP, (4, 512, 2, 3)),
-            ("gate_up (8,512,4,3)", GATE_UP, (8, 512, 4, 3)),
-            ("qkv (4,512,2,2)", QKV, (4, 512, 2, 2)), ("qkv (8,1024,4,3)", QKV, (8, 1024, 4, 3)),
-            ("default", None, None)]
+# Sweeps: (name, shape or "splits", value); each variant on top of the sweep's base tiles.
+# "first" ran in the sixth session's call 2; "second" around its winner, gate/up (4,1024,4,2).
+GATE_UP_1024 = {GATE_UP: (4, 1024, 4, 2)}
+SWEEPS = {
+    "first": ({}, [
+        ("default", None, None),
+        ("attention 1 split", "splits", 1), ("attention 2 splits", "splits", 2),
+        ("o (4,1024,4,3,2)", O, (4, 1024, 4, 3, 2)), ("o (8,512,2,3,2)", O, (8, 512, 2, 3, 2)),
+        ("o (4,512,2,3,4)", O, (4, 512, 2, 3, 4)),
+        ("default", None, None),
+        ("down (8,512,2,5,2)", DOWN, (8, 512, 2, 5, 2)),
+        ("down (8,512,2,5,8)", DOWN, (8, 512, 2, 5, 8)),
+        ("down (4,512,2,5,4)", DOWN, (4, 512, 2, 5, 4)),
+        ("gate_up (4,1024,4,2)", GATE_UP, (4, 1024, 4, 2)),
+        ("gate_up (4,512,2,3)", GATE_UP, (4, 512, 2, 3)),
+        ("gate_up (8,512,4,3)", GATE_UP, (8, 512, 4, 3)),
+        ("qkv (4,512,2,2)", QKV, (4, 512, 2, 2)), ("qkv (8,1024,4,3)", QKV, (8, 1024, 4, 3)),
+        ("default", None, None)]),
+    "second": (GATE_UP_1024, [
+        ("base", None, None),
+        ("gate_up (4,1024,4,3)", GATE_UP, (4, 1024, 4, 3)),
+        ("gate_up (4,2048,4,2)", GATE_UP, (4, 2048, 4, 2)),
+        ("gate_up (4,2048,8,2)", GATE_UP, (4, 2048, 8, 2)),
+        ("gate_up (8,1024,4,2)", GATE_UP, (8, 1024, 4, 2)),
+        ("gate_up (4,1024,8,2)", GATE_UP, (4, 1024, 8, 2)),
+        ("gate_up (2,1024,2,2)", GATE_UP, (2, 1024, 2, 2)),
+        ("base", None, None),
+        ("down (8,1024,4,5,4)", DOWN, (8, 1024, 4, 5, 4)),
+        ("down (4,1024,4,3,4)", DOWN, (4, 1024, 4, 3, 4)),
+        ("down (8,1024,4,3,2)", DOWN, (8, 1024, 4, 3, 2)),
+        ("o (4,2048,4,2)", O, (4, 2048, 4, 2)), ("o (2,2048,4,2)", O, (2, 2048, 4, 2)),
+        ("qkv (4,2048,4,2)", QKV, (4, 2048, 4, 2)),
+        ("default tiles", "default", None),
+        ("base", None, None)]),
+}
 
 
 def round_ms(decoder, repeats: int = 200) -> float:
@@ -69,6 +91,7 @@ def run_variant(model, spec, prompts, params, costs) -> dict:
 def main() -> dict:
     ap = argparse.ArgumentParser()
     add_model_arguments(ap)
+    ap.add_argument("--sweep", choices=sorted(SWEEPS), default="second")
     ap.set_defaults(preset="ouro-1.4b", device="cuda", dtype="bfloat16")
     args = ap.parse_args()
     model = build_model(args)
@@ -77,19 +100,24 @@ def main() -> dict:
     prompts = prompts_for(1, spec["prompt_len"], model.config.vocab_size, seed=7)
     params = bench.workload_params(spec, model.config.num_rounds, 1, model.config.vocab_size)
     default_tiles, default_splits = dict(small_batch.TILES), paged_attention._default_num_splits
+    base, variants = SWEEPS[args.sweep]
     results = []
-    for name, shape, value in VARIANTS:
+    for name, shape, value in variants:
         small_batch.TILES.clear()
         small_batch.TILES.update(default_tiles)
+        if shape != "default":
+            small_batch.TILES.update({("one_row", *key): tiles for key, tiles in base.items()})
         paged_attention._default_num_splits = default_splits
         if shape == "splits":
             paged_attention._default_num_splits = lambda *a, splits=value: splits
-        elif shape is not None:
+        elif shape not in (None, "default"):
             small_batch.TILES[("one_row", *shape)] = value
         got = run_variant(model, spec, prompts, params, costs)
         results.append({"variant": name, **got})
         print(f"{name:24s} round {got['round_ms']:.4f} ms  W1 {got['tok_s']:.2f} tok/s", flush=True)
-    out = {"workload": "W1", "dtype": args.dtype, "variants": results}
+    out = {"workload": "W1", "dtype": args.dtype, "sweep": args.sweep,
+           "base": {"x".join(map(str, key)): tiles for key, tiles in base.items()},
+           "variants": results}
     print(json.dumps(out))
     return out
 
