@@ -155,11 +155,14 @@ def _small_m_linear_kernel(
 # (docs/benchmarks/2026-12-02-h200.md). The narrow o and down entries are from
 # docs/experiments/scripts/gemv_split_k_h200.py under PDL (o: 0.108 -> 0.093 ms per 24;
 # down, split-K 4: 0.313 -> 0.202 ms), checked in the interleaved round of 96 GEMVs: 0.873 ->
-# 0.819 ms (docs/benchmarks/2026-12-02-s3-h200.md).
+# 0.819 ms (docs/benchmarks/2026-12-02-s3-h200.md). The one-row o and gate/up entries were
+# then re-tuned inside the engine's PDL + L2-prefetch round, where they ran 0.981 and 0.964 ms
+# per round against 1.031-1.033 with the entries before ((4, 1024, 4, 3) and (4, 512, 2, 2):
+# docs/experiments/scripts/w1_tiles_h200.py, docs/benchmarks/2026-12-02-s6-h200.md).
 TILES = {
     "one_row": (4, 1024, 4, 2), "few_rows": (16, 256, 4, 3),
-    ("one_row", 6144, 2048): (4, 1024, 4, 2), ("one_row", 2048, 2048): (4, 1024, 4, 3),
-    ("one_row", 11264, 2048): (4, 512, 2, 2), ("one_row", 2048, 5632): (8, 512, 2, 5, 4),
+    ("one_row", 6144, 2048): (4, 1024, 4, 2), ("one_row", 2048, 2048): (4, 2048, 4, 2),
+    ("one_row", 11264, 2048): (4, 1024, 4, 2), ("one_row", 2048, 5632): (8, 512, 2, 5, 4),
     ("few_rows", 6144, 2048): (64, 256, 4, 4), ("few_rows", 2048, 2048): (16, 256, 4, 4),
     ("few_rows", 11264, 2048): (32, 256, 4, 3), ("few_rows", 2048, 5632): (64, 128, 4, 5),
 }

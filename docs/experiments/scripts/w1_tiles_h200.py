@@ -1,6 +1,6 @@
 """Issue 17 (W1): the one-row round's kernel shapes re-tuned inside the engine's round.
 
-    python docs/experiments/scripts/w1_tiles_h200.py [--sweep first|second]
+    python docs/experiments/scripts/w1_tiles_h200.py [--sweep first|second|third]
 
 The GEMV tiles (kernels.small_batch.TILES) were picked by sweeps of same-shape GEMV chains,
 before PDL and the L2 prefetch; the decode attention splits W1's 256-key range into 4 (one
@@ -25,11 +25,14 @@ from rltlab.bench.engine_checks import free_device_memory, sync
 from rltlab.kernels import paged_attention, small_batch
 
 QKV, O, GATE_UP, DOWN = (6144, 2048), (2048, 2048), (11264, 2048), (2048, 5632)
-# Sweeps: (name, shape or "splits", value); each variant on top of the sweep's base tiles.
-# "first" ran in the sixth session's call 2; "second" around its winner, gate/up (4,1024,4,2).
-GATE_UP_1024 = {GATE_UP: (4, 1024, 4, 2)}
+# Sweeps: (name, shape or "splits", value); each variant on top of the sweep's base tiles
+# (over small_batch.TILES), "previous" instead of them: the one-row tiles before the sixth
+# session. "first" ran in its call 2, "second" (around first's winner, gate/up (4,1024,4,2))
+# in call 3, both before TILES took their winners; "third" around the new TILES.
+PREVIOUS = {GATE_UP: (4, 512, 2, 2), O: (4, 1024, 4, 3)}
+GATE_UP_1024 = {**PREVIOUS, GATE_UP: (4, 1024, 4, 2)}
 SWEEPS = {
-    "first": ({}, [
+    "first": (PREVIOUS, [
         ("default", None, None),
         ("attention 1 split", "splits", 1), ("attention 2 splits", "splits", 2),
         ("o (4,1024,4,3,2)", O, (4, 1024, 4, 3, 2)), ("o (8,512,2,3,2)", O, (8, 512, 2, 3, 2)),
@@ -57,8 +60,17 @@ SWEEPS = {
         ("down (8,1024,4,3,2)", DOWN, (8, 1024, 4, 3, 2)),
         ("o (4,2048,4,2)", O, (4, 2048, 4, 2)), ("o (2,2048,4,2)", O, (2, 2048, 4, 2)),
         ("qkv (4,2048,4,2)", QKV, (4, 2048, 4, 2)),
-        ("default tiles", "default", None),
+        ("default tiles", "previous", None),
         ("base", None, None)]),
+    "third": ({}, [
+        ("base", None, None), ("previous tiles", "previous", None),
+        ("o (4,2048,4,3)", O, (4, 2048, 4, 3)), ("o (8,2048,4,2)", O, (8, 2048, 4, 2)),
+        ("o (4,2048,2,2)", O, (4, 2048, 2, 2)), ("o (2,2048,2,2)", O, (2, 2048, 2, 2)),
+        ("base", None, None), ("previous tiles", "previous", None),
+        ("down (8,512,4,5,4)", DOWN, (8, 512, 4, 5, 4)),
+        ("down (16,512,4,5,4)", DOWN, (16, 512, 4, 5, 4)),
+        ("base", None, None), ("previous tiles", "previous", None),
+        ("base", None, None), ("previous tiles", "previous", None)]),
 }
 
 
@@ -91,7 +103,7 @@ def run_variant(model, spec, prompts, params, costs) -> dict:
 def main() -> dict:
     ap = argparse.ArgumentParser()
     add_model_arguments(ap)
-    ap.add_argument("--sweep", choices=sorted(SWEEPS), default="second")
+    ap.add_argument("--sweep", choices=sorted(SWEEPS), default="third")
     ap.set_defaults(preset="ouro-1.4b", device="cuda", dtype="bfloat16")
     args = ap.parse_args()
     model = build_model(args)
@@ -105,12 +117,12 @@ def main() -> dict:
     for name, shape, value in variants:
         small_batch.TILES.clear()
         small_batch.TILES.update(default_tiles)
-        if shape != "default":
-            small_batch.TILES.update({("one_row", *key): tiles for key, tiles in base.items()})
+        small_batch.TILES.update({("one_row", *key): tiles for key, tiles in
+                                  (PREVIOUS if shape == "previous" else base).items()})
         paged_attention._default_num_splits = default_splits
         if shape == "splits":
             paged_attention._default_num_splits = lambda *a, splits=value: splits
-        elif shape not in (None, "default"):
+        elif shape not in (None, "previous"):
             small_batch.TILES[("one_row", *shape)] = value
         got = run_variant(model, spec, prompts, params, costs)
         results.append({"variant": name, **got})
