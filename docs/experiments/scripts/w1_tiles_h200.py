@@ -71,6 +71,18 @@ SWEEPS = {
         ("down (16,512,4,5,4)", DOWN, (16, 512, 4, 5, 4)),
         ("base", None, None), ("previous tiles", "previous", None),
         ("base", None, None), ("previous tiles", "previous", None)]),
+    # down with one K tile per program (every weight load issued before the PDL wait, as the
+    # new o tiles do), and q/k/v once more
+    "fourth": ({}, [
+        ("base", None, None),
+        ("down (8,512,2,2,11)", DOWN, (8, 512, 2, 2, 11)),
+        ("down (4,1024,4,2,6)", DOWN, (4, 1024, 4, 2, 6)),
+        ("down (8,1024,4,2,6)", DOWN, (8, 1024, 4, 2, 6)),
+        ("down (16,512,4,2,11)", DOWN, (16, 512, 4, 2, 11)),
+        ("base", None, None),
+        ("down (8,512,2,3,6)", DOWN, (8, 512, 2, 3, 6)),
+        ("qkv (8,2048,4,2)", QKV, (8, 2048, 4, 2)), ("qkv (4,1024,4,3)", QKV, (4, 1024, 4, 3)),
+        ("base", None, None)]),
 }
 
 
