@@ -84,9 +84,9 @@ def rmsnorm(x, w, eps):
     return y
 
 
-def add_rmsnorm(h, x, w_post, w_next, eps, *, pdl=False):
+def add_rmsnorm(h, x, w_post, w_next, eps, *, pdl=False, num_warps=None):
     """Triton version of add_rmsnorm_ref -> (h_new, y); all tensors share one dtype (pdl:
-    kernels/pdl.py)."""
+    kernels/pdl.py; num_warps: default 8 from hidden 2048 on, else 4)."""
     _check_rows(h, x, w_post, w_next)
     launch = launch_options(pdl, h.device)
     h_new, y = torch.empty_like(h), torch.empty_like(h)
@@ -94,7 +94,8 @@ def add_rmsnorm(h, x, w_post, w_next, eps, *, pdl=False):
     _add_rmsnorm_kernel[(h.shape[0],)](
         h, x, w_post, w_next, h_new, y, eps, hidden,
         h.stride(0), x.stride(0), h_new.stride(0), y.stride(0),
-        BLOCK=triton.next_power_of_2(hidden), num_warps=8 if hidden >= 2048 else 4,
+        BLOCK=triton.next_power_of_2(hidden),
+        num_warps=num_warps or (8 if hidden >= 2048 else 4),
         # Without this the compiler fuses (normed * w_post) + h into one bf16 FMA, skipping the
         # rounding of the product that torch does: ~25% of h_new would differ by one bf16 step.
         enable_fp_fusion=False, **launch,

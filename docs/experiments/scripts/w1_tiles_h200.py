@@ -1,6 +1,6 @@
 """Issue 17 (W1): the one-row round's kernel shapes re-tuned inside the engine's round.
 
-    python docs/experiments/scripts/w1_tiles_h200.py [--sweep first|second|third]
+    python docs/experiments/scripts/w1_tiles_h200.py [--sweep first|...|fifth]
 
 The GEMV tiles (kernels.small_batch.TILES) were picked by sweeps of same-shape GEMV chains,
 before PDL and the L2 prefetch; the decode attention splits W1's 256-key range into 4 (one
@@ -12,6 +12,7 @@ round.gpu_ms_per_round) and one W1 decode phase (tok/s). The sweep's base tiles 
 the middle and last. Last line: JSON.
 """
 import argparse
+import functools
 import gc
 import json
 import time
@@ -22,6 +23,7 @@ from rltlab.bench import engine as bench
 from rltlab.bench.__main__ import add_model_arguments, build_model, prompts_for
 from rltlab.bench.ceilings import ModelCosts
 from rltlab.bench.engine_checks import free_device_memory, sync
+from rltlab import kernels
 from rltlab.kernels import paged_attention, small_batch
 
 QKV, O, GATE_UP, DOWN = (6144, 2048), (2048, 2048), (11264, 2048), (2048, 5632)
@@ -83,6 +85,19 @@ SWEEPS = {
         ("down (8,512,2,3,6)", DOWN, (8, 512, 2, 3, 6)),
         ("qkv (8,2048,4,2)", QKV, (8, 2048, 4, 2)), ("qkv (4,1024,4,3)", QKV, (4, 1024, 4, 3)),
         ("base", None, None)]),
+    # the decode attention (paged_attention.DECODE_CONFIG: 64-key tiles, so W1's 256-key range
+    # in 4 splits, 4 warps, 2 stages) and the sandwich norms' warps (8)
+    "fifth": ({}, [
+        ("base", None, None),
+        ("attention block_n 32", "attention", {"block_n": 32}),
+        ("attention 2 warps", "attention", {"num_warps": 2}),
+        ("attention 8 warps", "attention", {"num_warps": 8}),
+        ("attention 1 stage", "attention", {"num_stages": 1}),
+        ("attention 3 stages", "attention", {"num_stages": 3}),
+        ("base", None, None),
+        ("norm 4 warps", "norm_warps", 4), ("norm 16 warps", "norm_warps", 16),
+        ("norm 2 warps", "norm_warps", 2),
+        ("base", None, None)]),
 }
 
 
@@ -115,7 +130,7 @@ def run_variant(model, spec, prompts, params, costs) -> dict:
 def main() -> dict:
     ap = argparse.ArgumentParser()
     add_model_arguments(ap)
-    ap.add_argument("--sweep", choices=sorted(SWEEPS), default="third")
+    ap.add_argument("--sweep", choices=sorted(SWEEPS), default="fifth")
     ap.set_defaults(preset="ouro-1.4b", device="cuda", dtype="bfloat16")
     args = ap.parse_args()
     model = build_model(args)
@@ -124,6 +139,7 @@ def main() -> dict:
     prompts = prompts_for(1, spec["prompt_len"], model.config.vocab_size, seed=7)
     params = bench.workload_params(spec, model.config.num_rounds, 1, model.config.vocab_size)
     default_tiles, default_splits = dict(small_batch.TILES), paged_attention._default_num_splits
+    default_attention, default_norm = dict(paged_attention.DECODE_CONFIG), kernels.add_rmsnorm
     base, variants = SWEEPS[args.sweep]
     results = []
     for name, shape, value in variants:
@@ -132,8 +148,14 @@ def main() -> dict:
         small_batch.TILES.update({("one_row", *key): tiles for key, tiles in
                                   (PREVIOUS if shape == "previous" else base).items()})
         paged_attention._default_num_splits = default_splits
+        paged_attention.DECODE_CONFIG.update(default_attention)
+        kernels.add_rmsnorm = default_norm
         if shape == "splits":
             paged_attention._default_num_splits = lambda *a, splits=value: splits
+        elif shape == "attention":
+            paged_attention.DECODE_CONFIG.update(value)
+        elif shape == "norm_warps":   # the one-row round calls kernels.add_rmsnorm at capture
+            kernels.add_rmsnorm = functools.partial(default_norm, num_warps=value)
         elif shape not in (None, "previous"):
             small_batch.TILES[("one_row", *shape)] = value
         got = run_variant(model, spec, prompts, params, costs)
