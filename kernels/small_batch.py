@@ -156,9 +156,10 @@ def _small_m_linear_kernel(
 # docs/experiments/scripts/gemv_split_k_h200.py under PDL (o: 0.108 -> 0.093 ms per 24;
 # down, split-K 4: 0.313 -> 0.202 ms), checked in the interleaved round of 96 GEMVs: 0.873 ->
 # 0.819 ms (docs/benchmarks/2026-12-02-s3-h200.md). The one-row o and gate/up entries were
-# then re-tuned inside the engine's PDL + L2-prefetch round, where they ran 0.981 and 0.964 ms
-# per round against 1.031-1.033 with the entries before ((4, 1024, 4, 3) and (4, 512, 2, 2):
-# docs/experiments/scripts/w1_tiles_h200.py, docs/benchmarks/2026-12-02-s6-h200.md).
+# then re-tuned inside the engine's PDL + L2-prefetch round, which chains of one shape
+# mispredict: a round took 0.981 ms with the new gate/up entry, 0.962-0.964 with both, against
+# 1.031-1.034 with the entries before, o (4, 1024, 4, 3) and gate/up (4, 512, 2, 2)
+# (docs/experiments/scripts/w1_tiles_h200.py, docs/benchmarks/2026-12-02-s6-h200.md).
 TILES = {
     "one_row": (4, 1024, 4, 2), "few_rows": (16, 256, 4, 3),
     ("one_row", 6144, 2048): (4, 1024, 4, 2), ("one_row", 2048, 2048): (4, 2048, 4, 2),
