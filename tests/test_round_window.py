@@ -339,3 +339,30 @@ def test_prefill_first_keeps_decode_rows_out_of_prefill_steps(policy):
 def test_prefill_first_must_be_a_bool():
     with pytest.raises(ValueError, match="prefill_first must be a bool"):
         EngineConfig(prefill_first="yes")
+
+
+@pytest.mark.parametrize("policy", ["trace", "fixed"])
+def test_greedy_rows_without_logprobs_take_the_one_pass_argmax(policy):
+    """Windows whose rows are all greedy, unfiltered and without log-probs sample through
+    runner.greedy (kernels/greedy.py) instead of the general sampler; round windows (trace) and
+    token windows (one fixed depth) still give the round-step engine's rollouts. Rows with
+    log-probs keep the general sampler."""
+    model = tiny_engine_model(7)
+    prompts = random_prompts(6, seed=21)
+    params = replay_params(len(prompts), trace_seed=9, logprobs=None, max_tokens=9)
+    if policy == "fixed":
+        for p in params:
+            p.exit_policy, p.exit_policy_args = "fixed", {"depth": 3}
+    rounds = LLM(model, decode_path="static", fused_tokens=False, **IN_PHASE).generate(
+        prompts, params)
+    for logprobs, takes_it in [(None, True), (0, False)]:
+        for p in params:
+            p.logprobs = logprobs
+        llm = LLM(model, decode_path="static", **IN_PHASE)
+        runner, calls = llm.llm_engine.runner, []
+        greedy = runner.greedy
+        runner.greedy = lambda hidden: calls.append(len(hidden)) or greedy(hidden)
+        windowed = llm.generate(prompts, params)
+        assert bool(calls) == takes_it
+        got = [(o.token_ids, o.exit_depths) for o in windowed]
+        assert got == [(o.token_ids, o.exit_depths) for o in rounds]

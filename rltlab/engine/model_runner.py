@@ -327,6 +327,12 @@ class ModelRunner:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(hidden).float()
 
+    def greedy(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(argmax of logits(hidden), logits all finite) per row, from the LM head's own dtype
+        in one pass (kernels/greedy.py): what the general sampler gives greedy rows."""
+        greedy = kernels.greedy_tokens if self._use_triton else kernels.greedy_tokens_ref
+        return greedy(self.model.lm_head(hidden))
+
     def last_exited_copy(self, slots: list[int], exit_rounds: list[int]) -> None:
         """LAST_EXITED: tokens that exited at e < R get their round-e K/V in planes e+1..R."""
         if not slots:

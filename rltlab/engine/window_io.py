@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from rltlab.common.device import tensor_to_device
-from rltlab.engine.sampling import sample_on_device
+from rltlab.engine.sampling import SAMPLING_EPS, needs_filtering, sample_on_device
 from rltlab.engine.sequence import Sequence
 
 
@@ -53,9 +53,17 @@ def sample_rows(engine, hidden: torch.Tensor, pending: torch.Tensor, rows: torch
                 seqs: list[Sequence]):
     """The exiting rows' tokens from their h (hidden[rows]), drawn on the device by the
     engine's sampler (each row with its own params and generator) -> (tokens, logits finite,
-    chosen log-probs or NaN); the tokens become the rows' pending tokens."""
+    chosen log-probs or NaN); the tokens become the rows' pending tokens. Rows that are all
+    greedy, unfiltered and without log-probs take the argmax in one kernel (runner.greedy):
+    the same tokens, without the sampler's fp32 copy and reductions."""
+    params = [seq.params for seq in seqs]
+    if all(p.temperature < SAMPLING_EPS and p.logprobs is None for p in params) and \
+            not needs_filtering(params, engine.model_config.vocab_size):
+        tokens, finite = engine.runner.greedy(hidden.index_select(0, rows))
+        pending.index_copy_(0, rows, tokens)
+        return tokens, finite, torch.full(tokens.shape, float("nan"), device=tokens.device)
     logits = engine.runner.logits(hidden.index_select(0, rows))
-    drawn = sample_on_device(logits, [seq.params for seq in seqs],
+    drawn = sample_on_device(logits, params,
                              [seq.generator for seq in seqs], engine.config.logprobs_mode)
     pending.index_copy_(0, rows, drawn.tokens)
     logp = drawn.logprobs if drawn.logprobs is not None else \
