@@ -15,14 +15,13 @@ import argparse
 import functools
 import gc
 import json
-import time
 
 import torch
 
 from rltlab.bench import engine as bench
 from rltlab.bench.__main__ import add_model_arguments, build_model, prompts_for
 from rltlab.bench.ceilings import ModelCosts
-from rltlab.bench.engine_checks import free_device_memory, sync
+from rltlab.bench.engine_checks import free_device_memory, round_profile
 from rltlab import kernels
 from rltlab.kernels import paged_attention, small_batch
 
@@ -101,24 +100,11 @@ SWEEPS = {
 }
 
 
-def round_ms(decoder, repeats: int = 200) -> float:
-    """GPU ms per round of the one-row whole-token graph (as engine_checks.round_profile)."""
-    key = next(k for k in decoder._graphs if isinstance(k, tuple) and k[0] == 1)
-    graph = decoder._graphs[key]
-    graph.replay()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        graph.replay()
-    sync()
-    return 1e3 * (time.perf_counter() - t0) / repeats / key[1]
-
-
 def run_variant(model, spec, prompts, params, costs) -> dict:
     llm = bench.make_llm(model, spec, "graph", kv_gib=4.0)
     try:
         bench.warm_up(llm, prompts, params, 1)
-        ms = round_ms(llm.llm_engine.runner.static)
+        ms = round_profile(llm.llm_engine.runner.static, repeats=200)["gpu_ms_per_round"]
         tok_s = bench.decode_phase(llm, prompts[:1], params[:1], costs)["decode_tok_s"]
         return {"round_ms": round(ms, 4), "tok_s": tok_s}
     finally:
