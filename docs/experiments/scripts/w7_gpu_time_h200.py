@@ -5,7 +5,9 @@ session's profile).
     python docs/experiments/scripts/w7_gpu_time_h200.py
 
 One engine (bench.engine's `graph` mode), W6 and W7 decode phases (128 rows, 128-token prompts,
-512 greedy tokens each; W7 at replayed depths) alternating `--repeats` times. Events are
+512 greedy tokens each; W7 at replayed depths) in the order `--sequence` gives (default W6 W7
+W6 W7), with closed loops in between where it says `loop:W6` / `loop:W7` (what a closed loop
+leaves behind: the paired bench measures its decode phases after several). Events are
 recorded on the stream around every window (round windows for W7, token windows for W6) and
 around every captured graph inside it (W7: one round per replay; W6: one whole 4-round token),
 so per decode phase:
@@ -13,7 +15,8 @@ so per decode phase:
   * windows: GPU time inside windows; idle = wall - windows (host turns between windows);
   * graphs: GPU time of the round / token graphs; exit = windows - graphs (LM head, sampling,
     embeddings, LAST_EXITED copies, index copies and the gaps between them);
-  * per full step (all 128 rows): the graph's time per round, W7's round against W6's token / 4.
+  * per full step (all 128 rows): the graph's time per round, W7's round against W6's token / 4;
+  * blocks: the lowest and highest KV block id the phase's rows hold.
 Last line: JSON.
 """
 import argparse
@@ -24,6 +27,7 @@ import time
 import torch
 
 from rltlab.bench import engine as bench
+from rltlab.bench import engine_checks
 from rltlab.bench.__main__ import add_model_arguments, build_model, prompts_for
 from rltlab.bench.ceilings import ModelCosts
 
@@ -78,7 +82,8 @@ class EventLog:
 def main() -> dict:
     ap = argparse.ArgumentParser()
     add_model_arguments(ap)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--sequence", nargs="+", default=["W6", "W7", "W6", "W7"],
+                    help="decode phases (W6, W7) and closed loops (loop:W6, loop:W7) in order")
     ap.add_argument("--scale", type=float, default=1.0, help="bench.engine's --scale")
     ap.set_defaults(preset="ouro-1.4b", device="cuda", dtype="bfloat16")
     args = ap.parse_args()
@@ -98,24 +103,36 @@ def main() -> dict:
         bench.warm_up(llm, prompts, params[w], c)
         bench.decode_phase(llm, prompts[:c], params[w][:c], costs)   # every bucket once
     results = {w: [] for w in specs}
-    for _ in range(args.repeats):
-        for w in specs:
-            log = EventLog(args.device == "cuda", c)
-            log.wrap(eng._round_window, "_launch", log.windows)
-            log.wrap(eng._token_window, "_launch", log.windows)
-            log.wrap(static, "launch_round", log.graphs, lambda n: (n, 1))
-            log.wrap(static, "launch_token", log.graphs, lambda n, depth, hidden: (n, depth))
-            try:
-                got = bench.decode_phase(llm, prompts[:c], params[w][:c], costs)
-            finally:
-                for obj, name in ((eng._round_window, "_launch"), (eng._token_window, "_launch"),
-                                  (static, "launch_round"), (static, "launch_token")):
-                    del obj.__dict__[name]
-            wall_s = got["decode_tokens"] / got["decode_tok_s"]
-            row = {"decode_tok_s": got["decode_tok_s"],
-                   "mean_executed_rounds": got["mean_executed_rounds"], **log.summary(wall_s)}
-            results[w].append(row)
-            print(w, json.dumps(row), flush=True)
+    for item in args.sequence:
+        if item.startswith("loop:"):   # a closed loop in between: what it leaves behind
+            w = item[len("loop:"):]
+            figures, _ = engine_checks.closed_loop(llm, prompts, params[w], c, costs)
+            results.setdefault(item, []).append({"wall_s": figures["wall_s"],
+                                                 "tok_s": figures["tok_s"]})
+            print(item, json.dumps(results[item][-1]), flush=True)
+            continue
+        w = item
+        log = EventLog(args.device == "cuda", c)
+        log.wrap(eng._round_window, "_launch", log.windows)
+        log.wrap(eng._token_window, "_launch", log.windows)
+        log.wrap(static, "launch_round", log.graphs, lambda n: (n, 1))
+        log.wrap(static, "launch_token", log.graphs, lambda n, depth, hidden: (n, depth))
+        blocks = []
+        log.wrap(eng.block_manager, "allocate", [],
+                 lambda seq, *_: blocks.extend(seq.block_table))
+        try:
+            got = bench.decode_phase(llm, prompts[:c], params[w][:c], costs)
+        finally:
+            for obj, name in ((eng._round_window, "_launch"), (eng._token_window, "_launch"),
+                              (static, "launch_round"), (static, "launch_token"),
+                              (eng.block_manager, "allocate")):
+                del obj.__dict__[name]
+        wall_s = got["decode_tokens"] / got["decode_tok_s"]
+        row = {"decode_tok_s": got["decode_tok_s"],
+               "mean_executed_rounds": got["mean_executed_rounds"], **log.summary(wall_s),
+               "blocks": [min(blocks), max(blocks)] if blocks else None}
+        results[w].append(row)
+        print(w, json.dumps(row), flush=True)
     mean = {w: {k: statistics.mean(r[k] for r in rows) for k in rows[0]
                 if isinstance(rows[0][k], (int, float))} for w, rows in results.items()}
     out = {"workloads": "W6, W7 decode phases", "dtype": args.dtype, "runs": results,
