@@ -4,10 +4,11 @@ a closed loop of 32 requests at 8 rows (prompts of 8-300 tokens, chunk 96, greed
 rows, logprobs=0): replayed depths 1-4 (round windows) and one fixed depth per request batch
 (token windows), chained (the default) and unchained (window_chain=1), against round steps with
 gather prefill. The "-greedy" kinds make every row greedy without log-probs, so windows sample
-through runner.greedy (kernels/greedy.py on a GPU) while round steps keep the general sampler.
+through runner.greedy (kernels/greedy.py on a GPU), and greedy round windows run each step as
+one graph (rltlab.engine.greedy_steps), while round steps keep the general sampler.
 Prints identical rollouts and the largest log-prob difference per comparison. Last line: JSON.
 
-    python docs/experiments/scripts/chain_exactness.py [--device cuda]
+    python docs/experiments/scripts/chain_exactness.py [--device cuda] [--kinds trace-greedy,...]
 """
 import json
 import random
@@ -45,10 +46,13 @@ def agreement(outs, reference) -> dict:
     return {"identical": f"{same}/{len(pairs)}", "max_abs_logprob_diff": float(f"{diff:.3g}")}
 
 
-def main(device: str) -> dict:
+KINDS = ("trace", "fixed", "trace-greedy", "fixed-greedy")
+
+
+def main(device: str, kinds=KINDS) -> dict:
     model, _ = load_model_and_tokenizer("artifacts/ouro-tiny", dtype=torch.float32)
     results = {}
-    for kind in ("trace", "fixed", "trace-greedy", "fixed-greedy"):
+    for kind in kinds:
         prompts, params = requests(kind, random.Random(0 if kind.startswith("trace") else 1))
         outs, stats = {}, {}
         for name, kw in (("rounds", dict(fused_tokens=False, fused_prefill=False)),
@@ -71,4 +75,7 @@ def main(device: str) -> dict:
 
 if __name__ == "__main__":
     device = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cpu"
-    print(json.dumps(main(device)))
+    kinds = sys.argv[sys.argv.index("--kinds") + 1].split(",") if "--kinds" in sys.argv else KINDS
+    if set(kinds) - set(KINDS):
+        sys.exit(f"unknown kinds {sorted(set(kinds) - set(KINDS))}; choose from {KINDS}")
+    print(json.dumps(main(device, kinds)))
