@@ -4,8 +4,7 @@ a closed loop of 32 requests at 8 rows (prompts of 8-300 tokens, chunk 96, greed
 rows, logprobs=0): replayed depths 1-4 (round windows) and one fixed depth per request batch
 (token windows), chained (the default) and unchained (window_chain=1), against round steps with
 gather prefill. The "-greedy" kinds make every row greedy without log-probs, so windows sample
-through runner.greedy (kernels/greedy.py on a GPU), and greedy round windows run each step as
-one graph (rltlab.engine.greedy_steps), while round steps keep the general sampler.
+through runner.greedy (kernels/greedy.py on a GPU) while round steps keep the general sampler.
 Prints identical rollouts and the largest log-prob difference per comparison. Last line: JSON.
 
     python docs/experiments/scripts/chain_exactness.py [--device cuda] [--kinds trace-greedy,...]

@@ -1,6 +1,7 @@
 #!/bin/bash
 # Seventh session, call 3 (H200): greedy step graphs (rltlab.engine.greedy_steps) exact against
 # round steps, W7's decode phase with and without them (same engine), then W7/W6 paired.
+# Needs 2520981 (greedy step graphs and the W7-eager arm, since reverted).
 set -euo pipefail
 ln -sfn ../kernels rltlab/kernels; ln -sfn ../engine_patches rltlab/engine_patches
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
