@@ -89,6 +89,9 @@ def main() -> dict:
     ap.add_argument("--scale", type=float, default=1.0, help="bench.engine's --scale")
     ap.set_defaults(preset="ouro-1.4b", device="cuda", dtype="bfloat16")
     args = ap.parse_args()
+    if set(args.sequence) - {"W6", "W7", "loop:W6", "loop:W7"} or \
+            not {"W6", "W7"} <= set(args.sequence):
+        ap.error("--sequence takes W6, W7, loop:W6 and loop:W7, with at least one W6 and one W7")
     model = build_model(args)
     costs = ModelCosts.of(model)
     cfg = model.config
@@ -114,8 +117,6 @@ def main() -> dict:
             print(item, json.dumps(results[item][-1]), flush=True)
             continue
         w = item
-        if w not in specs:
-            raise SystemExit(f"unknown item {item!r}: W6, W7, loop:W6 or loop:W7")
         log = EventLog(args.device == "cuda", c)
         log.wrap(eng._round_window, "_launch", log.windows)
         log.wrap(eng._token_window, "_launch", log.windows)
@@ -137,8 +138,8 @@ def main() -> dict:
                "blocks": [min(blocks), max(blocks)] if blocks else None}
         results.setdefault(item, []).append(row)
         print(item, json.dumps(row), flush=True)
-    mean = {w: {k: statistics.mean(r[k] for r in rows) for k in rows[0]
-                if isinstance(rows[0][k], (int, float))} for w, rows in results.items()}
+    mean = {w: {k: statistics.mean(r[k] for r in results[w]) for k in
+                ("full_round_ms_median", "decode_tok_s")} for w in specs}
     out = {"workloads": "W6, W7 decode phases", "dtype": args.dtype, "runs": results,
            "w7_round_over_w6_round": round(mean["W7"]["full_round_ms_median"]
                                            / mean["W6"]["full_round_ms_median"], 4),
