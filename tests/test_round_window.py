@@ -175,7 +175,7 @@ def test_the_next_window_is_planned_during_the_last_and_used_only_for_the_same_r
     assert prepared[aborted_after] is False            # made for rows that include r0
     assert any(prepared[aborted_after + 1:]), prepared  # and then again for the four left
     assert window.stats == {"windows": len(prepared), "prepared_used": sum(prepared),
-                            "chained": 0, "greedy_windows": 0}   # the rows ask for log-probs
+                            "chained": 0}
     assert outs["r0"].outputs[0].finish_reason == "abort"
     assert_same_rollouts(rounds[1:], [outs[f"r{i}"] for i in range(1, 5)])
 
@@ -344,9 +344,9 @@ def test_prefill_first_must_be_a_bool():
 @pytest.mark.parametrize("policy", ["trace", "fixed"])
 def test_greedy_rows_without_logprobs_take_the_one_pass_argmax(policy):
     """Windows whose rows are all greedy, unfiltered and without log-probs sample through
-    runner.greedy (kernels/greedy.py) instead of the general sampler; round windows (trace,
-    without greedy step graphs) and token windows (one fixed depth) still give the round-step
-    engine's rollouts. Rows with log-probs keep the general sampler."""
+    runner.greedy (kernels/greedy.py) instead of the general sampler; round windows (trace) and
+    token windows (one fixed depth) still give the round-step engine's rollouts. Rows with
+    log-probs keep the general sampler."""
     model = tiny_engine_model(7)
     prompts = random_prompts(6, seed=21)
     params = replay_params(len(prompts), trace_seed=9, logprobs=None, max_tokens=9)
@@ -358,7 +358,7 @@ def test_greedy_rows_without_logprobs_take_the_one_pass_argmax(policy):
     for logprobs, takes_it in [(None, True), (0, False)]:
         for p in params:
             p.logprobs = logprobs
-        llm = LLM(model, decode_path="static", greedy_step_graphs=False, **IN_PHASE)
+        llm = LLM(model, decode_path="static", **IN_PHASE)
         runner, calls = llm.llm_engine.runner, []
         greedy = runner.greedy
         runner.greedy = lambda hidden: calls.append(len(hidden)) or greedy(hidden)
@@ -366,45 +366,3 @@ def test_greedy_rows_without_logprobs_take_the_one_pass_argmax(policy):
         assert bool(calls) == takes_it
         got = [(o.token_ids, o.exit_depths) for o in windowed]
         assert got == [(o.token_ids, o.exit_depths) for o in rounds]
-
-
-def test_greedy_round_windows_run_each_step_as_one_graph():
-    """Round windows whose rows are all greedy, unfiltered and without log-probs run each step
-    through greedy_steps.py (masks, a device step counter, the LM head over the exiting rows
-    padded to an exit bucket):
-    the same rollouts as round steps and as the eager window path, chained or not, with rows
-    reaching their length limits inside windows (padding rows), LAST_EXITED copies, a batch
-    bucket larger than the rows, and a stop token inside a window. A window with one sampled
-    row, or rows asking for log-probs, takes the eager path."""
-    model = tiny_engine_model(7)
-    prompts = random_prompts(6, seed=23)
-    params = replay_params(len(prompts), trace_seed=11, logprobs=None, max_tokens=11)
-    params[2].max_tokens, params[4].max_tokens = 4, 7
-    rounds = LLM(model, decode_path="static", fused_tokens=False, **IN_PHASE).generate(
-        prompts, params)
-    stop = rounds[1].token_ids[5]   # row 1 stops there, inside a window
-    params[1].stop_token_ids = [stop]
-    rounds = LLM(model, decode_path="static", fused_tokens=False, **IN_PHASE).generate(
-        prompts, params)
-    assert rounds[1].outputs[0].finish_reason == "stop"
-    for chain in (1, 8):
-        runs = {}
-        for graphs in (True, False):
-            llm = LLM(model, decode_path="static", greedy_step_graphs=graphs, window_chain=chain,
-                      **IN_PHASE)
-            runs[graphs] = llm.generate(prompts, params)
-            stats = llm.llm_engine._round_window.stats
-            assert stats["windows"] > 0
-            assert stats["greedy_windows"] == (stats["windows"] if graphs else 0), stats
-            if graphs:   # the LM head ran over fewer rows than the batch bucket
-                buckets = llm.llm_engine._round_window._greedy.windows
-                assert any(e < b for b, e in buckets), buckets
-        assert_same_rollouts(rounds, runs[True])
-        assert_same_rollouts(runs[False], runs[True])
-    for change in ({"temperature": 0.8, "seed": 5}, {"logprobs": 0}):
-        mixed = [SamplingParams(**{**vars(p), **(change if i == 3 else {})})
-                 for i, p in enumerate(params)]
-        llm = LLM(model, decode_path="static", **IN_PHASE)
-        eager = LLM(model, decode_path="static", greedy_step_graphs=False, **IN_PHASE)
-        assert_same_rollouts(eager.generate(prompts, mixed), llm.generate(prompts, mixed))
-        assert llm.llm_engine._round_window.stats["greedy_windows"] == 0

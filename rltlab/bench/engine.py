@@ -103,9 +103,6 @@ MODES = {
     # Round windows of 8 and 32 round steps instead of 16 (mixed depths: W4, W7).
     "graph-rw8": dict(decode_path="static", cuda_graphs=True, round_window=8),
     "graph-rw32": dict(decode_path="static", cuda_graphs=True, round_window=32),
-    # Baseline: greedy round windows launch each step's exit work around the round's graph
-    # instead of one graph per step (rltlab.engine.greedy_steps).
-    "graph-eager-exits": dict(decode_path="static", cuda_graphs=True, greedy_step_graphs=False),
     "graph-cublas": dict(decode_path="static", cuda_graphs=True, small_batch_kernels=False),
     "compile-cublas": dict(decode_path="static", cuda_graphs=True, compile=True,
                            small_batch_kernels=False),

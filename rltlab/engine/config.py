@@ -61,10 +61,7 @@ class EngineConfig:
     run up to this many round steps per host round trip (rltlab.engine.round_window); 0 = off
     (whole tokens deepest first, token_step.py). round_window_admit: while windows run,
     waiting requests are admitted (all that fit, at a window boundary) once this many of
-    max_num_seqs are free (round_window.py). greedy_step_graphs: round windows whose rows are all
-    greedy, unfiltered and without log-probs run each round step with its exiting rows' LM head,
-    argmax and LAST_EXITED copies as one captured graph (rltlab.engine.greedy_steps); False = the round's
-    graph with that work launched around it.
+    max_num_seqs are free (round_window.py).
     prefill_first: with round windows on, while any row prefills or a waiting request can be
     admitted, every step is a prefill step with every decode row held (as vLLM v0 schedules):
     an admitted prompt runs its rounds back to back and the windows between run every decode
@@ -113,7 +110,6 @@ class EngineConfig:
     fused_tokens: bool = True
     round_window: int = 16
     round_window_admit: int = 1
-    greedy_step_graphs: bool = True
     prefill_first: bool = True
     token_window: int = 8
     window_chain: int = 8
@@ -163,8 +159,7 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.decode_path must be one of {DECODE_PATHS}, "
                              f"got {self.decode_path!r}")
         for name in ("cuda_graphs", "compile", "small_batch_kernels", "pdl", "fused_qkv_rope",
-                     "fused_tokens", "fused_prefill", "fused_spec", "prefill_first",
-                     "greedy_step_graphs"):
+                     "fused_tokens", "fused_prefill", "fused_spec", "prefill_first"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
         self.dtype = parse_dtype(self.dtype)

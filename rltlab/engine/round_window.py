@@ -20,8 +20,6 @@ Sampling is the engine's own (`sampling.sample_on_device`: greedy or drawn, top-
 each row from its own generator, one draw per token), so the result is the round-per-step
 engine's: the same rounds through the same decoder in the same order, the same draws; tests
 compare them token for token. Rows asking for top log-probs (logprobs > 0) take no window.
-A window whose rows are all greedy, unfiltered and without log-probs runs each round step,
-its exits included, as one captured graph instead (greedy_steps.py).
 
 Planned ahead: before reading window k back, while the device runs it, the host plans and
 uploads window k + 1 for the rows window k will leave, at their end states; plan() runs it only
@@ -58,8 +56,7 @@ import numpy as np
 import torch
 
 from rltlab.engine.exit_policies import FixedDepth
-from rltlab.common.device import tensor_to_device, to_device
-from rltlab.engine.greedy_steps import GreedySteps, all_greedy
+from rltlab.common.device import to_device
 from rltlab.engine.sequence import Sequence, Span
 from rltlab.engine.window_io import (ReadBack, accept, may_chain, padded_index,
                                      queue_read_back, read_back, sample_rows, stopped,
@@ -100,8 +97,7 @@ class RoundWindow:
         self._held = frozenset()   # the decode rows a prefill step holds (prefill_first)
         # windows run, how many of them ran a plan prepared during the previous window, and
         # how many were launched before the previous one was read back (chained)
-        self.stats = {"windows": 0, "prepared_used": 0, "chained": 0, "greedy_windows": 0}
-        self._greedy: GreedySteps | None = None   # for the current StaticDecoder
+        self.stats = {"windows": 0, "prepared_used": 0, "chained": 0}
 
     # ------------------------------------------------------------------------- eligibility
     def plan(self) -> WindowPlan | None:
@@ -282,15 +278,9 @@ class RoundWindow:
         hidden_in), and behind them the copy of what they sample to the host."""
         eng, runner = self.engine, self.engine.runner
         static, n = runner.static, len(plan.seqs)
-        index, rows, planes, greedy = plan.uploaded or self._to_device(plan, runner.device)
+        index, rows, planes = plan.uploaded or self._to_device(plan, runner.device)
         self.stats["windows"] += 1
         self.stats["prepared_used"] += plan.uploaded is not None
-        if greedy is not None:   # every step one graph (greedy_steps.py)
-            masks, exits, flat = greedy
-            steps = self._greedy_steps()
-            steps.launch(index, masks, exits, pending, n, plan.num_steps)
-            self.stats["greedy_windows"] += 1
-            return queue_read_back([steps.tokens(flat)])
         embed = runner.model.model.embed_tokens
         outs = []
         for s in range(plan.num_steps):
@@ -308,26 +298,11 @@ class RoundWindow:
                 static.hidden_in[:n].copy_(static.hidden_out[:n])
         return queue_read_back(outs)
 
-    def _greedy_steps(self) -> GreedySteps:
-        static = self.engine.runner.static
-        if self._greedy is None or self._greedy.static is not static:
-            self._greedy = GreedySteps(self.engine.runner, static, self.steps)
-        return self._greedy
-
-    def _to_device(self, plan: WindowPlan, device):
-        """Every step's indices -> (static index [steps, ...] int32, then for a greedy window
-        (greedy_steps.py) None, None and (its masks, its padded exiting rows, the exits'
-        positions in its output), else per step (start rows, exit rows, LAST_EXITED slots)
-        int64 views, per step exit planes int32 and None); three copies, four for a greedy
-        window."""
+    @staticmethod
+    def _to_device(plan: WindowPlan, device):
+        """Every step's indices in three copies -> (static index [steps, ...] int32, per step
+        (start rows, exit rows, LAST_EXITED slots) int64 views, per step exit planes int32)."""
         index = upload_index(plan.index, device)
-        if self.engine.config.greedy_step_graphs and all_greedy(self.engine, plan.seqs):
-            steps, b = self._greedy_steps(), self.engine.runner.static.max_batch
-            flat = [s * b + j for s, step in enumerate(plan.exits) for j in range(len(step))]
-            masks, exits = steps.inputs_of(plan)
-            return index, None, None, (tensor_to_device(masks, device),
-                                       tensor_to_device(exits, device),
-                                       to_device(flat, torch.int64, device))
         parts = [part for starts, exits, copies in zip(plan.starts, plan.exits, plan.copies)
                  for part in (starts, exits, [slot for slot, _ in copies])]
         planes = [[rnd - 1 for _, rnd in copies] for copies in plan.copies]
@@ -335,7 +310,7 @@ class RoundWindow:
         views = flat.split([len(part) for part in parts])
         rows = [views[3 * s: 3 * s + 3] for s in range(plan.num_steps)]
         exit_planes = to_device([p for step in planes for p in step], torch.int32, device)
-        return index, rows, exit_planes.split([len(step) for step in planes]), None
+        return index, rows, exit_planes.split([len(step) for step in planes])
 
     # ------------------------------------------------------------------------ back on host
     def _finish_window(self, plan: WindowPlan, sampled: ReadBack, static,

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Eighth session, call 1 (H200): greedy step graphs with the LM head over the exiting rows only
 # (padded to an exit bucket, rltlab.engine.greedy_steps) exact against round steps; W7's decode
-# phase with and without them (same engine); then W7/W6 paired.
+# phase with and without them (same engine); then W7/W6 paired. Needs 66406cd (step graphs and
+# the W7-eager arm, since reverted).
 set -euo pipefail
 ln -sfn ../kernels rltlab/kernels; ln -sfn ../engine_patches rltlab/engine_patches
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1

@@ -7,9 +7,10 @@ session's profile).
 One engine (bench.engine's `graph` mode), W6 and W7 decode phases (128 rows, 128-token prompts,
 512 greedy tokens each; W7 at replayed depths) in the order `--sequence` gives (default W6 W7
 W6 W7), with closed loops in between where it says `loop:W6` / `loop:W7` (what a closed loop
-leaves behind: the paired bench measures its decode phases after several); `W7-eager` runs a
-phase with EngineConfig.greedy_step_graphs off (each step's exit work launched around the
-round's graph instead of one graph per step: rltlab.engine.greedy_steps). Events are
+leaves behind: the paired bench measures its decode phases after several). Call 3 of the
+seventh session ran it at 2520981 and call 1 of the eighth at 66406cd with a `W7-eager` arm,
+for greedy step graphs (one captured graph per round step, exits included; reverted both times:
+docs/benchmarks/2026-12-02-s7-h200.md, 2026-12-03-s8-h200.md). Events are
 recorded on the stream around every window (round windows for W7, token windows for W6) and
 around every captured graph inside it (W7: one round per replay; W6: one whole 4-round token),
 so per decode phase:
@@ -17,9 +18,7 @@ so per decode phase:
   * windows: GPU time inside windows; idle = wall - windows (host turns between windows);
   * graphs: GPU time of the round / token graphs; exit = windows - graphs (LM head, sampling,
     embeddings, LAST_EXITED copies, index copies and the gaps between them);
-  * per full step (all 128 rows): the graph's time per round, W7's round against W6's token / 4
-    (with greedy step graphs, W7's graph is the whole step: round and exit work);
-  * W7's step graphs: windows per (batch bucket, exit bucket);
+  * per full step (all 128 rows): the graph's time per round, W7's round against W6's token / 4;
   * blocks: the lowest and highest KV block id the phase's rows hold.
 Last line: JSON.
 """
@@ -91,10 +90,9 @@ def main() -> dict:
     ap.add_argument("--scale", type=float, default=1.0, help="bench.engine's --scale")
     ap.set_defaults(preset="ouro-1.4b", device="cuda", dtype="bfloat16")
     args = ap.parse_args()
-    if set(args.sequence) - {"W6", "W7", "W7-eager", "loop:W6", "loop:W7"} or \
+    if set(args.sequence) - {"W6", "W7", "loop:W6", "loop:W7"} or \
             not {"W6", "W7"} <= set(args.sequence):
-        ap.error("--sequence takes W6, W7, W7-eager, loop:W6 and loop:W7, with at least one W6 "
-                 "and one W7")
+        ap.error("--sequence takes W6, W7, loop:W6 and loop:W7, with at least one W6 and one W7")
     model = build_model(args)
     costs = ModelCosts.of(model)
     cfg = model.config
@@ -119,16 +117,12 @@ def main() -> dict:
                                                  "tok_s": figures["tok_s"]})
             print(item, json.dumps(results[item][-1]), flush=True)
             continue
-        w, _, arm = item.partition("-")   # W7-eager: greedy_step_graphs off for this phase
-        eng.config.greedy_step_graphs = arm != "eager"
-        steps = eng._round_window._greedy_steps()   # step graphs: the round and its exits
-        steps.windows.clear()
+        w = item
         log = EventLog(args.device == "cuda", c)
         log.wrap(eng._round_window, "_launch", log.windows)
         log.wrap(eng._token_window, "_launch", log.windows)
         log.wrap(static, "launch_round", log.graphs, lambda n: (n, 1))
         log.wrap(static, "launch_token", log.graphs, lambda n, depth, hidden: (n, depth))
-        log.wrap(steps, "_replay", log.graphs, lambda bucket, exit_bucket: (bucket, 1))
         blocks = []
         log.wrap(eng.block_manager, "allocate", [],
                  lambda seq, *_: blocks.extend(seq.block_table))
@@ -137,15 +131,13 @@ def main() -> dict:
         finally:
             for obj, name in ((eng._round_window, "_launch"), (eng._token_window, "_launch"),
                               (static, "launch_round"), (static, "launch_token"),
-                              (steps, "_replay"), (eng.block_manager, "allocate")):
+                              (eng.block_manager, "allocate")):
                 del obj.__dict__[name]
         wall_s = got["decode_tokens"] / got["decode_tok_s"]
         row = {"decode_tok_s": got["decode_tok_s"],
                "mean_executed_rounds": got["mean_executed_rounds"], **log.summary(wall_s),
-               "blocks": [min(blocks), max(blocks)] if blocks else None,
-               "step_graph_windows": {f"{b}/{e}": k for (b, e), k in sorted(steps.windows.items())}}
+               "blocks": [min(blocks), max(blocks)] if blocks else None}
         results.setdefault(item, []).append(row)
-        eng.config.greedy_step_graphs = True
         print(item, json.dumps(row), flush=True)
     mean = {w: {k: statistics.mean(r[k] for r in results[w]) for k in
                 ("full_round_ms_median", "decode_tok_s")} for w in specs}
@@ -153,10 +145,6 @@ def main() -> dict:
            "w7_round_over_w6_round": round(mean["W7"]["full_round_ms_median"]
                                            / mean["W6"]["full_round_ms_median"], 4),
            "decode_gain": round(mean["W7"]["decode_tok_s"] / mean["W6"]["decode_tok_s"], 4)}
-    if results.get("W7-eager"):
-        eager = statistics.mean(r["decode_tok_s"] for r in results["W7-eager"])
-        out["decode_gain_eager_exits"] = round(eager / mean["W6"]["decode_tok_s"], 4)
-        out["w7_step_graphs_over_eager_exits"] = round(mean["W7"]["decode_tok_s"] / eager, 4)
     print(json.dumps(out))
     return out
 
