@@ -28,6 +28,9 @@
     reference path (speculative_generate vs generate_plain; best of --tiny-repeats); tau,
     acceptance, head memory, identical outputs at T=0 (per prompt), speedup vs target-only
     and vs the faster untrained drafter, and which path is faster.
+    --extra-k and --adaptive-k add, for the engine path, each trained drafter at another fixed
+    K and with adaptive K (DraftProposer(adaptive=True): per sequence, +2 after a step that
+    accepted every draft, -1 otherwise), interleaved with the rest.
 (c) With (a) and (b): the speedup (a)'s costs imply at the tau each engine drafter reached in
     (b) at c = 1 (K = --k), host loop and one program, over all prompts and per workload
     (the held-out arithmetic and text halves: tau_by_kind in (b), by_kind in (c)).
@@ -174,6 +177,12 @@ def part_b(args) -> dict:
     for name, head in heads.items():
         proposers[name] = DraftProposer(k, head.draft_rounds, head)
         ref_cfgs[name] = {"draft_rounds": head.draft_rounds, "head": head}
+    for name, head in heads.items():   # engine only: K variants of the trained drafters
+        for other in args.extra_k:
+            proposers[f"{name} K={other}"] = DraftProposer(other, head.draft_rounds, head)
+        for most in args.adaptive_k:
+            proposers[f"{name} adaptive K<={most}"] = DraftProposer(most, head.draft_rounds,
+                                                                    head, adaptive=True)
     keys = ["impl", "config", "tokens", "tok_s", "speedup", "vs_best_shallow",
             "paired_speedup", "paired_vs_best_shallow", "tau", "acceptance", "identical"]
     sizes = {n: i["adapter_bytes"] for n, i in head_info.items()}
@@ -237,6 +246,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--extra-k", type=int, nargs="+", default=[],
+                    help="(b) engine: also each trained drafter at these fixed K")
+    ap.add_argument("--adaptive-k", type=int, nargs="+", default=[],
+                    help="(b) engine: also each trained drafter with adaptive K up to each of "
+                    "these (DraftProposer(adaptive=True))")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--draft", nargs="+", default=None,
@@ -264,6 +278,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--skip-a", action="store_true")
     ap.add_argument("--skip-b", action="store_true")
     args = ap.parse_args(argv)
+    if min([args.k, *args.extra_k, *args.adaptive_k]) < 1:
+        ap.error("--k, --extra-k and --adaptive-k take K >= 1")
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     if args.threads or args.device == "cpu":
         torch.set_num_threads(args.threads or 1)

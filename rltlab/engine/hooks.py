@@ -62,16 +62,34 @@ class DraftProposer:
     verify the K+1 positions in one batched causal pass that reuses the draft's rounds 1..d and
     their K/V planes. A head must read only h_d (draft-only LoRAs on the shared layers break
     reuse and are refused).
+
+    adaptive=True makes K each sequence's own, between 1 and num_draft_tokens: it starts at
+    num_draft_tokens, grows by 2 after a step that accepted every draft and shrinks by 1 after
+    one that did not (the "heuristic" schedule of Hugging Face's assisted generation). Long
+    runs the drafter gets right then draft further, and text it misreads drafts less. K depends
+    only on earlier steps' outcomes, so outputs stay lossless.
     """
 
-    def __init__(self, num_draft_tokens: int = 4, draft_rounds: int = 1, head=None):
+    def __init__(self, num_draft_tokens: int = 4, draft_rounds: int = 1, head=None,
+                 adaptive: bool = False):
         for name, value in (("num_draft_tokens", num_draft_tokens), ("draft_rounds", draft_rounds)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"DraftProposer.{name} must be an int >= 1, got {value!r}")
+        if not isinstance(adaptive, bool):
+            raise ValueError(f"DraftProposer.adaptive must be a bool, got {adaptive!r}")
         if head is not None and not getattr(head, "reuse_exact", True):
             raise ValueError("DraftProposer: this head changes the draft's shared layers "
                              "(not reuse-exact); the engine path supports heads on h_d only")
         self.num_draft_tokens, self.draft_rounds, self.head = num_draft_tokens, draft_rounds, head
+        self.adaptive = adaptive
+
+    def next_draft_length(self, drafted: int, accepted: int) -> int:
+        """A sequence's K for its next step, after a step that drafted `drafted` tokens and
+        accepted `accepted` of them (fixed K: always num_draft_tokens)."""
+        if not self.adaptive:
+            return self.num_draft_tokens
+        grown = drafted + 2 if accepted == drafted else drafted - 1
+        return max(1, min(self.num_draft_tokens, grown))
 
     def draft_logits(self, hidden: torch.Tensor, lm_head) -> torch.Tensor:
         """h_d [N, H] -> draft logits [N, V] (fp32)."""

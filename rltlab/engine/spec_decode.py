@@ -145,7 +145,12 @@ class SpecDecoder:
         seqs = list(eng.scheduler.running)
         k_max = max(0, min(prop.num_draft_tokens,
                            eng.config.max_num_batched_tokens // len(seqs) - 1))
-        ks = [max(0, min(k_max, s.max_output_tokens - s.num_output_tokens - 1)) for s in seqs]
+        # each sequence's own K (DraftProposer.adaptive), capped by the batch and by the
+        # tokens it may still emit
+        ks = [max(0, min(k_max, getattr(s, "spec_k", k_max),
+                         s.max_output_tokens - s.num_output_tokens - 1)) for s in seqs]
+        if prop.adaptive:   # draft passes only as far as the longest K asks
+            k_max = min(k_max, max(1, *ks))
         starts = [s.num_tokens - 1 for s in seqs]
         if self._graph is not None:
             return self._program_step(seqs, starts, ks, k_max)
@@ -239,6 +244,8 @@ class SpecDecoder:
         seq.spec_stats = stats
         stats.steps, stats.drafted = stats.steps + 1, stats.drafted + k
         stats.accepted, stats.emitted = stats.accepted + n, stats.emitted + n + 1
+        if self.proposer.adaptive and k:
+            seq.spec_k = self.proposer.next_draft_length(k, n)
         logps, tops = _logprobs(logits, processed, emitted, p, eng.config.logprobs_mode)
         for i, token in enumerate(emitted):
             seq.append_token(token, logps[i], tops[i], eng.num_rounds, eng.num_rounds,
