@@ -147,8 +147,9 @@ class SpecDecoder:
                            eng.config.max_num_batched_tokens // len(seqs) - 1))
         # each sequence's own K (DraftProposer.adaptive), capped by the batch and by the
         # tokens it may still emit
-        ks = [max(0, min(k_max, getattr(s, "spec_k", k_max),
-                         s.max_output_tokens - s.num_output_tokens - 1)) for s in seqs]
+        own = [getattr(s, "spec_k", k_max) if prop.adaptive else k_max for s in seqs]
+        ks = [max(0, min(k_max, own_k, s.max_output_tokens - s.num_output_tokens - 1))
+              for s, own_k in zip(seqs, own)]
         if prop.adaptive:   # draft passes only as far as the longest K asks
             k_max = min(k_max, max(1, *ks))
         starts = [s.num_tokens - 1 for s in seqs]
@@ -184,18 +185,26 @@ class SpecDecoder:
         return eng._drain_outputs()
 
     def _program_step(self, seqs: list[Sequence], starts: list[int], ks: list[int], k: int):
-        """The iteration as one device program (spec_graph); target logits only if a request
-        wants log-probs."""
-        results = self._graph.run(seqs, starts, ks, k)
+        """Iterations as one device program (spec_graph), up to EngineConfig.spec_chain of
+        them chained; target logits only if a request wants log-probs (then one iteration).
+        Tokens after a sequence stops inside a chain are dropped."""
+        logprobs = any(s.params.logprobs is not None for s in seqs)
+        chain = 1 if logprobs or any(s.request.stream for s in seqs) else \
+            self.engine.config.spec_chain
+        iterations = self._graph.run(seqs, starts, ks, k, chain)
         logits = [None] * len(seqs)
-        if any(s.params.logprobs is not None for s in seqs):
+        if logprobs:
             target = self.runner.logits(self._graph.verify_hidden(ks))
             logits = target.split([k_j + 1 for k_j in ks])
-        for j, (seq, (drafts, n, nxt, finite)) in enumerate(zip(seqs, results)):
-            if not finite:
-                self.engine._finish(seq, "error", "non-finite logits")
-                continue
-            self._emit(seq, starts[j], drafts, n, nxt, logits[j])
+        for results in iterations:
+            for j, (seq, result) in enumerate(zip(seqs, results)):
+                if result is None or seq.is_finished:
+                    continue
+                drafts, n, nxt, finite = result
+                if not finite:
+                    self.engine._finish(seq, "error", "non-finite logits")
+                    continue
+                self._emit(seq, seq.num_tokens - 1, drafts, n, nxt, logits[j])
         return self.engine._drain_outputs()
 
     def _draw(self, seqs: list[Sequence], logits: torch.Tensor):
