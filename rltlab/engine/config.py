@@ -85,8 +85,8 @@ class EngineConfig:
     one CUDA graph on a GPU (rltlab.engine.spec_graph); False = the host-driven loop (one
     read-back per draft). spec_chain: with fused_spec, up to this many iterations run back to
     back in one program, the next one's tokens, positions and slots taken from the last one's
-    acceptance on the device, and are read back once (spec_graph.py); 1 = one iteration per
-    host turn. Requests asking for log-probs or streaming take one at a time.
+    acceptance on the device, and are read back once (spec_graph.py); 1 (the default) = one
+    iteration per host turn. Requests asking for log-probs or streaming take one at a time.
     """
 
     max_num_seqs: int = 64
@@ -119,7 +119,7 @@ class EngineConfig:
     fused_prefill: bool = True
     cudnn_prefill_after: int | None = 16
     fused_spec: bool = True
-    spec_chain: int = 4
+    spec_chain: int = 1
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "prefill_chunk", "block_size",
