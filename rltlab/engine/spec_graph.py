@@ -104,7 +104,7 @@ class SpecGraph:
 
 
 class _Program:
-    """Buffers and (on CUDA) the captured graph of one (bucket, K, sampled, filtering)."""
+    """Buffers and (on CUDA) the captured graph of one (bucket, K, sampled, filtering, chain)."""
 
     def __init__(self, static, proposer: DraftProposer, bucket: int, k: int, sampled: bool,
                  filtering: bool, chain: int, block_size: int):
