@@ -154,7 +154,7 @@ class SpecDecoder:
             k_max = min(k_max, max(1, *ks))
         starts = [s.num_tokens - 1 for s in seqs]
         if self._graph is not None:
-            return self._program_step(seqs, starts, ks, k_max)
+            return self._program_step(seqs, starts, ks, k_max, own)
         tokens = [[s.output_token_ids[-1]] for s in seqs]
         h_d = [[] for _ in seqs]
         q = [[] for _ in seqs]      # draft distributions (T > 0 rows only)
@@ -184,14 +184,16 @@ class SpecDecoder:
                              all(next(finite)))
         return eng._drain_outputs()
 
-    def _program_step(self, seqs: list[Sequence], starts: list[int], ks: list[int], k: int):
+    def _program_step(self, seqs: list[Sequence], starts: list[int], ks: list[int], k: int,
+                      own: list[int]):
         """Iterations as one device program (spec_graph), up to EngineConfig.spec_chain of
-        them chained; target logits only if a request wants log-probs (then one iteration).
-        Tokens after a sequence stops inside a chain are dropped."""
+        them chained (own: each sequence's own K); target logits only if a request wants
+        log-probs (then one iteration). Tokens after a sequence stops inside a chain are
+        dropped."""
         logprobs = any(s.params.logprobs is not None for s in seqs)
         chain = 1 if logprobs or any(s.request.stream for s in seqs) else \
             self.engine.config.spec_chain
-        iterations = self._graph.run(seqs, starts, ks, k, chain)
+        iterations = self._graph.run(seqs, starts, ks, k, own, chain)
         logits = [None] * len(seqs)
         if logprobs:
             target = self.runner.logits(self._graph.verify_hidden(ks))

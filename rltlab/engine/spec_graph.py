@@ -55,13 +55,14 @@ class SpecGraph:
         self._static = None
         self._programs: dict = {}
 
-    def run(self, seqs, starts: list[int], ks: list[int], k: int, chain: int = 1):
+    def run(self, seqs, starts: list[int], ks: list[int], k: int, own: list[int],
+            chain: int = 1):
         """`chain` iterations for `seqs` (pending token at position starts[j], k_j = ks[j] <= k
         drafts in the first) -> per iteration, per sequence (drafts [k_j of that iteration],
         accepted count n, next token, finite flag); a sequence with no token left to emit in an
         iteration gets None there. Later iterations draft min(k, the sequence's own K, tokens
-        left - 1), its own K following DraftProposer.next_draft_length. The last iteration's
-        target rows' h_R stay readable through verify_hidden()."""
+        left - 1), its own K (own[j] at the start) following DraftProposer.next_draft_length.
+        The last iteration's target rows' h_R stay readable through verify_hidden()."""
         bucket = next((b for b in BUCKETS if b >= len(seqs)), len(seqs))
         static = self.runner.static_rows(bucket * (k + 1))
         if static is not self._static:            # a new (grown) decoder: new buffers, graphs
@@ -74,12 +75,9 @@ class SpecGraph:
                                            chain, self.runner.block_size)
         self._last = program = self._programs[key]
         left = [s.max_output_tokens - s.num_output_tokens for s in seqs]
-        prop = self.proposer
-        own = [getattr(s, "spec_k", prop.num_draft_tokens) if prop.adaptive
-               else prop.num_draft_tokens for s in seqs]
         program.stage(seqs, starts, ks, left, own)
         flat = program.replay()
-        results, size, caps = [], (k + 3) * bucket, list(ks)
+        results, size, caps, own = [], (k + 3) * bucket, list(ks), list(own)
         for m in range(chain):
             out = flat[m * size: (m + 1) * size]
             n, nxt, finite = (out[k * bucket + i * bucket: k * bucket + (i + 1) * bucket]
@@ -138,8 +136,7 @@ class _Program:
                 tables.reshape(self.bucket, self.static.max_blocks))
 
     def stage(self, seqs, starts, ks, left, own) -> None:
-        """left[j]: the tokens sequence j may still emit (>= 1); own[j]: its own K (adaptive
-        K; num_draft_tokens otherwise)."""
+        """left[j]: the tokens sequence j may still emit (>= 1); own[j]: its own K."""
         tokens, base, caps, top_k, left_v, own_v, tables = self._views(self._staging.numpy())
         temperature, top_p = self._param_staging.numpy()
         c = len(seqs)
