@@ -45,6 +45,18 @@ def _residual_head(model, d):
     return comp.eval()
 
 
+def _vocab5_engine(path: str, **engine_kw):
+    """(model, engine) for the sampling-distribution tests: a vocab-5 model whose full-depth
+    joint over a few tokens can be enumerated, and an engine that runs thousands of samples of
+    one prompt at once."""
+    cfg = OuroConfig(vocab_size=5, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                     num_attention_heads=2, num_key_value_heads=1, total_ut_steps=R,
+                     max_position_embeddings=64)
+    model = OuroForCausalLM(cfg).init_weights(3, std=0.6).eval()
+    return model, LLM(model, block_size=4, max_num_seqs=512, max_num_batched_tokens=4096,
+                      decode_path=path, **engine_kw)
+
+
 class _NotReuseExact(torch.nn.Module):   # like draft_heads.LayerLoraDrafter
     reuse_exact = False
 
@@ -161,13 +173,8 @@ def test_sampling_matches_target_distribution(d, k, with_head, path):
     """path "static": the iteration runs as one device program (rltlab.engine.spec_graph),
     drafts, acceptance tests and residual draws on the device."""
     vocab, n = 5, 3000
-    cfg = OuroConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                     num_attention_heads=2, num_key_value_heads=1, total_ut_steps=R,
-                     max_position_embeddings=64)
-    model = OuroForCausalLM(cfg).init_weights(3, std=0.6).eval()
+    model, llm = _vocab5_engine(path)
     prompt = [1, 3, 2]
-    llm = LLM(model, block_size=4, max_num_seqs=512, max_num_batched_tokens=4096,
-              decode_path=path)
     llm.set_proposer(DraftProposer(k, d, _random_head(16, vocab, 1) if with_head else None))
     outs = llm.generate([prompt], SamplingParams(n=n, temperature=1.0, seed=7, max_tokens=4,
                                                  ignore_eos=True))[0].outputs

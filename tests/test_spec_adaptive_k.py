@@ -7,14 +7,11 @@ import pytest
 import torch
 
 from rltlab.engine import LLM, DraftProposer, SamplingParams
-from rltlab.model.architecture import OuroForCausalLM
-from rltlab.model.config import OuroConfig
-from test_engine_speculative import _params, _random_head, _same
+from test_engine_speculative import _params, _random_head, _same, _vocab5_engine
 from test_speculative import chisquare_pvalue
 from tiny_models import tiny_engine_model
 
 torch.set_num_threads(1)
-R = 4
 
 
 def test_draft_length_schedule():
@@ -52,6 +49,18 @@ def test_adaptive_k_greedy_identical_and_drafts_less_when_rejected(path, conc):
     assert drafted[None, True] > 0.5 * drafted[None, False], drafted
 
 
+def assert_tokens_3_4_follow_target(model, prompt, outs, vocab: int = 5) -> None:
+    """The samples' joint of tokens 3 and 4 against full-depth sampling's at T = 1
+    (chi-square p > 1e-3, TV < 0.06)."""
+    n = len(outs)
+    seqs = torch.tensor([o.token_ids[3:5] for o in outs])
+    observed = torch.bincount(seqs[:, 0] * vocab + seqs[:, 1], minlength=vocab ** 2).double()
+    expected = _exact_pair(model, prompt, vocab, 3).reshape(-1) * n
+    pvalue = chisquare_pvalue(observed, expected)
+    tv = 0.5 * (observed / n - expected / n).abs().sum()
+    assert pvalue > 1e-3 and tv < 0.06, (pvalue, tv)
+
+
 def _exact_pair(model, prompt, vocab, first: int):
     """p(t_first, t_first+1 | prompt) of full-depth sampling at T = 1, by enumerating every
     sequence t0..t_first+1: [V, V]."""
@@ -69,23 +78,12 @@ def _exact_pair(model, prompt, vocab, first: int):
 def test_adaptive_k_samples_the_target_distribution(path):
     """Tokens 3 and 4 come from steps whose K the earlier steps chose (K alternates with a
     mostly wrong head): their joint is full-depth sampling's (chi-square p > 1e-3, TV < 0.06)."""
-    vocab, n = 5, 3000
-    cfg = OuroConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                     num_attention_heads=2, num_key_value_heads=1, total_ut_steps=R,
-                     max_position_embeddings=64)
-    model = OuroForCausalLM(cfg).init_weights(3, std=0.6).eval()
+    model, llm = _vocab5_engine(path)
     prompt = [1, 3, 2]
-    llm = LLM(model, block_size=4, max_num_seqs=512, max_num_batched_tokens=4096,
-              decode_path=path)
-    llm.set_proposer(DraftProposer(3, 1, _random_head(16, vocab, 1), adaptive=True))
-    outs = llm.generate([prompt], SamplingParams(n=n, temperature=1.0, seed=7, max_tokens=6,
+    llm.set_proposer(DraftProposer(3, 1, _random_head(16, 5, 1), adaptive=True))
+    outs = llm.generate([prompt], SamplingParams(n=3000, temperature=1.0, seed=7, max_tokens=6,
                                                  ignore_eos=True))[0].outputs
     stats = [o.spec_stats for o in outs]
     per_step = [s["drafted"] / s["steps"] for s in stats]
     assert min(per_step) < max(per_step) and 0 < sum(s["accepted"] for s in stats)
-    seqs = torch.tensor([o.token_ids[3:5] for o in outs])
-    observed = torch.bincount(seqs[:, 0] * vocab + seqs[:, 1], minlength=vocab ** 2).double()
-    expected = _exact_pair(model, prompt, vocab, 3).reshape(-1) * n
-    pvalue = chisquare_pvalue(observed, expected)
-    tv = 0.5 * (observed / n - expected / n).abs().sum()
-    assert pvalue > 1e-3 and tv < 0.06, (pvalue, tv)
+    assert_tokens_3_4_follow_target(model, prompt, outs)

@@ -7,15 +7,11 @@ import pytest
 import torch
 
 from rltlab.engine import LLM, DraftProposer, SamplingParams
-from rltlab.model.architecture import OuroForCausalLM
-from rltlab.model.config import OuroConfig
-from test_engine_speculative import _random_head
-from test_spec_adaptive_k import _exact_pair
-from test_speculative import chisquare_pvalue
+from test_engine_speculative import _random_head, _vocab5_engine
+from test_spec_adaptive_k import assert_tokens_3_4_follow_target
 from tiny_models import tiny_engine_model
 
 torch.set_num_threads(1)
-R = 4
 
 
 def _prompts():
@@ -66,22 +62,11 @@ def test_spec_chain_must_be_a_positive_int():
 def test_chained_iterations_sample_the_target_distribution():
     """Tokens 3 and 4 come from later iterations of one chain (K = 1: at most two tokens per
     iteration): their joint is full-depth sampling's (chi-square p > 1e-3, TV < 0.06)."""
-    vocab, n = 5, 3000
-    cfg = OuroConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                     num_attention_heads=2, num_key_value_heads=1, total_ut_steps=R,
-                     max_position_embeddings=64)
-    model = OuroForCausalLM(cfg).init_weights(3, std=0.6).eval()
+    model, llm = _vocab5_engine("static", spec_chain=4)
     prompt = [1, 3, 2]
-    llm = LLM(model, block_size=4, max_num_seqs=512, max_num_batched_tokens=4096,
-              decode_path="static", spec_chain=4)
-    llm.set_proposer(DraftProposer(1, 1, _random_head(16, vocab, 2)))
-    outs = llm.generate([prompt], SamplingParams(n=n, temperature=1.0, seed=3, max_tokens=6,
+    llm.set_proposer(DraftProposer(1, 1, _random_head(16, 5, 2)))
+    outs = llm.generate([prompt], SamplingParams(n=3000, temperature=1.0, seed=3, max_tokens=6,
                                                  ignore_eos=True))[0].outputs
     stats = [o.spec_stats for o in outs]
     assert 0 < sum(s["accepted"] for s in stats) < sum(s["drafted"] for s in stats)
-    seqs = torch.tensor([o.token_ids[3:5] for o in outs])
-    observed = torch.bincount(seqs[:, 0] * vocab + seqs[:, 1], minlength=vocab ** 2).double()
-    expected = _exact_pair(model, prompt, vocab, 3).reshape(-1) * n
-    pvalue = chisquare_pvalue(observed, expected)
-    tv = 0.5 * (observed / n - expected / n).abs().sum()
-    assert pvalue > 1e-3 and tv < 0.06, (pvalue, tv)
+    assert_tokens_3_4_follow_target(model, prompt, outs)
