@@ -14,6 +14,11 @@ at round t" (1 = yes), all against the round-R reference (teacher mode: the emit
              (margin 0.005 nats, the paper's sigmoid(50 (I_r - 0.005)) crossing 0.5); CE_r =
              -log p_r(reference token). The paper uses the data's next token; in generation
              the reference is the round-R token.
+    downstream   argmax at t, and exiting the token at t changes no later output's argmax
+                 within `window` outputs (None: to the sequence end), measured by
+                 exit_predictor.downstream in teacher forcing ("single": this exit alone;
+                 "greedy": with the earlier safe exits of the sequence in place); needs the
+                 trace directory's downstream file (attach_downstream adds its two fields)
 
 Features available after round N (fp32):
 
@@ -45,7 +50,7 @@ from typing import Any, Mapping
 
 import torch
 
-LABEL_KINDS = ("argmax", "kl", "stage2")
+LABEL_KINDS = ("argmax", "kl", "stage2", "downstream")
 TRACE_FIELDS = ("hidden", "round_mask", "gate_logit", "top1_id", "top1_prob", "margin",
                 "entropy", "kl_ref", "logprob_ref", "ref_token", "executed", "prompt_id",
                 "weight_version", "token", "output_index", "sample_index")
@@ -53,7 +58,8 @@ ROUND0_BLOCKS = ("embed", "prev_stats", "prev_hidden")
 DEFAULT_ROUND0_BLOCKS = ("embed", "prev_stats")
 
 
-def label_spec(kind: str = "argmax", eps: float = 0.1, margin: float = 0.005) -> dict[str, Any]:
+def label_spec(kind: str = "argmax", eps: float = 0.1, margin: float = 0.005,
+               window: int | None = None) -> dict[str, Any]:
     """A JSON-able label definition (stored in the checkpoint manifest)."""
     if kind not in LABEL_KINDS:
         raise ValueError(f"label kind must be one of {LABEL_KINDS}, got {kind!r}")
@@ -62,6 +68,10 @@ def label_spec(kind: str = "argmax", eps: float = 0.1, margin: float = 0.005) ->
         spec["eps"] = float(eps)
     if kind == "stage2":
         spec["margin"] = float(margin)
+    if kind == "downstream":
+        if window is not None and window < 1:
+            raise ValueError(f"downstream window must be >= 1 outputs or None, got {window}")
+        spec["window"] = None if window is None else int(window)
     return spec
 
 
@@ -84,6 +94,14 @@ def make_labels(traces: Mapping[str, torch.Tensor], exit_round: int,
         else:
             gain = (ce[:, t:R - 1] - ce[:, t + 1:R]).clamp_min(0)   # I_r for r = t+2 .. R
             lab = gain.max(dim=1).values <= float(spec["margin"])
+    elif kind == "downstream":
+        if "downstream_first_flip" not in traces:
+            raise ValueError("the downstream label needs exit_predictor.downstream."
+                             "attach_downstream(traces, trace_dir, exit_round) first")
+        flip = traces["downstream_first_flip"]
+        window = spec.get("window")
+        safe = (flip == 0) if window is None else ((flip == 0) | (flip > int(window)))
+        lab = traces["downstream_own_ok"].bool() & safe
     else:
         raise ValueError(f"unknown label kind {kind!r}; known: {LABEL_KINDS}")
     return lab.float()

@@ -1,7 +1,7 @@
 """Train N+k lookahead exit predictors on teacher-mode traces.
 
     python -m rltlab.exit_predictor.train --traces DIR --out DIR [--rounds 1] [--k 2]
-        [--label argmax|kl|stage2] [--model linear|mlp] [--target-precision 0.95]
+        [--label argmax|kl|stage2|downstream] [--model linear|mlp] [--target-precision 0.95]
 
 Per decision round N (each writes OUT/n{N}/, a checkpoint of rltlab.exit_predictor.model):
 tokens are split by prompt id into train / calibration / test (no prompt in two splits); the
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from rltlab.exit_predictor.calibration import (  # noqa: F401  (re-exported)
     binary_metrics, choose_threshold, expected_rounds, fit_temperature, roc_auc,
     split_by_prompt)
-from rltlab.exit_predictor.features import (DEFAULT_ROUND0_BLOCKS, TRACE_FIELDS,
+from rltlab.exit_predictor.features import (DEFAULT_ROUND0_BLOCKS, LABEL_KINDS, TRACE_FIELDS,
                                             check_round0_blocks, label_spec, make_labels,
                                             oracle_rounds, trace_features,
                                             trace_round0_features)
@@ -153,7 +153,8 @@ def predict_logits(predictor: ExitPredictor, features: torch.Tensor) -> torch.Te
 
 def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                       rounds: Sequence[int] = (1,), k: int = 2, label: str = "argmax",
-                      eps: float = 0.1, margin: float = 0.005, kind: str = "linear",
+                      eps: float = 0.1, margin: float = 0.005, window: int | None = None,
+                      kind: str = "linear",
                       hidden: int = 64, epochs: int = 30, lr: float = 3e-3,
                       batch_size: int = 256, target_precision: float = 0.95, seed: int = 0,
                       weight_version: int | None = None, cpu: bool | None = None,
@@ -179,7 +180,7 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
     if info["model_hash"] is None:
         raise ValueError(f"{trace_dir}: the trace manifest records no model hash")
     R = info["num_rounds"]
-    spec = label_spec(label, eps, margin)
+    spec = label_spec(label, eps, margin, window)
     train_m, calib_m, test_m = split_by_prompt(tr["prompt_id"], seed=seed)
     oracle = oracle_rounds(tr)
     prefill, prefill_digest = _prefill_states(trace_dir) if 0 in rounds else (None, None)
@@ -197,10 +198,11 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
                                             round0_prev_round)
         else:
             x = trace_features(tr, n)
-        y = make_labels(tr, exit_round, spec)[keep]
+        labelled, round_spec = _with_downstream(tr, trace_dir, exit_round, spec)
+        y = make_labels(labelled, exit_round, round_spec)[keep]
         tr_m, ca_m, te_m, orc = train_m[keep], calib_m[keep], test_m[keep], oracle[keep]
         training = {"kind": kind, "hidden": hidden, "epochs": epochs, "lr": lr,
-                    "batch_size": batch_size, "seed": seed, "label": spec, "k": k,
+                    "batch_size": batch_size, "seed": seed, "label": round_spec, "k": k,
                     "content_sha256": info["content_sha256"],
                     "weight_version": info["weight_version"]}
         if n == 0:
@@ -240,7 +242,7 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
         manifest = {
             "base_model_hash": info["model_hash"], "hidden_size": info["hidden_size"],
             "num_rounds": R, "decision_round": n, "k": k, "exit_round": exit_round,
-            "label": spec, "features": _feature_spec(n, blocks, int(x.shape[1]),
+            "label": round_spec, "features": _feature_spec(n, blocks, int(x.shape[1]),
                                                      round0_prev_round or R),
             "temperature": temperature, "threshold": threshold,
             "target_precision": target_precision, "target_reached": reached,
@@ -266,6 +268,21 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
         write_json_atomic(out / "metrics.json", metrics)
     state.wait_for_everyone()
     return metrics
+
+
+def _with_downstream(tr, trace_dir, exit_round: int, spec: dict[str, Any]):
+    """(traces, label spec) for one exit round: with the downstream file's fields, and its
+    mode and digest in the spec (the checkpoint manifest then names the labels used), when the
+    label needs them."""
+    if spec["kind"] != "downstream":
+        return tr, spec
+    from rltlab.exit_predictor.downstream import (attach_downstream, downstream_file,
+                                                  read_downstream)
+
+    _, meta = read_downstream(trace_dir, exit_round)
+    digest = hashlib.sha256(downstream_file(trace_dir, exit_round).read_bytes()).hexdigest()
+    return (attach_downstream(tr, trace_dir, exit_round),
+            {**spec, "mode": meta.get("mode"), "file_sha256": digest})
 
 
 def _feature_spec(n: int, blocks: Sequence[str], dim: int, prev_round: int = 0
@@ -325,9 +342,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     help="N = 0: round of the previous traced position standing for the state "
                          "it exited from (default R)")
     ap.add_argument("--k", type=int, default=2, help="lookahead: exit at N + k")
-    ap.add_argument("--label", default="argmax", choices=["argmax", "kl", "stage2"])
+    ap.add_argument("--label", default="argmax", choices=list(LABEL_KINDS))
     ap.add_argument("--eps", type=float, default=0.1, help="KL bound of --label kl (nats)")
     ap.add_argument("--margin", type=float, default=0.005, help="--label stage2 margin (nats)")
+    ap.add_argument("--window", type=int, default=None,
+                    help="--label downstream: later outputs checked (default: to the end)")
     ap.add_argument("--model", default="linear", choices=["linear", "mlp"])
     ap.add_argument("--hidden", type=int, default=64, help="MLP width")
     ap.add_argument("--epochs", type=int, default=30)
@@ -349,6 +368,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         model = load_model(args.model_dir, threads=args.threads or 1)[0]
     metrics = train_from_traces(
         args.traces, args.out, rounds=args.rounds, k=args.k, label=args.label, eps=args.eps,
+        window=args.window,
         margin=args.margin, kind=args.model, hidden=args.hidden, epochs=args.epochs,
         lr=args.lr, batch_size=args.batch_size, target_precision=args.target_precision,
         seed=args.seed, weight_version=args.weight_version, cpu=True if args.cpu else None,
