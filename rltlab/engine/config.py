@@ -86,7 +86,8 @@ class EngineConfig:
     read-back per draft). spec_chain: with fused_spec, up to this many iterations run back to
     back in one program, the next one's tokens, positions and slots taken from the last one's
     acceptance on the device, and are read back once (spec_graph.py); 1 (the default) = one
-    iteration per host turn (chains of 4 measured 0.95-1.03x of that on the H200). Requests asking for log-probs or streaming take one at a time.
+    iteration per host turn (chains of 4 measured 0.95-1.03x of that on the H200). Requests
+    asking for log-probs or streaming take one at a time.
     """
 
     max_num_seqs: int = 64
