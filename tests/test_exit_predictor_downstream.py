@@ -127,6 +127,8 @@ def test_label_file_aligns_with_the_traces_and_trains(model, greedy_traces, tmp_
     lab2 = feat.make_labels(tr, EXIT, feat.label_spec("downstream", window=2))
     assert torch.equal(lab2.bool(), tr["downstream_own_ok"] & ((flip == 0) | (flip > 2)))
     assert 0 < lab.mean() < lab2.mean() <= agree.float().mean() + 0.2
+    with pytest.raises(ValueError, match="measure exit round 3, not 2"):
+        feat.make_labels(tr, 2, feat.label_spec("downstream"))
     metrics = train_from_traces(trace_dir, tmp_path / "p", rounds=(1,), k=2,
                                 label="downstream", epochs=2, cpu=True)
     spec = metrics["per_round"][0]

@@ -237,7 +237,8 @@ def read_downstream(trace_dir: str | Path, exit_round: int) -> tuple[dict[str, t
 def attach_downstream(traces: Mapping[str, torch.Tensor], trace_dir: str | Path,
                       exit_round: int) -> dict[str, torch.Tensor]:
     """traces plus downstream_own_ok / downstream_first_flip aligned to its rows (by
-    prompt id, sample index, output index); every row must be covered."""
+    prompt id, sample index, output index; every row must be covered) and the exit round they
+    measure (downstream_exit_round)."""
     stored, _ = read_downstream(trace_dir, exit_round)
     row_of = {key: i for i, key in enumerate(zip(*(stored[k].tolist() for k in KEY_FIELDS)))}
     rows = [row_of.get(key, -1) for key in zip(*(traces[k].tolist() for k in KEY_FIELDS))]
@@ -246,7 +247,8 @@ def attach_downstream(traces: Mapping[str, torch.Tensor], trace_dir: str | Path,
                          "traced token: recompute it for this trace directory")
     rows = torch.tensor(rows, dtype=torch.long)
     return {**traces, "downstream_own_ok": stored["own_ok"][rows],
-            "downstream_first_flip": stored["first_flip"][rows]}
+            "downstream_first_flip": stored["first_flip"][rows],
+            "downstream_exit_round": torch.tensor(exit_round)}
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -98,6 +98,9 @@ def make_labels(traces: Mapping[str, torch.Tensor], exit_round: int,
         if "downstream_first_flip" not in traces:
             raise ValueError("the downstream label needs exit_predictor.downstream."
                              "attach_downstream(traces, trace_dir, exit_round) first")
+        if int(traces["downstream_exit_round"]) != exit_round:
+            raise ValueError(f"the attached downstream fields measure exit round "
+                             f"{int(traces['downstream_exit_round'])}, not {exit_round}")
         flip = traces["downstream_first_flip"]
         window = spec.get("window")
         safe = (flip == 0) if window is None else ((flip == 0) | (flip > int(window)))
