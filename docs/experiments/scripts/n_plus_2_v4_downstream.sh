@@ -27,3 +27,15 @@ for half in 0 200; do
     --training n_plus_2=$W/pred_ds \
     --command "full script: docs/experiments/scripts/n_plus_2_v4_downstream.sh (problem offset $half)"
 done
+# 4. (added after steps 1-3, the same analysis) the Pareto figures of both halves and the replay
+#    pattern of the calibrated setting on problems 0-199 (for rltlab.bench.depth_gain)
+for half in 0 200; do
+  extra=()
+  [ $half = 0 ] && extra=(--pattern $D/2026-12-03-n_plus_2-v4-downstream-pattern-p0.7874.txt \
+                          --pattern-setting "n_plus_2 p>=0.7874")
+  python -m rltlab.exit_predictor.pareto --results $W/eval_$half/results.json \
+    --predictor n_plus_2 --out $D/2026-12-03-n_plus_2-v4-downstream-p$half.json \
+    --training n_plus_2=$W/pred_ds --figures docs/experiments/figures \
+    --stem n_plus_2_v4_downstream_p$half "${extra[@]}" \
+    --command "full script: docs/experiments/scripts/n_plus_2_v4_downstream.sh (problem offset $half)"
+done
