@@ -7,11 +7,14 @@ from rltlab.workbench import runs
 from rltlab.common.paths import REPO_ROOT
 
 
+SMALL = {"ARITH_PROMPTS": 12, "TEXT_PROMPTS": 4, "MAX_TOKENS": 12, "TEXT_TOKENS": 8,
+         "EPOCHS": 3, "EVAL_PROBLEMS": 6, "TEXT_ROWS": 1, "Q_THRESHOLDS": [0.5],
+         "DELAYED_THRESHOLDS": [0.9], "DELTA_EPS": [0.4], "KL_EPS": [0.01],
+         "LOOKAHEAD_THRESHOLDS": [0.5], "CONCURRENCY": [], "THREADS": 1}
+
+
 def test_exit_predictor_notebook(tmp_path):
-    params = {"ARITH_PROMPTS": 12, "TEXT_PROMPTS": 4, "MAX_TOKENS": 12, "TEXT_TOKENS": 8,
-              "EPOCHS": 3, "EVAL_PROBLEMS": 6, "TEXT_ROWS": 1, "Q_THRESHOLDS": [0.5],
-              "DELAYED_THRESHOLDS": [0.9], "DELTA_EPS": [0.4], "KL_EPS": [0.01],
-              "LOOKAHEAD_THRESHOLDS": [0.5], "CONCURRENCY": [], "THREADS": 1}
+    params = SMALL
     run_dir = runs.execute_notebook(REPO_ROOT / "notebooks" / "02_train_exit_predictor.ipynb",
                                     params, run_dir=tmp_path / "run", progress=False)
     metrics = json.loads((run_dir / "metrics.json").read_text())
@@ -42,3 +45,19 @@ def test_exit_predictor_notebook(tmp_path):
     # model every policy scores the same, so it cannot be met
     assert acc["targets"]["beats_q_exit"] is False and head["met"] is False
     assert metrics["trace_tokens"] > 0
+
+
+def test_exit_predictor_notebook_with_the_downstream_label(tmp_path):
+    run_dir = runs.execute_notebook(REPO_ROOT / "notebooks" / "02_train_exit_predictor.ipynb",
+                                    {**SMALL, "LABEL": "downstream", "EVAL_PROBLEMS": 2,
+                                     "LOOKAHEAD_THRESHOLDS": []},
+                                    run_dir=tmp_path / "run", progress=False)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    labels = metrics["downstream_labels"]
+    assert labels["tokens"] == metrics["trace_tokens"] and labels["rerun_mismatches"] == 0
+    assert labels["mode"] == "greedy" and labels["exit_round"] == 3
+    assert 0 < labels["downstream_ok_rate"] <= labels["own_ok_rate"] <= 1
+    assert metrics["predictor"]["train"]["label_rate"] == pytest.approx(
+        labels["downstream_ok_rate"], abs=0.15)   # the train split's share of the same labels
+    manifest = json.loads((run_dir / "predictor" / "n1" / "manifest.json").read_text())
+    assert manifest["label"]["kind"] == "downstream" and manifest["label"]["mode"] == "greedy"
