@@ -36,7 +36,7 @@ for half in 0 200; do
   extra=()
   [ $half = 0 ] && [ "$MODE" = greedy ] && extra=(
     --pattern $D/2026-12-03-n_plus_2-v4-$TAG-pattern-p0.7874.txt \
-                          --pattern-setting "n_plus_2 p>=0.7874")
+    --pattern-setting "n_plus_2 p>=0.7874")
   python -m rltlab.exit_predictor.pareto --results $W/eval_$half/results.json \
     --predictor n_plus_2 --out $D/2026-12-03-n_plus_2-v4-$TAG-p$half.json \
     --training n_plus_2=$W/pred_ds --figures docs/experiments/figures \
