@@ -157,3 +157,22 @@ def test_bad_input_is_refused_and_writes_nothing(model, greedy_traces, tmp_path)
         feat.make_labels(tr, EXIT, feat.label_spec("downstream"))
     with pytest.raises(ValueError, match="window"):
         feat.label_spec("downstream", window=0)
+
+
+
+def test_labels_of_other_traces_are_refused(model, greedy_traces, tmp_path):
+    from safetensors.torch import save_file
+
+    trace_dir, prompts = greedy_traces
+    ds.compute_downstream(model, trace_dir, prompts=prompts, exit_round=1, mode="single",
+                          progress=False)
+    stored, meta = ds.read_downstream(trace_dir, 1)
+    tr, _ = load_training_data(trace_dir)
+    assert ds.attach_downstream(tr, trace_dir, 1)["downstream_exit_round"] == 1
+    path = ds.downstream_file(trace_dir, 1)
+    save_file(stored, str(path), metadata={**meta, "content_sha256": "0" * 64})
+    try:
+        with pytest.raises(ValueError, match="other traces"):
+            ds.attach_downstream(tr, trace_dir, 1)
+    finally:
+        path.unlink()

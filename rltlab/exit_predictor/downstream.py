@@ -43,6 +43,15 @@ def downstream_file(trace_dir: str | Path, exit_round: int) -> Path:
     return Path(trace_dir) / f"downstream_r{exit_round}.safetensors"
 
 
+def traces_digest(trace_dir: str | Path) -> str:
+    """The trace directory's content digest (its manifest's, or computed from the shards)."""
+    from rltlab.traces import read_manifest
+    from rltlab.traces.sharded import content_digest
+
+    manifest = read_manifest(trace_dir)
+    return manifest.get("content_sha256") or content_digest(manifest)
+
+
 def _branch(model, prefix_cache, batch: int, prefix_len: int):
     """A fresh cache of `batch` rows holding prefix_cache's first prefix_len positions (the
     full-depth prompt every rerun of a sequence shares)."""
@@ -204,12 +213,13 @@ def compute_downstream(model, trace_dir: str | Path, *,
         mismatches += bad
     if mismatches > 0.01 * len(own_ok):
         raise ValueError(f"the full-depth rerun differs from the traces on {mismatches} of "
-                         f"{len(own_ok)} tokens: other prompts or another model")
+                         f"{len(own_ok)} tokens: sampled (temperature > 0) traces, or other "
+                         "prompts")
     tensors = {k: tr[k].to(torch.int64).contiguous() for k in KEY_FIELDS}
     tensors.update(own_ok=own_ok, first_flip=first_flip)
     write_bytes_atomic(downstream_file(trace_dir, exit_round), save(tensors, metadata={
         "mode": mode, "exit_round": str(exit_round),
-        "content_sha256": str(manifest.get("content_sha256", ""))}))
+        "content_sha256": traces_digest(trace_dir)}))
     safe = own_ok & (first_flip == 0)
     return {"file": str(downstream_file(trace_dir, exit_round)), "mode": mode,
             "exit_round": exit_round, "tokens": len(own_ok),
@@ -239,7 +249,10 @@ def attach_downstream(traces: Mapping[str, torch.Tensor], trace_dir: str | Path,
     """traces plus downstream_own_ok / downstream_first_flip aligned to its rows (by
     prompt id, sample index, output index; every row must be covered) and the exit round they
     measure (downstream_exit_round)."""
-    stored, _ = read_downstream(trace_dir, exit_round)
+    stored, meta = read_downstream(trace_dir, exit_round)
+    if meta.get("content_sha256") != traces_digest(trace_dir):
+        raise ValueError(f"{downstream_file(trace_dir, exit_round)} was computed for other "
+                         "traces (content_sha256 differs): recompute it")
     row_of = {key: i for i, key in enumerate(zip(*(stored[k].tolist() for k in KEY_FIELDS)))}
     rows = [row_of.get(key, -1) for key in zip(*(traces[k].tolist() for k in KEY_FIELDS))]
     if -1 in rows:
