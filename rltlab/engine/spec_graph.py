@@ -77,20 +77,14 @@ class SpecGraph:
         left = [s.max_output_tokens - s.num_output_tokens for s in seqs]
         program.stage(seqs, starts, ks, left, own)
         flat = program.replay()
-        results, size, caps, own = [], (k + 3) * bucket, list(ks), list(own)
+        results, size = [], (k + 5) * bucket
         for m in range(chain):
             out = flat[m * size: (m + 1) * size]
-            n, nxt, finite = (out[k * bucket + i * bucket: k * bucket + (i + 1) * bucket]
-                              for i in range(3))
+            n, nxt, finite, caps, live = (out[k * bucket + i * bucket:
+                                              k * bucket + (i + 1) * bucket] for i in range(5))
             results.append([([out[i * bucket + j] for i in range(caps[j])], n[j], nxt[j],
-                             bool(finite[j])) if left[j] > 0 else None
+                             bool(finite[j])) if live[j] else None
                             for j in range(len(seqs))])
-            for j in range(len(seqs)):   # as the device does (_Program._program)
-                if left[j] > 0:
-                    left[j] -= n[j] + 1
-                    if caps[j]:
-                        own[j] = self.proposer.next_draft_length(caps[j], n[j])
-                    caps[j] = max(0, min(k, own[j], left[j] - 1))
         return results
 
     def verify_hidden(self, ks: list[int]) -> torch.Tensor:
@@ -121,8 +115,9 @@ class _Program:
         self._param_staging = torch.zeros(2, b, dtype=torch.float32, pin_memory=pin)
         self.uniforms = torch.zeros(b, chain, 2 * k + 1, dtype=torch.float32, device=dev)
         self._no_draw = torch.zeros(chain, 2 * k + 1, dtype=torch.float32, device=dev)
-        # int64 out, per iteration: [drafts K x b | accepted b | next token b | finite b]
-        self.out = torch.zeros(chain * (k + 3) * b, dtype=torch.int64, device=dev)
+        # int64 out, per iteration: [drafts K x b | accepted b | next token b | finite b |
+        # drafts made (caps) b | live b (the sequence had tokens left to emit)]
+        self.out = torch.zeros(chain * (k + 5) * b, dtype=torch.int64, device=dev)
         self.verify_hidden = torch.zeros(b * (k + 1), static.config.hidden_size,
                                          dtype=static.dtype, device=dev)
         self._graph = None   # captured at the first replay, after stage(): the capture's
@@ -176,7 +171,7 @@ class _Program:
         only the staged inputs, so running it twice (the capture's warm-up) rewrites the same
         K/V with the same values."""
         tokens, base, caps, top_k, left, own, tables = self._views(self.index)
-        token, size, prop = tokens.long(), (self.k + 3) * self.bucket, self.proposer
+        token, size, prop = tokens.long(), (self.k + 5) * self.bucket, self.proposer
         for m in range(self.chain):
             out, accepted, token = self._iteration(m, token, base, caps, left, top_k, tables)
             self.out[m * size: (m + 1) * size].copy_(out)
@@ -236,8 +231,8 @@ class _Program:
         accepted, nxt = self._accept(target, drafts, qs, caps, temperature, uniforms)
         within = (steps.t() <= caps[:, None]) & (left[:, None] > 0)         # [b, K+1]
         parts = [torch.stack(drafts).flatten()] if drafts else []
-        return (torch.cat(parts + [accepted, nxt, (finite | ~within).all(-1).long()]),
-                accepted, nxt)
+        return (torch.cat(parts + [accepted, nxt, (finite | ~within).all(-1).long(),
+                                   caps.long(), (left > 0).long()]), accepted, nxt)
 
     def _accept(self, target, drafts, qs, caps, temperature, uniforms):
         """-> (accepted count [b], next token [b]) from the processed target logits
