@@ -9,7 +9,7 @@ from rltlab.exit_predictor import downstream as ds
 from rltlab.exit_predictor import features as feat
 from rltlab.exit_predictor.train import load_training_data, train_from_traces
 from rltlab.traces import collect_traces
-from tiny_models import tiny_engine_model
+from tiny_models import random_prompts, tiny_engine_model
 
 torch.set_num_threads(1)
 R, EXIT = 4, 3
@@ -21,9 +21,7 @@ def model():
 
 
 def _prompts(n=10, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, 61, (int(k),), generator=gen).tolist()
-            for k in torch.randint(3, 9, (n,), generator=gen)]
+    return random_prompts(n, seed, 3, 9)
 
 
 @torch.no_grad()

@@ -11,7 +11,7 @@ from rltlab.exit_predictor.model import load_predictor
 from rltlab.exit_predictor.train import load_training_data, train_from_traces
 from rltlab.traces import collect_traces
 from file_modes import assert_umask_permissions
-from tiny_models import tiny_engine_model
+from tiny_models import random_prompts, tiny_engine_model
 
 torch.set_num_threads(1)
 R = 4
@@ -23,9 +23,7 @@ def model():
 
 
 def _prompts(n=12, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, 61, (int(k),), generator=gen).tolist()
-            for k in torch.randint(3, 11, (n,), generator=gen)]   # lengths differ: padding
+    return random_prompts(n, seed, 3, 11)
 
 
 def test_prefill_state_is_what_the_engine_samples_the_first_token_from(model, tmp_path):

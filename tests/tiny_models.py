@@ -40,3 +40,12 @@ def write_tiny_checkpoint(out):
     save_pretrained(OuroForCausalLM(cfg).init_weights(0, std=0.1), out)
     save_tokenizer(tok, out)
     return out
+
+
+def random_prompts(n: int, seed: int, min_len: int, max_len: int) -> list[list[int]]:
+    """n prompts of tiny_engine_model's vocabulary (ids 1..60), lengths drawn in
+    [min_len, max_len) (lengths differ: padding and ragged batches get exercised)."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, 61, (int(k),), generator=gen).tolist()
+            for k in torch.randint(min_len, max_len, (n,), generator=gen)]
+

@@ -183,10 +183,10 @@ def compute_downstream(model, trace_dir: str | Path, *,
         raise ValueError(f"exit round must lie in [1, {R - 1}], got {exit_round}")
     if not manifest.get("info", {}).get("teacher", False):
         raise ValueError(f"{trace_dir}: downstream labels need teacher-mode traces")
-    hashes = set(manifest["info"].get("model_hashes", {}).values())
-    if hashes != {model_hash(model)}:
+    hashes, this = set(manifest["info"].get("model_hashes", {}).values()), model_hash(model)
+    if hashes != {this}:
         raise ValueError(f"{trace_dir}: traced with model(s) {sorted(hashes)}, not this model "
-                         f"({model_hash(model)})")
+                         f"({this})")
     tr = load_traces(trace_dir, fields=list(KEY_FIELDS) + ["token"])
     if prompts is None:
         prompts = data_prompts(tokenizer, tr["prompt_id"], int(manifest["info"].get("seed", 0)))
