@@ -17,3 +17,31 @@ def test_depth_gain_reports_both_policies_and_the_ideal():
     assert res["tpot_gain"] == pytest.approx(res["fixed_R"]["tpot_ms"] / res["replay"]["tpot_ms"])
     for run in (res["fixed_R"], res["replay"]):
         assert run["tok_s"] == pytest.approx(run["tokens"] / run["wall_s"], rel=1e-2)
+
+
+def test_depth_gain_warms_up_on_the_timed_workload_itself(monkeypatch):
+    """Each policy runs --warmup untimed passes of the same workload (same prompts,
+    concurrency) before its timed repeats, so graph captures land outside the timing."""
+    import rltlab.bench.depth_gain as dg
+
+    calls = []
+    real = dg.bench_engine
+
+    def counting(llm, prompts, params, concurrency):
+        calls.append((len(prompts), concurrency))
+        return real(llm, prompts, params, concurrency)
+
+    monkeypatch.setattr(dg, "bench_engine", counting)
+    res = main(["--preset", "tiny", "--device", "cpu", "--concurrency", "2", "--max-tokens", "3",
+                "--prompt-len", "8", "--repeats", "1", "--warmup", "2", "--kv-gib", "0.05"])
+    assert calls == [(4, 2)] * 6          # 2 policies x (2 warm-up + 1 timed)
+    assert res["warmup"] == 2 and res["repeats"] == 1
+
+
+@pytest.mark.parametrize("flag", [["--warmup", "-1"], ["--repeats", "0"]])
+def test_depth_gain_refuses_bad_counts_before_building_the_model(monkeypatch, flag):
+    import rltlab.bench.depth_gain as dg
+
+    monkeypatch.setattr(dg, "build_model", lambda args: pytest.fail("model built"))
+    with pytest.raises(SystemExit, match="--warmup must be >= 0"):
+        main(["--preset", "tiny", "--device", "cpu", *flag])
