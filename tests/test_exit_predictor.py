@@ -107,6 +107,47 @@ def test_checkpoint_round_trip(tmp_path):
         load_predictor(tmp_path)
 
 
+def test_ensemble_is_the_mean_of_its_members_and_round_trips(tmp_path):
+    """members > 1: the logit equals the mean of the separately computed member logits (fp32,
+    1e-6), through a checkpoint round trip; a checkpoint without `members` is one network."""
+    from rltlab.exit_predictor.fit import train_predictor
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 5, generator=gen)
+    y = (x[:, 0] + 0.3 * torch.randn(64, generator=gen) > 0).float()
+    parts = [train_predictor(x, y, kind="mlp", hidden=6, epochs=2, seed=s, cpu=True)[0]
+             for s in (3, 4, 5)]
+    ens, log = train_predictor(x, y, kind="mlp", hidden=6, epochs=2, seed=3, cpu=True,
+                               members=3)
+    probe = torch.randn(9, 5, generator=gen)
+    want = torch.stack([p(probe) for p in parts]).mean(0)
+    assert torch.allclose(ens(probe), want, atol=1e-6, rtol=0)
+    assert not torch.allclose(parts[0](probe), parts[1](probe))   # the seeds differ
+    assert log["members"] == 3 and len(log["loss_last"]) == 3
+    meta = {"num_rounds": 4, "hidden_size": 4, "decision_round": 1, "exit_round": 3,
+            "temperature": 1.0, "threshold": 0.5}
+    save_predictor(ens, tmp_path / "e", meta)
+    back, manifest = load_predictor(tmp_path / "e")
+    assert manifest["model"]["members"] == 3 and torch.equal(back(probe), ens(probe))
+    save_predictor(parts[0], tmp_path / "one", meta)   # an earlier checkpoint: no members field
+    file = tmp_path / "one" / "manifest.json"
+    old = json.loads(file.read_text())
+    del old["model"]["members"]
+    file.write_text(json.dumps(old))
+    assert torch.equal(load_predictor(tmp_path / "one")[0](probe), parts[0](probe))
+
+
+@pytest.mark.parametrize("members", [0, -2, 1.5, True])
+def test_bad_member_counts_are_refused(members, tmp_path):
+    from rltlab.exit_predictor.train import train_from_traces
+
+    with pytest.raises(ValueError, match="members must be an int >= 1"):
+        ExitPredictor(4, "mlp", 4, members=members)
+    with pytest.raises(ValueError, match="members must be an int >= 1"):   # before any reading
+        train_from_traces(tmp_path / "no-such-traces", tmp_path / "out", members=members)
+    assert not (tmp_path / "out").exists()
+
+
 def test_train_cli_on_teacher_traces(trace_dir, tmp_path, model):
     from rltlab.model.checkpoint import model_hash
     tr, info = load_training_data(trace_dir)

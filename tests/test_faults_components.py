@@ -95,6 +95,9 @@ def test_predictor_with_nan_weights_is_refused(model, tmp_path):
      ["field 'weights' is missing"]),
     (lambda text: json.dumps({**json.loads(text), "model": {"kind": "mlp", "in_dim": "36"}}),
      ["field 'model.in_dim' must be an integer"]),
+    (lambda text: json.dumps({**json.loads(text), "model": {**json.loads(text)["model"],
+                                                            "members": 0}}),
+     ["field 'model.members' must be an integer >= 1"]),
 ])
 def test_bad_predictor_manifest_names_file_and_field(model, tmp_path, edit, words):
     ckpt = predictor_checkpoint(tmp_path / "p", model)

@@ -9,7 +9,10 @@ A checkpoint is a directory:
                             metrics, sha256 of predictor.safetensors
 
 The calibrated probability is sigmoid(logit / temperature); the token is predicted to be able
-to exit at N + k when that probability >= threshold.
+to exit at N + k when that probability >= threshold. With members > 1 the logit is the mean of
+that many independently seeded networks over the same normalized features (an ensemble: at the
+0.99-precision thresholds the predictors are calibrated to, one network's recall moved by +-4
+points from seed to seed on the same data, docs/experiments/n_plus_2.md section 10).
 """
 from __future__ import annotations
 
@@ -29,20 +32,56 @@ MANIFEST = "manifest.json"
 MODEL_KINDS = ("linear", "mlp")
 
 
-class ExitPredictor(nn.Module):
-    """logit = f((x - mean) / std); f linear or Linear-GELU-Linear (fp32)."""
+def check_members(members: Any) -> int:
+    """members, if it is an int >= 1 (networks in one predictor), else a ValueError."""
+    if isinstance(members, bool) or not isinstance(members, int) or members < 1:
+        raise ValueError(f"predictor members must be an int >= 1, got {members!r}")
+    return members
 
-    def __init__(self, in_dim: int, kind: str = "linear", hidden: int = 64):
+
+class ExitPredictor(nn.Module):
+    """logit = f((x - mean) / std); f linear or Linear-GELU-Linear (fp32), or the mean of
+    `members` such networks (module docstring)."""
+
+    def __init__(self, in_dim: int, kind: str = "linear", hidden: int = 64, members: int = 1):
         super().__init__()
         if kind not in MODEL_KINDS:
             raise ValueError(f"predictor kind must be one of {MODEL_KINDS}, got {kind!r}")
         self.kind, self.in_dim, self.hidden = kind, in_dim, hidden
+        self.members = check_members(members)
         self.register_buffer("feat_mean", torch.zeros(in_dim))
         self.register_buffer("feat_std", torch.ones(in_dim))
-        if kind == "linear":
-            self.net = nn.Linear(in_dim, 1)
+
+        def network() -> nn.Module:
+            if kind == "linear":
+                return nn.Linear(in_dim, 1)
+            return nn.Sequential(nn.Linear(in_dim, hidden), nn.GELU(), nn.Linear(hidden, 1))
+
+        if members == 1:    # one network keeps the "net." weight names of earlier checkpoints
+            self.net = network()
         else:
-            self.net = nn.Sequential(nn.Linear(in_dim, hidden), nn.GELU(), nn.Linear(hidden, 1))
+            self.nets = nn.ModuleList(network() for _ in range(members))
+
+    @classmethod
+    def ensemble(cls, parts: list["ExitPredictor"]) -> "ExitPredictor":
+        """One predictor whose logit is the mean of `parts`' logits: single networks of one
+        kind and size, trained on the same features (equal normalization buffers)."""
+        first = parts[0]
+        for p in parts:
+            if p.members != 1 or (p.kind, p.in_dim, p.hidden) != \
+                    (first.kind, first.in_dim, first.hidden):
+                raise ValueError("ensemble members must be single networks of one kind and size")
+            if not (torch.equal(p.feat_mean, first.feat_mean)
+                    and torch.equal(p.feat_std, first.feat_std)):
+                raise ValueError("ensemble members must share their feature normalization")
+        if len(parts) == 1:
+            return first
+        out = cls(first.in_dim, first.kind, first.hidden, members=len(parts))
+        out.feat_mean.copy_(first.feat_mean)
+        out.feat_std.copy_(first.feat_std)
+        for net, p in zip(out.nets, parts):
+            net.load_state_dict(p.net.state_dict())
+        return out
 
     def set_normalization(self, features: torch.Tensor) -> None:
         with torch.no_grad():
@@ -51,7 +90,9 @@ class ExitPredictor(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         x = (features.float() - self.feat_mean) / self.feat_std
-        return self.net(x).squeeze(-1)
+        if self.members == 1:
+            return self.net(x).squeeze(-1)
+        return torch.stack([net(x) for net in self.nets]).mean(0).squeeze(-1)
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -71,7 +112,7 @@ def save_predictor(predictor: ExitPredictor, out_dir: str | os.PathLike,
     write_bytes_atomic(out / WEIGHTS, safetensors.torch.save(state, metadata={"format": "pt"}))
     full = {"format": FORMAT, "schema_version": SCHEMA_VERSION,
             "model": {"kind": predictor.kind, "in_dim": predictor.in_dim,
-                      "hidden": predictor.hidden},
+                      "hidden": predictor.hidden, "members": predictor.members},
             **manifest, "weights": {"file": WEIGHTS, "sha256": sha256_file(out / WEIGHTS)}}
     write_json_atomic(out / MANIFEST, full)
     return out
@@ -126,6 +167,9 @@ def check_manifest_values(manifest: dict[str, Any], file: Path) -> None:
     for key in ("in_dim", "hidden"):
         if field(spec, key, file, "int", where="model.") < 1:
             raise bad(f"model.{key}", "an integer >= 1", spec[key])
+    members = field(spec, "members", file, "int", where="model.", optional=True)
+    if members is not None and members < 1:    # absent: one network (earlier checkpoints)
+        raise bad("model.members", "an integer >= 1", members)
     weights = field(manifest, "weights", file, "object")
     for key in ("file", "sha256"):
         field(weights, key, file, "str", where="weights.")
@@ -145,7 +189,8 @@ def load_predictor(path: str | os.PathLike) -> tuple[ExitPredictor, dict[str, An
     if sha256_file(weights) != manifest["weights"]["sha256"]:
         raise ValueError(f"{weights} does not match the sha256 in its manifest: corrupt")
     spec = manifest["model"]
-    predictor = ExitPredictor(spec["in_dim"], spec["kind"], spec["hidden"])
+    predictor = ExitPredictor(spec["in_dim"], spec["kind"], spec["hidden"],
+                              spec.get("members", 1))
     try:
         state = safetensors.torch.load_file(weights)
         predictor.load_state_dict(state)

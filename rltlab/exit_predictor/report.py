@@ -6,9 +6,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
-
 BEATS_Z = 2.0   # "beats Q-exit": the paired difference is at least this many SEs above 0
 
 

@@ -1,7 +1,8 @@
 """Train N+k lookahead exit predictors on teacher-mode traces.
 
     python -m rltlab.exit_predictor.train --traces DIR --out DIR [--rounds 1] [--k 2]
-        [--label argmax|kl|stage2|downstream] [--model linear|mlp] [--target-precision 0.95]
+        [--label argmax|kl|stage2|downstream] [--model linear|mlp] [--members 1]
+        [--target-precision 0.95]
 
 Per decision round N (each writes OUT/n{N}/, a checkpoint of rltlab.exit_predictor.model):
 tokens are split by prompt id into train / calibration / test (no prompt in two splits); the
@@ -28,7 +29,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from rltlab.exit_predictor.calibration import (  # noqa: F401  (re-exported)
     binary_metrics, choose_threshold, expected_rounds, fit_temperature, roc_auc,
@@ -37,7 +37,8 @@ from rltlab.exit_predictor.features import (DEFAULT_ROUND0_BLOCKS, LABEL_KINDS, 
                                             check_round0_blocks, label_spec, make_labels,
                                             oracle_rounds, trace_features,
                                             trace_round0_features)
-from rltlab.exit_predictor.model import ExitPredictor, save_predictor
+from rltlab.exit_predictor.fit import predict_logits, train_predictor  # noqa: F401 (re-exported)
+from rltlab.exit_predictor.model import check_members, save_predictor
 
 
 # ----------------------------------------------------------------------------- data
@@ -89,72 +90,10 @@ def load_training_data(trace_dir: str | os.PathLike, weight_version: int | None 
 # expected_rounds live in rltlab.exit_predictor.calibration (re-exported here)
 
 
-# ----------------------------------------------------------------------------- training
-
-def train_predictor(features: torch.Tensor, labels: torch.Tensor, *, kind: str = "linear",
-                    hidden: int = 64, epochs: int = 30, lr: float = 3e-3, batch_size: int = 256,
-                    weight_decay: float = 1e-4, seed: int = 0, cpu: bool | None = None,
-                    progress: bool = False) -> tuple[ExitPredictor, dict[str, Any]]:
-    """Class-balanced BCE training through accelerate (DDP under a launcher; batch_size is the
-    global batch, split between the ranks). Returns (predictor on CPU, log)."""
-    from accelerate import Accelerator
-    from accelerate.utils import DataLoaderConfiguration
-    from torch.utils.data import DataLoader, TensorDataset
-
-    if cpu is None:
-        cpu = not torch.cuda.is_available()
-    torch.manual_seed(seed)
-    accelerator = Accelerator(cpu=cpu, dataloader_config=DataLoaderConfiguration(
-        split_batches=True))
-    if batch_size % accelerator.num_processes:
-        raise ValueError(f"batch_size {batch_size} is not divisible by the "
-                         f"{accelerator.num_processes} processes")
-    features, labels = features.float(), labels.float()
-    predictor = ExitPredictor(features.shape[1], kind, hidden)
-    predictor.set_normalization(features)
-    pos = float(labels.sum())
-    neg = float(len(labels) - pos)
-    pos_weight = torch.tensor(neg / pos if pos > 0 and neg > 0 else 1.0)
-    loader = DataLoader(TensorDataset(features, labels), batch_size=batch_size, shuffle=True,
-                        generator=torch.Generator().manual_seed(seed))
-    opt = torch.optim.AdamW(predictor.parameters(), lr=lr, weight_decay=weight_decay)
-    predictor, opt, loader = accelerator.prepare(predictor, opt, loader)
-    pos_weight = pos_weight.to(accelerator.device)
-    epochs_iter = range(epochs)
-    if progress and accelerator.is_local_main_process:
-        from tqdm.auto import tqdm
-        epochs_iter = tqdm(epochs_iter, desc=f"train {kind}", unit="epoch")
-    losses = []
-    predictor.train()
-    for _ in epochs_iter:
-        sums = torch.zeros(2, device=accelerator.device)   # loss * samples, samples
-        for x, y in loader:
-            opt.zero_grad()
-            loss = F.binary_cross_entropy_with_logits(predictor(x), y, pos_weight=pos_weight)
-            accelerator.backward(loss)
-            opt.step()
-            sums += torch.stack([loss.detach() * len(y), torch.tensor(float(len(y)),
-                                                                      device=sums.device)])
-        sums = accelerator.reduce(sums, "sum")   # the epoch loss over every rank's samples
-        losses.append(float(sums[0] / sums[1].clamp_min(1)))
-        if hasattr(epochs_iter, "set_postfix"):
-            epochs_iter.set_postfix(loss=f"{losses[-1]:.4f}")
-    predictor = accelerator.unwrap_model(predictor).cpu().eval()
-    return predictor, {"epochs": epochs, "loss_first": losses[0] if losses else math.nan,
-                       "loss_last": losses[-1] if losses else math.nan,
-                       "pos_weight": float(pos_weight), "device": str(accelerator.device),
-                       "num_processes": accelerator.num_processes}
-
-
-@torch.no_grad()
-def predict_logits(predictor: ExitPredictor, features: torch.Tensor) -> torch.Tensor:
-    return predictor(features.float()) if len(features) else torch.zeros(0)
-
-
 def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                       rounds: Sequence[int] = (1,), k: int = 2, label: str = "argmax",
                       eps: float = 0.1, margin: float = 0.005, window: int | None = None,
-                      kind: str = "linear",
+                      kind: str = "linear", members: int = 1,
                       hidden: int = 64, epochs: int = 30, lr: float = 3e-3,
                       batch_size: int = 256, target_precision: float = 0.95, seed: int = 0,
                       weight_version: int | None = None, cpu: bool | None = None,
@@ -172,6 +111,7 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
     from rltlab.exit_predictor.model import load_predictor, read_predictor_manifest
     from rltlab.common.atomic import write_json_atomic
 
+    check_members(members)
     if cpu is None:
         cpu = not torch.cuda.is_available()
     state = get_state("cpu" if cpu else "cuda")
@@ -205,6 +145,8 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
                     "batch_size": batch_size, "seed": seed, "label": round_spec, "k": k,
                     "content_sha256": info["content_sha256"],
                     "weight_version": info["weight_version"]}
+        if members != 1:    # absent for one network: earlier checkpoints still resume
+            training["members"] = members
         if n == 0:
             training["round0_features"] = list(blocks)
             if prefill is not None:   # output index 1 rows included (their prefill state)
@@ -219,7 +161,8 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
         else:
             predictor, log = train_predictor(x[tr_m], y[tr_m], kind=kind, hidden=hidden,
                                              epochs=epochs, lr=lr, batch_size=batch_size,
-                                             seed=seed, cpu=cpu, progress=progress)
+                                             seed=seed, cpu=cpu, progress=progress,
+                                             members=members)
         logits = predict_logits(predictor, x)
         temperature = fit_temperature(logits[ca_m], y[ca_m])
         probs = torch.sigmoid(logits / temperature)
@@ -349,6 +292,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     help="--label downstream: later outputs checked (default: to the end)")
     ap.add_argument("--model", default="linear", choices=["linear", "mlp"])
     ap.add_argument("--hidden", type=int, default=64, help="MLP width")
+    ap.add_argument("--members", type=int, default=1,
+                    help="networks averaged into one predictor (seeds SEED, SEED + 1, ...)")
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--batch-size", type=int, default=256)
@@ -369,7 +314,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     metrics = train_from_traces(
         args.traces, args.out, rounds=args.rounds, k=args.k, label=args.label, eps=args.eps,
         window=args.window,
-        margin=args.margin, kind=args.model, hidden=args.hidden, epochs=args.epochs,
+        margin=args.margin, kind=args.model, members=args.members, hidden=args.hidden,
+        epochs=args.epochs,
         lr=args.lr, batch_size=args.batch_size, target_precision=args.target_precision,
         seed=args.seed, weight_version=args.weight_version, cpu=True if args.cpu else None,
         progress=True, resume=not args.no_resume, model=model,
