@@ -200,6 +200,19 @@ def test_per_kind_splits_em_and_rounds_by_problem_kind():
     assert row["hops=2"]["index1_rounds"] == 4 and row["n"]["hops=3"] == 1
 
 
+@pytest.mark.parametrize("kw", [{"text_rows": 0}, {"problems": 0}])
+def test_empty_parts_are_refused_before_any_generation(tmp_path, monkeypatch, kw):
+    """text_rows 0 used to fail only after every arithmetic setting had run (a misleading
+    "held-out text too short"); now nothing is loaded or written first."""
+    import rltlab.model.checkpoint as ckpt
+    from rltlab.exit_predictor.evaluate import run
+
+    monkeypatch.setattr(ckpt, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    with pytest.raises(ValueError, match="problems and text_rows must be >= 1"):
+        run(None, {}, tmp_path / "out", **{"problems": 2, "text_rows": 1, **kw})
+    assert not (tmp_path / "out").exists()
+
+
 def test_problem_offset_is_refused_when_negative_before_anything_is_written(tmp_path):
     from rltlab.exit_predictor.evaluate import run
 

@@ -217,6 +217,9 @@ def run(model_dir: str | None, predictors: dict[str, str], out_dir: str | Path, 
 
     if problem_offset < 0:
         raise ValueError(f"problem_offset must be >= 0, got {problem_offset}")
+    if problems < 1 or text_rows < 1:   # before minutes of generation, not after
+        raise ValueError(f"problems and text_rows must be >= 1 (the arithmetic and the "
+                         f"teacher-forced text parts), got {problems} and {text_rows}")
     t_start = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
