@@ -40,3 +40,26 @@ for half in 0 200; do
     --figures docs/experiments/figures --stem n_plus_2_v4_${TAG//-/_}_p$half "${extra[@]}" \
     --command "full script: docs/experiments/scripts/n_plus_2_v4_ensemble_chain.sh (problem offset $half)"
 done
+# 5. (added after steps 1-4) the ablation: the ninth session's single network (seed 0,
+#    /tmp/s9np/pred_ds from n_plus_2_v4_downstream.sh) at the thresholds the 4-network
+#    predictor reached, on both halves; its rows into one JSON.
+for half in 0 200; do
+  python -m rltlab.exit_predictor.evaluate --predictor n_plus_2=/tmp/s9np/pred_ds/n1 \
+    --out $W/single_$half --problems 200 --problem-offset $half --text-rows 1 --concurrency \
+    --threads 1 --sweeps '{"depths": [4], "q_thresholds": [], "delayed_thresholds": [], "delta_eps": [], "kl_eps": [], "oracle_min_rounds": [], "lookahead_thresholds": {"n_plus_2": [0.7, 0.75]}}' \
+    > $W/single_$half.log 2>&1 &
+done
+wait
+python - <<PY
+import json
+out = {"command": "docs/experiments/scripts/n_plus_2_v4_ensemble_chain.sh, step 5",
+       "predictor": "/tmp/s9np/pred_ds/n1 (one MLP, seed 0, calibrated threshold 0.7874)",
+       "halves": {}}
+for half in (0, 200):
+    r = json.load(open(f"$W/single_{half}/results.json"))
+    out["halves"][str(half)] = {"problem_offset": half, "rows": [
+        {k: x[k] for k in ("key", "quality", "diff_pp", "diff_se_pp", "mean_rounds",
+                           "decode_tokens")} for x in r["arithmetic"]],
+        "scores": {k: v for k, v in r["scores"].items() if k.startswith(("n_plus_2", "fixed"))}}
+json.dump(out, open("$D/2026-12-03-n_plus_2-v4-single-network-ablation.json", "w"), indent=1)
+PY
