@@ -137,6 +137,18 @@ def test_ensemble_is_the_mean_of_its_members_and_round_trips(tmp_path):
     assert torch.equal(load_predictor(tmp_path / "one")[0](probe), parts[0](probe))
 
 
+def test_ensemble_refuses_parts_that_do_not_fit_together():
+    a, b = ExitPredictor(5, "mlp", 6), ExitPredictor(5, "mlp", 6)
+    a.set_normalization(torch.randn(10, 5, generator=torch.Generator().manual_seed(1)))
+    b.set_normalization(torch.randn(10, 5, generator=torch.Generator().manual_seed(2)))
+    with pytest.raises(ValueError, match="share their feature normalization"):
+        ExitPredictor.ensemble([a, b])
+    with pytest.raises(ValueError, match="one kind and size"):
+        ExitPredictor.ensemble([a, ExitPredictor(5, "mlp", 7)])
+    with pytest.raises(ValueError, match="at least one"):
+        ExitPredictor.ensemble([])
+
+
 @pytest.mark.parametrize("members", [0, -2, 1.5, True])
 def test_bad_member_counts_are_refused(members, tmp_path):
     from rltlab.exit_predictor.train import train_from_traces

@@ -66,6 +66,8 @@ class ExitPredictor(nn.Module):
     def ensemble(cls, parts: list["ExitPredictor"]) -> "ExitPredictor":
         """One predictor whose logit is the mean of `parts`' logits: single networks of one
         kind and size, trained on the same features (equal normalization buffers)."""
+        if not parts:
+            raise ValueError("an ensemble needs at least one predictor")
         first = parts[0]
         for p in parts:
             if p.members != 1 or (p.kind, p.in_dim, p.hidden) != \
