@@ -8,6 +8,6 @@ set -uo pipefail
 ln -sfn ../kernels rltlab/kernels; ln -sfn ../engine_patches rltlab/engine_patches
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
-timeout 400 python3 docs/experiments/scripts/w7_gpu_time_h200.py --sequence W6 W7 \
-  loop:W7 loop:W6 loop:W7 loop:W6 W6 W7 loop:W7 loop:W6 W6 W7 > $OUT/w7_after_loops.log 2>&1
+timeout 300 python3 docs/experiments/scripts/w7_gpu_time_h200.py --sequence W6 W7 \
+  loop:W7 loop:W6 loop:W7 loop:W6 W6 W7 > $OUT/w7_after_loops.log 2>&1
 echo "rc $?"; grep -E "^(W[67]|loop)" $OUT/w7_after_loops.log | cut -c1-330
