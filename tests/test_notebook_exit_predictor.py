@@ -50,7 +50,7 @@ def test_exit_predictor_notebook(tmp_path):
 def test_exit_predictor_notebook_with_the_downstream_label(tmp_path):
     run_dir = runs.execute_notebook(REPO_ROOT / "notebooks" / "02_train_exit_predictor.ipynb",
                                     {**SMALL, "LABEL": "downstream", "EVAL_PROBLEMS": 2,
-                                     "LOOKAHEAD_THRESHOLDS": []},
+                                     "LOOKAHEAD_THRESHOLDS": [], "MEMBERS": 2},
                                     run_dir=tmp_path / "run", progress=False)
     metrics = json.loads((run_dir / "metrics.json").read_text())
     labels = metrics["downstream_labels"]
@@ -61,3 +61,4 @@ def test_exit_predictor_notebook_with_the_downstream_label(tmp_path):
         labels["downstream_ok_rate"], abs=0.15)   # the train split's share of the same labels
     manifest = json.loads((run_dir / "predictor" / "n1" / "manifest.json").read_text())
     assert manifest["label"]["kind"] == "downstream" and manifest["label"]["mode"] == "greedy"
+    assert manifest["model"]["members"] == 2   # MEMBERS reaches the training
