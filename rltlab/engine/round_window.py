@@ -12,7 +12,8 @@ bookkeeping, sampling read-back, scheduling) every round: at 128 rows on the H20
 against a ~2.8 ms round (docs/benchmarks/2026-12-01-h200.md). But under host-fixed depths
 (`fixed`, `trace`) nothing the host learns in a round changes the schedule: which row runs
 which round at which position and plane, and which rows exit, are known ahead. So
-`RoundWindow.step()` plans up to `EngineConfig.round_window` round steps on the host at once,
+`RoundWindow.step()` plans up to `EngineConfig.round_window` round steps on the host at once
+(round_plan.schedule),
 ships their indices in three copies, runs them back to back (the same captured round graph as
 the round-per-step engine; the exiting rows' LM head, sampling, next-token embedding and
 LAST_EXITED copies stay on the device), and reads the sampled tokens back once at the end.
@@ -52,33 +53,14 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from rltlab.engine.exit_policies import FixedDepth
 from rltlab.common.device import to_device
+from rltlab.engine.round_plan import WindowPlan, schedule
 from rltlab.engine.sequence import Sequence, Span
-from rltlab.engine.window_io import (ReadBack, accept, may_chain, padded_index,
-                                     queue_read_back, read_back, sample_rows, stopped,
-                                     upload_index)
-
-
-@dataclass
-class WindowPlan:
-    """Host-side schedule of one window over rows (sequences in running order)."""
-    seqs: list[Sequence]
-    index: np.ndarray              # int32 [steps, static index size]: StaticDecoder.index per step
-    starts: list[list[int]]        # per step: rows whose round 1 starts (embedding input)
-    exits: list[list[int]]         # per step: rows that leave and sample
-    copies: list[list[tuple[int, int]]]   # per step: (slot, exit round) of LAST_EXITED copies
-    emitted: list[list[int]]       # per row: exit rounds of the tokens it samples, in order
-    rounds_done: list[int]         # per row: rounds of its current token done at the end
-    depth: list[int]               # per row: depth of its current token at the end
-    uploaded: tuple | None = None  # its _to_device() tensors when uploaded ahead (_prepare_next)
-
-    @property
-    def num_steps(self) -> int:
-        return len(self.exits)
+from rltlab.engine.window_io import (ReadBack, accept, may_chain, queue_read_back, read_back,
+                                     sample_rows, stopped, upload_index)
 
 
 @dataclass
@@ -128,11 +110,11 @@ class RoundWindow:
         if prepared is not None and prepared.static is eng.runner.static and \
                 prepared.key == self._key(seqs, state):
             return prepared.plan   # made from exactly these rows and states
-        return self._schedule(list(seqs), state)   # a copy: finishing edits sch.running
+        return schedule(eng, list(seqs), state, self.steps)   # a copy: finishing edits sch.running
 
     @staticmethod
     def _key(seqs, state, grown: list[int] | None = None) -> list[tuple[int, int, int, int, int]]:
-        """Everything of the rows that _schedule reads and that changes between windows (their
+        """Everything of the rows that schedule() reads and that changes between windows (their
         block tables, limits and params are fixed while they run); grown as in _schedule."""
         grown = grown or [0] * len(seqs)
         return [(seq.seq_id, done, depth, seq.num_tokens + k, seq.num_output_tokens + k)
@@ -150,7 +132,7 @@ class RoundWindow:
         seqs = [plan.seqs[i] for i in stay]
         state = [(plan.rounds_done[i], plan.depth[i]) for i in stay]
         grown = [len(plan.emitted[i]) for i in stay]
-        nxt = self._schedule(seqs, state, grown)
+        nxt = schedule(self.engine, seqs, state, self.steps, grown)
         nxt.uploaded = self._to_device(nxt, self.engine.runner.device)
         self._prepared = _Prepared(self._key(seqs, state, grown), nxt, self.engine.runner.static)
 
@@ -186,56 +168,6 @@ class RoundWindow:
         if span.planned_exit is None or span.planned_exit <= span.round:
             return None
         return span.round, span.planned_exit
-
-    # -------------------------------------------------------------------------------- plan
-    def _schedule(self, seqs: list[Sequence], state, grown: list[int] | None = None
-                  ) -> WindowPlan:
-        """grown: tokens each row will have gained by the time the plan runs (_prepare_next;
-        default none)."""
-        eng, runner = self.engine, self.engine.runner
-        R, bs = eng.num_rounds, runner.block_size
-        static = runner.static_rows(len(seqs))
-        n, b = len(seqs), static.max_batch
-        done = [k for k, _ in state]
-        depth = [d for _, d in state]
-        grown = grown or [0] * n
-        pos = [seq.num_tokens - 1 + k for seq, k in zip(seqs, grown)]
-        count = [seq.num_output_tokens + k for seq, k in zip(seqs, grown)]
-        tables = [seq.block_table for seq in seqs]
-        base = padded_index(static, seqs)   # rows at their length limit stay padding rows
-        live = [count[i] < seq.max_output_tokens for i, seq in enumerate(seqs)]
-        rows, starts, exits, copies = [], [], [], []
-        emitted: list[list[int]] = [[] for _ in seqs]
-        for _ in range(self.steps):
-            going = [i for i in range(n) if live[i]]
-            if not going:
-                break
-            slots = {i: tables[i][pos[i] // bs] * bs + pos[i] % bs for i in going}
-            rows.append([(i, pos[i], done[i], slots[i]) for i in going])   # plane = rounds done
-            starts.append([i for i in going if done[i] == 0])
-            step_exits, step_copies = [], []
-            for i in going:
-                done[i] += 1
-                if done[i] < depth[i]:
-                    continue
-                step_exits.append(i)
-                emitted[i].append(depth[i])
-                if depth[i] < R:
-                    step_copies.append((slots[i], depth[i]))
-                count[i] += 1
-                # at its length limit: a padding row from now on (never past its reservation)
-                live[i] = count[i] < seqs[i].max_output_tokens
-                pos[i] += 1
-                done[i] = 0
-                depth[i] = eng._whole_tokens.depth(seqs[i], count[i])
-            exits.append(step_exits)
-            copies.append(step_copies)
-        index = np.tile(base, (len(rows), 1))
-        for s, step_rows in enumerate(rows):
-            for i, position, plane, slot in step_rows:
-                index[s, i], index[s, b + i], index[s, 2 * b + i] = position, plane, slot
-                index[s, 3 * b + i] = position + 1
-        return WindowPlan(seqs, index, starts, exits, copies, emitted, done, depth)
 
     # -------------------------------------------------------------------------------- run
     @torch.no_grad()
