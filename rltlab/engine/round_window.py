@@ -13,10 +13,10 @@ against a ~2.8 ms round (docs/benchmarks/2026-12-01-h200.md). But under host-fix
 (`fixed`, `trace`) nothing the host learns in a round changes the schedule: which row runs
 which round at which position and plane, and which rows exit, are known ahead. So
 `RoundWindow.step()` plans up to `EngineConfig.round_window` round steps on the host at once
-(round_plan.schedule),
-ships their indices in three copies, runs them back to back (the same captured round graph as
-the round-per-step engine; the exiting rows' LM head, sampling, next-token embedding and
-LAST_EXITED copies stay on the device), and reads the sampled tokens back once at the end.
+(round_plan.schedule), ships their indices in three copies, runs them back to back (the same
+captured round graph as the round-per-step engine; the exiting rows' LM head, sampling,
+next-token embedding and LAST_EXITED copies stay on the device), and reads the sampled tokens
+back once at the end.
 Sampling is the engine's own (`sampling.sample_on_device`: greedy or drawn, top-k / top-p,
 each row from its own generator, one draw per token), so the result is the round-per-step
 engine's: the same rounds through the same decoder in the same order, the same draws; tests
