@@ -46,10 +46,9 @@ def downstream_file(trace_dir: str | Path, exit_round: int) -> Path:
 def traces_digest(trace_dir: str | Path) -> str:
     """The trace directory's content digest (its manifest's, or computed from the shards)."""
     from rltlab.traces import read_manifest
-    from rltlab.traces.sharded import content_digest
+    from rltlab.traces.sharded import manifest_digest
 
-    manifest = read_manifest(trace_dir)
-    return manifest.get("content_sha256") or content_digest(manifest)
+    return manifest_digest(read_manifest(trace_dir))
 
 
 def _branch(model, prefix_cache, batch: int, prefix_len: int):

@@ -49,7 +49,7 @@ def load_training_data(trace_dir: str | os.PathLike, weight_version: int | None 
     sha256 of the trace manifest. Refuses non-teacher traces, projected hidden states and
     traces of several weight versions (pick one with weight_version)."""
     from rltlab.traces import load_traces, read_manifest
-    from rltlab.traces.sharded import content_digest
+    from rltlab.traces.sharded import manifest_digest
 
     root = Path(trace_dir)
     manifest = read_manifest(root)
@@ -78,7 +78,7 @@ def load_training_data(trace_dir: str | os.PathLike, weight_version: int | None 
     hashes = manifest.get("info", {}).get("model_hashes", {})
     info = {"trace_dir": str(root.resolve()), "num_tokens": int(keep.sum()),
             "manifest_sha256": hashlib.sha256((root / "manifest.json").read_bytes()).hexdigest(),
-            "content_sha256": manifest.get("content_sha256") or content_digest(manifest),
+            "content_sha256": manifest_digest(manifest),
             "weight_version": int(weight_version),
             "model_hash": hashes.get(str(weight_version)),
             "hidden_size": int(manifest["hidden_dim"]), "num_rounds": int(R),

@@ -45,6 +45,11 @@ def content_digest(manifest: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """The digest a manifest records (merged directories), else content_digest of it."""
+    return manifest.get("content_sha256") or content_digest(manifest)
+
+
 def sharded_params(params, prompt_ids: Sequence[int]) -> list:
     """One SamplingParams per prompt, seeded from (params.seed, global prompt id); a list is
     taken as given (the caller owns the seeds)."""
