@@ -94,6 +94,17 @@ def choose_threshold(probs: torch.Tensor, labels: torch.Tensor, target_precision
     return float(p[order][i]), True
 
 
+def calibrate(logits: torch.Tensor, labels: torch.Tensor, calib: torch.Tensor,
+              target_precision: float) -> tuple[float, torch.Tensor, float, bool]:
+    """On the calibration rows (bool mask `calib`): a temperature, then the threshold for the
+    target precision. -> (temperature, calibrated probabilities of every row, threshold,
+    reached)."""
+    temperature = fit_temperature(logits[calib], labels[calib])
+    probs = torch.sigmoid(logits / temperature)
+    threshold, reached = choose_threshold(probs[calib], labels[calib], target_precision)
+    return temperature, probs, threshold, reached
+
+
 def expected_rounds(fire: torch.Tensor, exit_round: int, num_rounds: int) -> float:
     """Mean executed rounds of the lookahead rule on traced tokens (N + k if fired, else R)."""
     return float(torch.where(fire, float(exit_round), float(num_rounds)).mean()) \

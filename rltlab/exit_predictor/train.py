@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import torch
 
 from rltlab.exit_predictor.calibration import (  # noqa: F401  (re-exported)
-    binary_metrics, choose_threshold, expected_rounds, fit_temperature, roc_auc,
+    binary_metrics, calibrate, choose_threshold, expected_rounds, fit_temperature, roc_auc,
     split_by_prompt)
 from rltlab.exit_predictor.features import (DEFAULT_ROUND0_BLOCKS, LABEL_KINDS, TRACE_FIELDS,
                                             check_round0_blocks, label_spec, make_labels,
@@ -164,9 +164,7 @@ def train_from_traces(trace_dir: str | os.PathLike, out_dir: str | os.PathLike, 
                                              seed=seed, cpu=cpu, progress=progress,
                                              members=members)
         logits = predict_logits(predictor, x)
-        temperature = fit_temperature(logits[ca_m], y[ca_m])
-        probs = torch.sigmoid(logits / temperature)
-        threshold, reached = choose_threshold(probs[ca_m], y[ca_m], target_precision)
+        temperature, probs, threshold, reached = calibrate(logits, y, ca_m, target_precision)
         test = binary_metrics(probs[te_m], y[te_m], threshold)
         fire_test = probs[te_m] >= threshold
         test.update({

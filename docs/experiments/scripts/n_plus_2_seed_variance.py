@@ -16,8 +16,7 @@ import json
 import torch
 
 from rltlab.common.atomic import write_json_atomic
-from rltlab.exit_predictor.calibration import (binary_metrics, choose_threshold,
-                                               fit_temperature, split_by_prompt)
+from rltlab.exit_predictor.calibration import binary_metrics, calibrate, split_by_prompt
 from rltlab.exit_predictor.features import label_spec, make_labels, trace_features
 from rltlab.exit_predictor.fit import predict_logits, train_predictor
 from rltlab.exit_predictor.model import ExitPredictor
@@ -25,11 +24,9 @@ from rltlab.exit_predictor.train import _with_downstream, load_training_data
 
 
 def operating_point(logits, y, calib, test, precision):
-    temperature = fit_temperature(logits[calib], y[calib])
-    probs = torch.sigmoid(logits / temperature)
-    threshold, reached = choose_threshold(probs[calib], y[calib], precision)
+    _, probs, threshold, reached = calibrate(logits, y, calib, precision)
     return {"threshold": threshold, "target_reached": reached,
-            **{k: v for k, v in binary_metrics(probs[test], y[test], threshold).items()}}
+            **binary_metrics(probs[test], y[test], threshold)}
 
 
 def main() -> dict:
