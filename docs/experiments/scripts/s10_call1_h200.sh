@@ -5,22 +5,13 @@
 # rounds, on today's code, to pool with the sixth to eighth sessions' rounds. Results in one
 # JSONL file and logs (the device returns at most 8 files).
 set -uo pipefail
-ln -sfn ../kernels rltlab/kernels; ln -sfn ../engine_patches rltlab/engine_patches
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
+REPLAY_TIMEOUT=120
+source "$(dirname "$0")/h200_common.sh"
 D=docs/experiments/data
 ARGMAX=$(cat $D/2026-12-01-n_plus_2-v4-pattern-n_plus_2-p0.7955.txt)
 DOWNSTREAM=$(cat $D/2026-12-03-n_plus_2-v4-downstream-pattern-p0.7874.txt)
-run() {  # name, args...: one depth_gain run, appended to $OUT/replays.{log,jsonl}
-  local name=$1; shift
-  timeout 120 python3 -m rltlab.bench.depth_gain --preset ouro-1.4b --device cuda \
-    --dtype bfloat16 "$@" > /tmp/$name.log 2>&1
-  echo "$name rc $?: $(grep '^gain' /tmp/$name.log)"
-  { echo "== $name: $*"; cat /tmp/$name.log; } >> $OUT/replays.log
-  echo "{\"name\": \"$name\", \"result\": $(tail -1 /tmp/$name.log)}" >> $OUT/replays.jsonl
-}
 for p in DOWNSTREAM ARGMAX; do
-  run ${p,,}-c64 --concurrency 64 --pattern "${!p}"
+  replay_run ${p,,}-c64 --concurrency 64 --pattern "${!p}"
 done
 timeout 400 python3 -m rltlab.bench.paired --preset ouro-1.4b --device cuda --dtype bfloat16 \
   --pair W7/W6 --modes graph --loops 10 --out "$OUT/paired_w7_w6.json" > $OUT/paired.log 2>&1

@@ -8,24 +8,14 @@
 # c = 1 (64-token prompts, 32 new tokens) and c = 64 decode-heavy (128 / 256). One JSONL file
 # and logs (the device returns at most 8 files).
 set -uo pipefail
-ln -sfn ../kernels rltlab/kernels; ln -sfn ../engine_patches rltlab/engine_patches
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
+source "$(dirname "$0")/h200_common.sh"
 nproc; lscpu | grep -E "Model name|MHz" | head -3
 timeout 240 python3 docs/experiments/scripts/w7_gpu_time_h200.py > $OUT/w7_gpu_time.log 2>&1
 echo "w7_gpu_time rc $?"; grep -E "^W[67] " $OUT/w7_gpu_time.log | cut -c1-400
 D=docs/experiments/data
 ENS=$(cat $D/2026-12-03-n_plus_2-v4-ensemble-chain-pattern-n_plus_2.txt)
 CHAIN=$(cat $D/2026-12-03-n_plus_2-v4-ensemble-chain-pattern-n0_then_n1.txt)
-run() {  # name, args...: one depth_gain run, appended to $OUT/replays.{log,jsonl}
-  local name=$1; shift
-  timeout 150 python3 -m rltlab.bench.depth_gain --preset ouro-1.4b --device cuda \
-    --dtype bfloat16 "$@" > /tmp/$name.log 2>&1
-  echo "$name rc $?: $(grep '^gain' /tmp/$name.log)"
-  { echo "== $name: $*"; cat /tmp/$name.log; } >> $OUT/replays.log
-  echo "{\"name\": \"$name\", \"result\": $(tail -1 /tmp/$name.log)}" >> $OUT/replays.jsonl
-}
 for p in ENS CHAIN; do
-  run ${p,,}-c1 --concurrency 1 --pattern "${!p}"
-  run ${p,,}-c64-long --concurrency 64 --prompt-len 128 --max-tokens 256 --pattern "${!p}"
+  replay_run ${p,,}-c1 --concurrency 1 --pattern "${!p}"
+  replay_run ${p,,}-c64-long --concurrency 64 --prompt-len 128 --max-tokens 256 --pattern "${!p}"
 done

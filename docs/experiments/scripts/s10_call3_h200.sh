@@ -5,9 +5,7 @@
 # ideal e2e gain. Does a closed loop leave the engine slower for W7, and in which part (GPU
 # time in graphs, exit work, host idle)? Decode phases before and after closed loops, one engine.
 set -uo pipefail
-ln -sfn ../kernels rltlab/kernels; ln -sfn ../engine_patches rltlab/engine_patches
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
+source "$(dirname "$0")/h200_common.sh"
 timeout 300 python3 docs/experiments/scripts/w7_gpu_time_h200.py --sequence W6 W7 \
   loop:W7 loop:W6 loop:W7 loop:W6 W6 W7 > $OUT/w7_after_loops.log 2>&1
 echo "rc $?"; grep -E "^(W[67]|loop)" $OUT/w7_after_loops.log | cut -c1-330

@@ -6,9 +6,7 @@
 # downstream-label predictor at its calibrated threshold (3.227). c = 1 and c = 64 with the
 # earlier runs' 64-token prompts and 32 new tokens, and c = 64 decode-heavy (128 / 256).
 set -uo pipefail
-ln -sfn ../kernels rltlab/kernels; ln -sfn ../engine_patches rltlab/engine_patches
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
+source "$(dirname "$0")/h200_common.sh"
 D=docs/experiments/data
 ARGMAX=$(cat $D/2026-12-01-n_plus_2-v4-pattern-n_plus_2-p0.7955.txt)
 DOWNSTREAM=$(cat $D/2026-12-03-n_plus_2-v4-downstream-pattern-p0.7874.txt)

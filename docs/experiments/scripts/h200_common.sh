@@ -1,0 +1,17 @@
+# Sourced by the device-call scripts (s9_call2 onwards; one H200 call each, run from the
+# repository root): the checkout made importable as rltlab.kernels / rltlab.engine_patches, the
+# GPU's clocks printed, and replay_run for depth_gain runs collected into one JSONL file (the
+# device returns at most 8 files).
+ln -sfn ../kernels rltlab/kernels; ln -sfn ../engine_patches rltlab/engine_patches
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
+
+replay_run() {  # name, depth_gain args...: one run at the Ouro-1.4B shape, appended to
+                # $OUT/replays.{log,jsonl}; REPLAY_TIMEOUT seconds at most (default 150)
+  local name=$1; shift
+  timeout "${REPLAY_TIMEOUT:-150}" python3 -m rltlab.bench.depth_gain --preset ouro-1.4b \
+    --device cuda --dtype bfloat16 "$@" > /tmp/$name.log 2>&1
+  echo "$name rc $?: $(grep '^gain' /tmp/$name.log)"
+  { echo "== $name: $*"; cat /tmp/$name.log; } >> $OUT/replays.log
+  echo "{\"name\": \"$name\", \"result\": $(tail -1 /tmp/$name.log)}" >> $OUT/replays.jsonl
+}
