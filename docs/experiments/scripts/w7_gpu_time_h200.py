@@ -6,16 +6,20 @@ session's profile).
 
 One engine (bench.engine's `graph` mode), W6 and W7 decode phases (128 rows, 128-token prompts,
 512 greedy tokens each; W7 at replayed depths) in the order `--sequence` gives (default W6 W7
-W6 W7), with closed loops in between where it says `loop:W6` / `loop:W7` (what a closed loop
-leaves behind: the paired bench measures its decode phases after several). Call 3 of the
+W6 W7), and closed loops where it says `loop:W6` / `loop:W7` (bench.engine's harness: 256
+requests, 128 in flight), measured the same way. Call 3 of the
 seventh session ran it at 2520981 and call 1 of the eighth at 66406cd with a `W7-eager` arm,
 for greedy step graphs (one captured graph per round step, exits included; reverted both times:
 docs/benchmarks/2026-12-02-s7-h200.md, 2026-12-03-s8-h200.md). Events are
 recorded on the stream around every window (round windows for W7, token windows for W6) and
 around every captured graph inside it (W7: one round per replay; W6: one whole 4-round token),
-so per decode phase:
-  * wall: host time of the phase (bench.engine.decode_phase's figure);
-  * windows: GPU time inside windows; idle = wall - windows (host turns between windows);
+and around every prefill step (ModelRunner.execute: outside the graphs, one round per step), so
+per decode phase or closed loop:
+  * wall: host time of the phase (bench.engine.decode_phase's figure) or loop;
+  * windows: GPU time inside windows; prefill: inside prefill steps; idle = wall - windows -
+    prefill (host turns between them, and the first tokens' sampling after a prefill);
+  * round_steps / row_steps: the round windows' steps, and their rows (padding rows included)
+    times steps;
   * graphs: GPU time of the round / token graphs; exit = windows - graphs (LM head, sampling,
     embeddings, LAST_EXITED copies, index copies and the gaps between them);
   * per full step (all 128 rows): the graph's time per round, W7's round against W6's token / 4;
@@ -50,7 +54,7 @@ class EventLog:
 
     def __init__(self, cuda: bool, full_rows: int):
         self.full_rows = full_rows
-        self.windows, self.graphs = [], []
+        self.windows, self.graphs, self.prefills = [], [], []
         self.event = (lambda: torch.cuda.Event(enable_timing=True)) if cuda else HostEvent
         self.cuda = cuda
 
@@ -66,16 +70,24 @@ class EventLog:
             return out
         setattr(obj, name, timed)
 
-    def summary(self, wall_s: float) -> dict:
+    def summary(self, wall_s: float, prefill_timed: bool) -> dict:
+        """prefill_timed: whether the prefill steps fall inside wall_s (closed loops; a decode
+        phase's timing starts after them)."""
         if self.cuda:
             torch.cuda.synchronize()
         ms = lambda pairs: sum(s.elapsed_time(e) for s, e, _ in pairs)   # noqa: E731
-        windows, graphs = ms(self.windows), ms(self.graphs)
+        windows, graphs, prefills = ms(self.windows), ms(self.graphs), ms(self.prefills)
         full = [(s.elapsed_time(e), shape) for s, e, shape in self.graphs
                 if shape[0] == self.full_rows]
         per_round = [t / shape[1] for t, shape in full]
+        # round windows' steps (a window's rows, padding included, times its steps)
+        round_windows = [shape for _, _, shape in self.windows if shape]
         return {"wall_ms": round(1e3 * wall_s, 1), "windows_ms": round(windows, 1),
-                "idle_ms": round(1e3 * wall_s - windows, 1), "graphs_ms": round(graphs, 1),
+                "prefill_ms": round(prefills, 1), "prefill_steps": len(self.prefills),
+                "idle_ms": round(1e3 * wall_s - windows - prefill_timed * prefills, 1),
+                "graphs_ms": round(graphs, 1),
+                "round_steps": sum(steps for _, steps in round_windows),
+                "row_steps": sum(rows * steps for rows, steps in round_windows),
                 "exit_ms": round(windows - graphs, 1), "windows": len(self.windows),
                 "graph_launches": len(self.graphs), "full_launches": len(full),
                 "full_round_ms_median": round(statistics.median(per_round), 4) if full else None,
@@ -110,33 +122,32 @@ def main() -> dict:
         bench.decode_phase(llm, prompts[:c], params[w][:c], costs)   # every bucket once
     results = {w: [] for w in specs}
     for item in args.sequence:
-        if item.startswith("loop:"):   # a closed loop in between: what it leaves behind
-            w = item[len("loop:"):]
-            figures, _ = engine_checks.closed_loop(llm, prompts, params[w], c, costs)
-            results.setdefault(item, []).append({"wall_s": figures["wall_s"],
-                                                 "tok_s": figures["tok_s"]})
-            print(item, json.dumps(results[item][-1]), flush=True)
-            continue
-        w = item
+        w = item[len("loop:"):] if item.startswith("loop:") else item
         log = EventLog(args.device == "cuda", c)
-        log.wrap(eng._round_window, "_launch", log.windows)
+        log.wrap(eng._round_window, "_launch", log.windows, lambda plan, _: (len(plan.seqs),
+                                                                              plan.num_steps))
         log.wrap(eng._token_window, "_launch", log.windows)
         log.wrap(static, "launch_round", log.graphs, lambda n: (n, 1))
         log.wrap(static, "launch_token", log.graphs, lambda n, depth, hidden: (n, depth))
+        log.wrap(eng.runner, "execute", log.prefills, lambda seqs: (len(seqs), 1))
         blocks = []
         log.wrap(eng.block_manager, "allocate", [],
                  lambda seq, *_: blocks.extend(seq.block_table))
         try:
-            got = bench.decode_phase(llm, prompts[:c], params[w][:c], costs)
+            if item.startswith("loop:"):   # a closed loop: what it leaves behind, and its split
+                got, _ = engine_checks.closed_loop(llm, prompts, params[w], c, costs)
+                wall_s, row = got["wall_s"], {"tok_s": got["tok_s"]}
+            else:
+                got = bench.decode_phase(llm, prompts[:c], params[w][:c], costs)
+                wall_s = got["decode_tokens"] / got["decode_tok_s"]
+                row = {"decode_tok_s": got["decode_tok_s"],
+                       "mean_executed_rounds": got["mean_executed_rounds"]}
         finally:
             for obj, name in ((eng._round_window, "_launch"), (eng._token_window, "_launch"),
                               (static, "launch_round"), (static, "launch_token"),
-                              (eng.block_manager, "allocate")):
+                              (eng.runner, "execute"), (eng.block_manager, "allocate")):
                 del obj.__dict__[name]
-        wall_s = got["decode_tokens"] / got["decode_tok_s"]
-        row = {"decode_tok_s": got["decode_tok_s"],
-               "mean_executed_rounds": got["mean_executed_rounds"], **log.summary(wall_s),
-               "blocks": [min(blocks), max(blocks)] if blocks else None}
+        row.update(log.summary(wall_s, item.startswith("loop:")), blocks=[min(blocks), max(blocks)] if blocks else None)
         results.setdefault(item, []).append(row)
         print(item, json.dumps(row), flush=True)
     mean = {w: {k: statistics.mean(r[k] for r in results[w]) for k in
