@@ -1,11 +1,13 @@
 """Issue 17 (W7/W6): does admitting W7's second wave in batches keep its depth savings?
 
 In a W6 closed loop every row of a wave finishes in the same step, so the next 128 prompts are
-admitted, and prefilled, together. W7's rows draw their depths, so they finish one or a few at a
-time over ~90 round steps; with `round_window_admit` 1 (the default) the loop admits them in
-about 58 separate events, each a run of prefill-only steps with all decode rows held and the
-window chain broken (count: `--count-only`, which needs no device). Batching admissions (admit
-once k slots are free) trades those events for slots left empty meanwhile.
+admitted, and prefilled, together. W7's rows draw their depths, so they finish over ~90 round
+steps and the loop admits its second wave in several batches (7 with `round_window_admit` 1, the
+default: 32 prefill steps of 4 rounds each in the eleventh session's call 2, against W6's 8),
+each a run of prefill-only steps with all decode rows held. Would admitting only once k slots
+are free (fewer, larger batches) pay for the slots left empty meanwhile? (It did not: 0.86x.)
+The call-1 JSON also holds a host-side step count that assumed windows end at every finish
+(58 admission events); the engine's windows do not (round_window.py), so it was dropped.
 
 One engine (bench.engine's `graph` mode), its admission threshold set between loops, so every
 arm is measured back to back on the same engine and moment:
@@ -31,34 +33,7 @@ from tqdm import tqdm
 from rltlab.bench import ceilings, engine_checks
 from rltlab.bench.__main__ import add_model_arguments, build_model, prompts_for
 from rltlab.bench.ceilings import ModelCosts
-from rltlab.bench.engine import WORKLOADS, decode_phase, make_llm, replay_depths, scaled, \
-    warm_up, workload_params
-
-
-def admission_events(admit: int, concurrency: int = 128, requests: int = 256,
-                     window: int = 16) -> dict:
-    """A step count, not a timing: W7's closed loop with rows needing their replayed rounds,
-    admissions at window boundaries once `admit` slots are free (or the queue's rest fits), a
-    window ending where a row finishes. -> admission events, round steps, and slot-steps left
-    empty while requests waited."""
-    need = [sum(replay_depths(4, 512, seed=i)[1:]) for i in range(requests)]
-    queue, running, steps, events, empty = list(range(requests)), {}, 0, 0, 0
-    while queue or running:
-        free = concurrency - len(running)
-        if queue and free >= min(admit, len(queue)):
-            for _ in range(min(free, len(queue))):
-                i = queue.pop(0)
-                running[i] = need[i]
-            events += 1
-        span = min(min(running.values()), window)
-        for i in list(running):
-            running[i] -= span
-            if running[i] == 0:
-                del running[i]
-        empty += span * (concurrency - len(running)) if queue else 0
-        steps += span
-    return {"admit": admit, "admission_events": events, "round_steps": steps,
-            "empty_slot_steps": empty}
+from rltlab.bench.engine import WORKLOADS, decode_phase, make_llm, scaled, warm_up, workload_params
 
 
 def main() -> dict:
@@ -68,16 +43,10 @@ def main() -> dict:
                     help="round_window_admit values for W7's arms (the first is the reference)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--scale", type=float, default=1.0, help="bench.engine's --scale")
-    ap.add_argument("--count-only", action="store_true", help="print the step counts only")
     ap.set_defaults(preset="ouro-1.4b", device="cuda", dtype="bfloat16")
     args = ap.parse_args()
     if min(args.admit) < 1 or args.rounds < 1:
         ap.error("--admit values and --rounds must be >= 1")
-    counts = [admission_events(a) for a in args.admit]
-    if args.count_only:
-        out = {"workload": "W7 closed loop (step count, not a timing)", "counts": counts}
-        print(json.dumps(out))
-        return out
     model = build_model(args)
     costs = ModelCosts.of(model)
     specs = {w: scaled(WORKLOADS[w], args.scale) for w in ("W6", "W7")}
@@ -120,7 +89,7 @@ def main() -> dict:
     base = name(arms[0])
     result = {"workloads": "W6 / W7 closed loops, 256 requests 128/512 at c=128, greedy",
               "device": args.device, "dtype": args.dtype, "rounds": args.rounds,
-              "counts": counts, "arms": {}, "decode_before": {w: d["decode_tok_s"] for w, d in
+              "arms": {}, "decode_before": {w: d["decode_tok_s"] for w, d in
                                                               before.items()},
               "decode_after": {w: d["decode_tok_s"] for w, d in after.items()}}
     for arm in arms[1:]:

@@ -147,7 +147,8 @@ def main() -> dict:
                               (static, "launch_round"), (static, "launch_token"),
                               (eng.runner, "execute"), (eng.block_manager, "allocate")):
                 del obj.__dict__[name]
-        row.update(log.summary(wall_s, item.startswith("loop:")), blocks=[min(blocks), max(blocks)] if blocks else None)
+        row.update(log.summary(wall_s, item.startswith("loop:")),
+                   blocks=[min(blocks), max(blocks)] if blocks else None)
         results.setdefault(item, []).append(row)
         print(item, json.dumps(row), flush=True)
     mean = {w: {k: statistics.mean(r[k] for r in results[w]) for k in
