@@ -1,4 +1,4 @@
-"""Issue 17 (W7/W6): does admitting W7's second wave in batches keep its depth savings?
+"""Issue 17 (W7/W6): W7 closed loops under engine settings that change how its prefills run.
 
 In a W6 closed loop every row of a wave finishes in the same step, so the next 128 prompts are
 admitted, and prefilled, together. W7's rows draw their depths, so they finish over ~90 round
@@ -6,22 +6,26 @@ steps and the loop admits its second wave in several batches (7 with `round_wind
 default: 32 prefill steps of 4 rounds each in the eleventh session's call 2, against W6's 8),
 each a run of prefill-only steps with all decode rows held. Would admitting only once k slots
 are free (fewer, larger batches) pay for the slots left empty meanwhile? (It did not: 0.86x.)
+Those small prefill steps are host-bound (prefill_step_cost_h200.py: ~9 ms for one prompt, and
+cuDNN attention's ~0.4 ms of host time per layer once a shape recurs): `cudnn=0|off` arms
+(cuDNN for every recurring multi-prompt shape at once / never) measure what cuDNN costs them.
 The call-1 JSON also holds a host-side step count that assumed windows end at every finish
 (58 admission events); the engine's windows do not (round_window.py), so it was dropped.
 
-One engine (bench.engine's `graph` mode), its admission threshold set between loops, so every
-arm is measured back to back on the same engine and moment:
+One engine (bench.engine's `graph` mode), its settings changed between loops, so every arm is
+measured back to back on the same engine and moment:
 
   1. warm-up, one closed loop per arm, and the decode phases of W6 and W7 (fresh engine);
-  2. `--rounds` rounds of one closed loop per arm (W6, and W7 at each `--admit` value), the
-     order rotating by round;
+  2. `--rounds` rounds of one closed loop per arm (W6 at the defaults, and each `--arms` W7),
+     the order rotating by round;
   3. the decode phases again (what the loops left behind) and W6's prefill-only loop.
 
 Per arm and round: tok/s, the e2e gain over the round's W6 loop and its share of the ideal
 savings (ceilings.depth_pair, the formula of rltlab.bench.paired); per W7 arm, the paired ratio
-of its tok/s to the admit-1 arm's in the same round. Last line: JSON.
+of its tok/s to the first W7 arm's in the same round. Last line: JSON.
 
-    python docs/experiments/scripts/w7_admission_h200.py --admit 1 8 32 --rounds 5
+    python docs/experiments/scripts/w7_admission_h200.py --arms W7 W7+admit=8 W7+admit=32
+    python docs/experiments/scripts/w7_admission_h200.py --arms W7 W7+cudnn=0 W7+cudnn=off
 """
 import argparse
 import gc
@@ -36,17 +40,43 @@ from rltlab.bench.ceilings import ModelCosts
 from rltlab.bench.engine import WORKLOADS, decode_phase, make_llm, scaled, warm_up, workload_params
 
 
+DEFAULTS = {"admit": 1, "cudnn": 16}   # EngineConfig's round_window_admit, cudnn_prefill_after
+
+
+def parse_arm(arm: str) -> dict:
+    """'W7+admit=8+cudnn=off' -> {"admit": 8, "cudnn": None}, the defaults elsewhere."""
+    head, *items = arm.split("+")
+    if head != "W7":
+        raise ValueError(f"arm {arm!r}: arms are W7 with settings (W6 always runs)")
+    values = dict(DEFAULTS)
+    for item in items:
+        key, _, value = item.partition("=")
+        if key not in values or not (value == "off" and key == "cudnn" or value.isdigit()):
+            raise ValueError(f"arm {arm!r}: expected admit=K (K >= 1) or cudnn=K|off, "
+                             f"got {item!r}")
+        values[key] = None if value == "off" else int(value)
+    if values["admit"] < 1:
+        raise ValueError(f"arm {arm!r}: admit must be >= 1")
+    return values
+
+
 def main() -> dict:
     ap = argparse.ArgumentParser()
     add_model_arguments(ap)
-    ap.add_argument("--admit", type=int, nargs="+", default=[1, 8, 32],
-                    help="round_window_admit values for W7's arms (the first is the reference)")
+    ap.add_argument("--arms", nargs="+", default=["W7", "W7+admit=8", "W7+admit=32"],
+                    help="W7 arms (the first is the reference), each W7 with settings after "
+                         "'+': admit=K (round_window_admit), cudnn=K|off (the prefill's "
+                         "cudnn_after); W6 runs at the defaults")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--scale", type=float, default=1.0, help="bench.engine's --scale")
     ap.set_defaults(preset="ouro-1.4b", device="cuda", dtype="bfloat16")
     args = ap.parse_args()
-    if min(args.admit) < 1 or args.rounds < 1:
-        ap.error("--admit values and --rounds must be >= 1")
+    try:
+        settings = {arm: parse_arm(arm) for arm in args.arms}
+    except ValueError as err:
+        ap.error(str(err))
+    if args.rounds < 1:
+        ap.error("--rounds must be >= 1")
     model = build_model(args)
     costs = ModelCosts.of(model)
     specs = {w: scaled(WORKLOADS[w], args.scale) for w in ("W6", "W7")}
@@ -57,15 +87,20 @@ def main() -> dict:
     c = spec["concurrency"]
     llm = make_llm(model, spec, "graph", kv_gib=110.0 if args.device == "cuda" else 1.0)
     eng = llm.llm_engine
-    arms = [("W6", args.admit[0])] + [("W7", a) for a in args.admit]
-    name = lambda arm: f"{arm[0]}@{arm[1]}"   # noqa: E731
+    arms = ["W6"] + args.arms
+    settings["W6"] = DEFAULTS
+    name = lambda arm: arm   # noqa: E731
+
+    def apply(values: dict) -> None:
+        eng.config.round_window_admit = values["admit"]
+        eng.runner.prefill.cudnn_after = values["cudnn"]
 
     def loop(arm) -> dict:
-        eng.config.round_window_admit = arm[1]
-        return engine_checks.closed_loop(llm, prompts, params[arm[0]], c, costs)[0]
+        apply(settings[arm])
+        return engine_checks.closed_loop(llm, prompts, params[arm[:2]], c, costs)[0]
 
     def decode_phases() -> dict:
-        eng.config.round_window_admit = args.admit[0]
+        apply(DEFAULTS)
         return {w: decode_phase(llm, prompts[:c], params[w][:c], costs) for w in specs}
 
     try:
@@ -80,7 +115,6 @@ def main() -> dict:
             rounds.append({name(arm): loop(arm) for arm in order})
             print(r, {k: v["tok_s"] for k, v in rounds[-1].items()}, flush=True)
         after = decode_phases()
-        eng.config.round_window_admit = args.admit[0]
         prefill = engine_checks.prefill_only(llm, prompts, params["W6"], c, costs)
     finally:
         del llm, eng
@@ -107,7 +141,7 @@ def main() -> dict:
             "mean_pct_of_ideal_e2e": round(statistics.mean(pcts), 1),
             "se_pct_of_ideal_e2e": round(statistics.stdev(pcts) / len(pcts) ** 0.5, 1)
             if len(pcts) > 1 else None,
-            "paired_vs_first_admit": round(statistics.median(vs_first), 4)}
+            "paired_vs_first_arm": round(statistics.median(vs_first), 4)}
     result["arms"][base] = {"tok_s": [r[base]["tok_s"] for r in rounds]}
     print(json.dumps(result))
     return result
