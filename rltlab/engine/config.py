@@ -80,6 +80,10 @@ class EngineConfig:
     cudnn_prefill_after: in the fused prefill, whole prompts of one (chunks, length) shape take
     cuDNN attention once that shape has run this many rounds, FlashAttention-2 before
     (fused_prefill.py says why); None = FlashAttention-2 always.
+    prefill_graph_tokens: with the fused prefill, steps of whole prompts that pad to at most
+    this many tokens (prompts and their length each to a power of two) replay a CUDA graph per
+    padded shape from its second step on (rltlab.engine.prefill_graphs: such steps are
+    host-bound); 0 = off, the default until measured end to end.
     fused_spec: with the static path and a DraftProposer, run each speculative iteration
     (K chained drafts, verification, acceptance / rejection sampling) as one device program,
     one CUDA graph on a GPU (rltlab.engine.spec_graph); False = the host-driven loop (one
@@ -119,6 +123,7 @@ class EngineConfig:
     window_chain: int = 8
     fused_prefill: bool = True
     cudnn_prefill_after: int | None = 16
+    prefill_graph_tokens: int = 0
     fused_spec: bool = True
     spec_chain: int = 1
 
@@ -128,6 +133,10 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
+        if not isinstance(self.prefill_graph_tokens, int) or \
+                isinstance(self.prefill_graph_tokens, bool) or self.prefill_graph_tokens < 0:
+            raise ValueError("EngineConfig.prefill_graph_tokens must be an int >= 0, got "
+                             f"{self.prefill_graph_tokens!r}")
         for name in ("num_blocks", "max_model_len", "default_min_loops", "cudnn_prefill_after"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)

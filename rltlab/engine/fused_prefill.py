@@ -78,10 +78,13 @@ class FusedPrefill:
     @torch.no_grad()
     def run(self, hidden: torch.Tensor, positions: torch.Tensor, planes: torch.Tensor,
             slots: torch.Tensor, chunks: list[tuple[int, int, int, int]],
-            tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            tables: torch.Tensor | None, backends: list | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden [T, H] round inputs; positions, planes (0-based), slots: per token [T];
         chunks: per row (first token index, tokens, plane, first position); tables [B, blocks]
-        int32 block tables. -> (h_r [T, H] after model.norm, gate logits fp32 [T])."""
+        int32 block tables (None if every chunk starts at position 0); backends: SDPA's for the
+        whole prompts instead of self.backends' choice (prefill_graphs.py: no cuDNN inside
+        graphs). -> (h_r [T, H] after model.norm, gate logits fp32 [T])."""
         cfg, model = self.model.config, self.model.model
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, hidden.dtype)
         heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
@@ -99,14 +102,14 @@ class FusedPrefill:
             q = self._rope_write_kv(qkv, cos, sin, self.kv_cache, idx, planes, slots, *heads,
                                     k_out=k_fresh)
             v_fresh = qkv[:, k_end:].view(-1, *heads[1:])
-            attn = self._attend(idx, q, k_fresh, v_fresh, chunks, tables, scale, plan)
+            attn = self._attend(idx, q, k_fresh, v_fresh, chunks, tables, scale, plan, backends)
             x, y = post_attention(x, attn, w["w_o"], w["w_attn_out"], w["w_mlp_in"],
                                   w["w_gate_up"], w["w_down"], w["w_mlp_out"], w["w_next"], eps,
                                   self._add_rmsnorm, self._silu_mul)
         return y, model.early_exit_gate(y).float().squeeze(-1)
 
-    def _attend(self, idx: int, q, k_fresh, v_fresh, chunks, tables: torch.Tensor,
-                scale: float, plan) -> torch.Tensor:
+    def _attend(self, idx: int, q, k_fresh, v_fresh, chunks, tables: torch.Tensor | None,
+                scale: float, plan, backends: list | None = None) -> torch.Tensor:
         """Causal attention of every chunk's queries q [T, Hq, D] over its plane -> [T, Hq, D]:
         chunks from position 0 grouped by length through SDPA on their fresh keys and values
         (k_fresh, v_fresh [T, Hkv, D]; plan: _from_start_plan), the rest one paged launch
@@ -119,7 +122,7 @@ class FusedPrefill:
                                                   tables[row], start, scale)
         for batch, tokens in plan:   # tokens: a slice (views, no copy) or an index tensor
             heads = lambda t: t[tokens].view(*batch, *t.shape[1:]).transpose(1, 2)   # [B,H,n,D]
-            with sdpa_kernel(self.backends(batch)):
+            with sdpa_kernel(backends or self.backends(batch)):
                 o = F.scaled_dot_product_attention(
                     heads(q), heads(k_fresh), heads(v_fresh), is_causal=True, scale=scale,
                     enable_gqa=self._groups > 1)

@@ -90,7 +90,8 @@ class LLMEngine:
                                   pdl=config.pdl, fused_qkv_rope=config.fused_qkv_rope,
                                   l2_prefetch_mb=config.l2_prefetch_mb,
                                   fused_prefill=config.fused_prefill,
-                                  cudnn_prefill_after=config.cudnn_prefill_after)
+                                  cudnn_prefill_after=config.cudnn_prefill_after,
+                                  prefill_graph_tokens=config.prefill_graph_tokens)
         self.weights = WeightUpdater(self.model, weight_version)
         self.eos_token_id = getattr(tokenizer, "eos_token_id", None)
         # every id of a list-valued config eos_token_id stops too (as in HF generate)

@@ -29,6 +29,7 @@ from rltlab import kernels
 from rltlab.common.device import tensor_to_device, to_device
 from rltlab.model.architecture import OuroForCausalLM, apply_rope, rope_cos_sin
 from rltlab.engine.fused_prefill import FusedPrefill, contiguous
+from rltlab.engine.prefill_graphs import PrefillGraphs
 from rltlab.engine.sequence import Sequence
 from rltlab.engine.static_decode import StaticDecoder, fuse_projections
 
@@ -99,7 +100,8 @@ class ModelRunner:
                  cuda_graphs: bool = True, compile: bool = False,
                  small_batch_kernels: bool = True, pdl: bool = True,
                  fused_qkv_rope: bool = True, l2_prefetch_mb: float = 4.0,
-                 fused_prefill: bool = True, cudnn_prefill_after: int | None = 16):
+                 fused_prefill: bool = True, cudnn_prefill_after: int | None = 16,
+                 prefill_graph_tokens: int = 0):
         cfg = model.config
         self.model, self.config, self.block_size = model, cfg, block_size
         param = next(model.parameters())
@@ -125,6 +127,8 @@ class ModelRunner:
         self.prefill = (FusedPrefill(model, self.static.layers, self.kv_cache,
                                      triton=self._use_triton, cudnn_after=cudnn_prefill_after)
                         if self.static is not None and fused_prefill else None)
+        self.prefill_graphs = (PrefillGraphs(self.prefill, prefill_graph_tokens)
+                               if self.prefill is not None and prefill_graph_tokens else None)
 
     # ------------------------------------------------------------------------------ one step
     def execute(self, seqs: list[Sequence]):
@@ -269,8 +273,9 @@ class ModelRunner:
     def run_round(self, batch: RoundBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (h_r [T, H] after model.norm, gate logits fp32 [T])."""
         if batch.chunks is not None:
-            return self.prefill.run(batch.hidden, batch.positions, batch.rounds - 1,
-                                    batch.slots, batch.chunks, batch.tables)
+            return (self.prefill_graphs or self.prefill).run(
+                batch.hidden, batch.positions, batch.rounds - 1, batch.slots, batch.chunks,
+                batch.tables)
         cfg, model = self.config, self.model.model
         cos, sin = rope_cos_sin(batch.positions, cfg.head_dim, cfg.rope_theta, self.dtype)
         cos, sin = cos[:, None], sin[:, None]

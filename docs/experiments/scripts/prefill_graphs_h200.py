@@ -1,0 +1,93 @@
+"""Issue 17: small whole-prompt prefill steps with and without bucketed CUDA graphs
+(rltlab.engine.prefill_graphs) on one engine (H200, Ouro-1.4B shape, bf16, random weights).
+
+Per size n (prompts per step, 100-128 tokens each, drawn): waves of n prompts (max_tokens 1,
+depth 4, greedy, log-probs), every engine step synchronised, the graphs switched off and on
+wave by wave (`runner.prefill_graphs`), after an untimed wave of each (one-off costs, and the
+bucket's first, eager step). Reported: ms per step of each arm (median) and their ratio, and
+exactness: the first tokens and their log-probs with graphs against without, same prompts
+(bf16: GEMMs over padded rows may round differently).
+
+    python docs/experiments/scripts/prefill_graphs_h200.py --graph-tokens 4096
+
+Last line: JSON.
+"""
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from rltlab.bench.__main__ import add_model_arguments, build_model
+from rltlab.bench.engine import WORKLOADS, make_llm, warm_up, workload_params
+from rltlab.engine import SamplingParams
+from rltlab.engine.prefill_graphs import PrefillGraphs
+
+
+def wave(llm, prompts, sp) -> tuple[list[float], list]:
+    """Prefill `prompts` one synchronised engine step at a time -> (ms per step, outputs)."""
+    eng, steps, outs = llm.llm_engine, [], []
+    for i, p in enumerate(prompts):
+        eng.add_request(f"w{time.monotonic_ns()}-{i}", p, sp)
+    while eng.has_unfinished_requests():
+        t0 = time.perf_counter()
+        outs += eng.step()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        steps.append(1e3 * (time.perf_counter() - t0))
+    return steps, sorted(outs, key=lambda o: int(o.request_id.rsplit("-", 1)[1]))
+
+
+def main() -> dict:
+    ap = argparse.ArgumentParser()
+    add_model_arguments(ap)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--graph-tokens", type=int, default=4096)
+    ap.set_defaults(preset="ouro-1.4b", device="cuda", dtype="bfloat16")
+    args = ap.parse_args()
+    if args.graph_tokens < 1 or args.repeats < 1 or min(args.sizes) < 1:
+        ap.error("--graph-tokens, --repeats and --sizes must be >= 1")
+    model = build_model(args)
+    spec, cfg = WORKLOADS["W7"], model.config
+    llm = make_llm(model, spec, "graph", kv_gib=110.0 if args.device == "cuda" else 1.0)
+    gen = torch.Generator().manual_seed(13)
+    prompts = [torch.randint(1, cfg.vocab_size, (int(n),), generator=gen).tolist()
+               for n in torch.randint(100, 129, (4096,), generator=gen)]
+    warm_up(llm, prompts, workload_params(spec, cfg.num_rounds, 128, cfg.vocab_size), 128)
+    runner = llm.llm_engine.runner
+    graphs = PrefillGraphs(runner.prefill, args.graph_tokens)
+    sp = SamplingParams(max_tokens=1, temperature=0.0, logprobs=0, exit_policy="fixed",
+                        exit_policy_args={"depth": cfg.num_rounds})
+    used, sizes = 128, {}
+    for n in args.sizes:
+        ms, outs = {"eager": [], "graphs": []}, {}
+        for arm in ("eager", "graphs") * (args.repeats + 1):
+            runner.prefill_graphs = graphs if arm == "graphs" else None
+            batch = prompts[used: used + n] if arm == "eager" else prompts[used - n: used]
+            used += n if arm == "eager" else 0
+            steps, got = wave(llm, batch, sp)
+            if arm not in outs:   # the untimed first wave of each arm; the same prompts
+                outs[arm] = got
+            else:
+                ms[arm] += steps
+        a, b = outs["eager"], outs["graphs"]
+        sizes[n] = {
+            "eager_ms_per_step": round(statistics.median(ms["eager"]), 2),
+            "graphs_ms_per_step": round(statistics.median(ms["graphs"]), 2),
+            "speedup": round(statistics.median(ms["eager"]) / statistics.median(ms["graphs"]), 3),
+            "same_first_token": sum(x.token_ids == y.token_ids for x, y in zip(a, b)),
+            "max_abs_logprob_diff": round(max(abs(x.logprobs[0] - y.logprobs[0])
+                                              for x, y in zip(a, b)), 5)}
+        print(n, sizes[n], flush=True)
+    runner.prefill_graphs = None
+    out = {"workload": "waves of n whole prompts (100-128 tokens), max_tokens 1, W7's engine",
+           "device": args.device, "dtype": args.dtype, "graph_tokens": args.graph_tokens,
+           "buckets": sorted(graphs.buckets), "stats": graphs.stats, "sizes": sizes}
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()

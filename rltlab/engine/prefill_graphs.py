@@ -1,0 +1,134 @@
+"""Small whole-prompt prefill steps replayed as CUDA graphs, padded to bucketed shapes.
+
+A fused prefill step (fused_prefill.py) launches about 10 kernels per layer from the host.
+Below ~1K tokens its GPU work is shorter than those launches, so the step is host-bound: on the
+H200, at the Ouro-1.4B shape, a step of one to eight 128-token prompts took 9-11 ms whatever its
+size (docs/benchmarks/2026-12-03-s11-h200.md, call 3). Closed loops whose rows finish spread
+out (exit-policy depths, EOS-terminated lengths) admit the next prompts a few at a time, and
+pay that in every round of every admission.
+
+A graph needs a fixed shape, and exact shapes (the prompts' lengths, in order) hardly ever recur
+on real prompts. So a step of whole prompts (every chunk from position 0, back to back) is padded
+to a bucket:
+- each prompt, at its end, to L tokens (the next power of two >= its longest, 16 at least);
+- the prompts, to B (the next power of two);
+- B x L tokens at most `max_tokens`, else the step runs eagerly.
+
+Padding changes nothing for the real tokens:
+- attention is causal from each prompt's start, so a real token never sees the padding after
+  it;
+- padding tokens get slot -1, and the K/V write skips them (kernels.rope_write_kv);
+- GEMMs and norms are per token.
+
+Per bucket there are static buffers: round inputs, positions (0..L-1 per prompt), planes and
+slots. A step scatters its tokens into them, with slot -1 elsewhere, replays the bucket's graph
+and gathers its tokens' outputs (a copy, so the next replay cannot overwrite what the engine
+keeps).
+
+A bucket's first step runs eagerly, and its second captures the graph (two warm-up runs, then
+the replay). Inside graphs, attention takes FlashAttention-2 (SDPA_BACKENDS): cuDNN's per-shape
+plans are not captured.
+
+Off CUDA (the tests), the "graph" re-runs the same function on the same buffers, so everything
+but the capture itself is what the CPU tests compare against the plain fused prefill.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import torch
+
+from rltlab.common.device import tensor_to_device
+from rltlab.engine.fused_prefill import SDPA_BACKENDS, FusedPrefill
+
+
+def bucket(n: int, least: int = 1) -> int:
+    """The next power of two >= max(n, least)."""
+    return 1 << (max(n, least) - 1).bit_length()
+
+
+class _Bucket:
+    """One (prompts, length) bucket: static buffers, the replay, its outputs."""
+
+    def __init__(self, prefill: FusedPrefill, prompts: int, length: int, hidden: torch.Tensor,
+                 pool):
+        dev, tokens = hidden.device, prompts * length
+        self.hidden = hidden.new_zeros(tokens, hidden.shape[1])
+        self.positions = torch.arange(length, device=dev).repeat(prompts)
+        self.planes = torch.zeros(tokens, dtype=torch.int64, device=dev)
+        self.slots = torch.full((tokens,), -1, dtype=torch.int64, device=dev)
+        chunks = [(b * length, length, 0, 0) for b in range(prompts)]
+        self.outputs: tuple[torch.Tensor, torch.Tensor] | None = None
+
+        def run():
+            self.outputs = prefill.run(self.hidden, self.positions, self.planes, self.slots,
+                                       chunks, None, backends=SDPA_BACKENDS)
+        self.run = run
+        self.replay = None
+        self.pool = pool
+
+    def __call__(self, rows: torch.Tensor, hidden, planes, slots):
+        """rows: the padded row of each real token; -> the real tokens' (h, gate logits)."""
+        self.slots.fill_(-1)
+        self.hidden.index_copy_(0, rows, hidden)
+        self.planes.index_copy_(0, rows, planes.to(torch.int64))
+        self.slots.index_copy_(0, rows, slots.to(torch.int64))
+        if self.replay is None:   # the bucket's first replayed step: capture (CUDA) or run
+            self.replay = _capture(self.run, self.pool) if self.hidden.is_cuda else self.run
+        self.replay()
+        return self.outputs[0].index_select(0, rows), self.outputs[1].index_select(0, rows)
+
+
+def _capture(fn, pool):
+    """fn as a CUDA graph's replay; the warm-up runs and the capture write the same K/V to the
+    same slots as the replay does."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):   # warm-up: Triton specialisations outside the capture
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        fn()
+    return graph.replay
+
+
+class PrefillGraphs:
+    """FusedPrefill.run with small whole-prompt steps padded into replayed buckets."""
+
+    def __init__(self, prefill: FusedPrefill, max_tokens: int, min_length: int = 16):
+        self.prefill, self.max_tokens, self.min_length = prefill, max_tokens, min_length
+        self.seen: Counter = Counter()
+        self.buckets: dict[tuple[int, int], _Bucket] = {}
+        self._pool = torch.cuda.graph_pool_handle() if torch.cuda.is_available() else None
+        self.stats = {"eager": 0, "replayed": 0}
+
+    def bucket_of(self, chunks) -> tuple[int, int] | None:
+        """(prompts, length) of the step's bucket, or None if it does not qualify: a chunk not
+        from position 0, chunks not back to back, or more than max_tokens padded tokens."""
+        end = 0
+        for lo, n, _, start in chunks:
+            if start or lo != end:
+                return None
+            end += n
+        key = (bucket(len(chunks)), bucket(max(n for _, n, _, _ in chunks), self.min_length))
+        return key if key[0] * key[1] <= self.max_tokens else None
+
+    def run(self, hidden, positions, planes, slots, chunks, tables):
+        """FusedPrefill.run's arguments and result."""
+        key = self.bucket_of(chunks) if chunks else None
+        if key is not None and (key in self.buckets or self.seen[key] >= 1):
+            if key not in self.buckets:
+                self.buckets[key] = _Bucket(self.prefill, *key, hidden, self._pool)
+            length = key[1]
+            rows = np.concatenate([b * length + np.arange(n)
+                                   for b, (_, n, _, _) in enumerate(chunks)])
+            rows = tensor_to_device(torch.from_numpy(rows), hidden.device)
+            self.stats["replayed"] += 1
+            return self.buckets[key](rows, hidden, planes, slots)
+        if key is not None:
+            self.seen[key] += 1
+        self.stats["eager"] += 1
+        return self.prefill.run(hidden, positions, planes, slots, chunks, tables)
