@@ -8,7 +8,8 @@ each a run of prefill-only steps with all decode rows held. Would admitting only
 are free (fewer, larger batches) pay for the slots left empty meanwhile? (It did not: 0.86x.)
 Those small prefill steps are host-bound (prefill_step_cost_h200.py: ~9 ms for one prompt, and
 cuDNN attention's ~0.4 ms of host time per layer once a shape recurs): `cudnn=0|off` arms
-(cuDNN for every recurring multi-prompt shape at once / never) measure what cuDNN costs them.
+(cuDNN for every recurring multi-prompt shape at once / never) measure what cuDNN costs them,
+`graphs=N` arms what bucketed prefill graphs (rltlab.engine.prefill_graphs) save.
 The call-1 JSON also holds a host-side step count that assumed windows end at every finish
 (58 admission events); the engine's windows do not (round_window.py), so it was dropped.
 
@@ -26,6 +27,7 @@ of its tok/s to the first W7 arm's in the same round. Last line: JSON.
 
     python docs/experiments/scripts/w7_admission_h200.py --arms W7 W7+admit=8 W7+admit=32
     python docs/experiments/scripts/w7_admission_h200.py --arms W7 W7+cudnn=0 W7+cudnn=off
+    python docs/experiments/scripts/w7_admission_h200.py --arms W7 W7+graphs=4096
 """
 import argparse
 import gc
@@ -38,13 +40,16 @@ from rltlab.bench import ceilings, engine_checks
 from rltlab.bench.__main__ import add_model_arguments, build_model, prompts_for
 from rltlab.bench.ceilings import ModelCosts
 from rltlab.bench.engine import WORKLOADS, decode_phase, make_llm, scaled, warm_up, workload_params
+from rltlab.engine.prefill_graphs import PrefillGraphs
 
 
-DEFAULTS = {"admit": 1, "cudnn": 16}   # EngineConfig's round_window_admit, cudnn_prefill_after
+# EngineConfig's round_window_admit, cudnn_prefill_after and prefill_graph_tokens
+DEFAULTS = {"admit": 1, "cudnn": 16, "graphs": 0}
 
 
 def parse_arm(arm: str) -> dict:
-    """'W7+admit=8+cudnn=off' -> {"admit": 8, "cudnn": None}, the defaults elsewhere."""
+    """'W7+admit=8+cudnn=off' -> {"admit": 8, "cudnn": None, "graphs": 0}: the defaults
+    where the arm names none."""
     head, *items = arm.split("+")
     if head != "W7":
         raise ValueError(f"arm {arm!r}: arms are W7 with settings (W6 always runs)")
@@ -52,8 +57,8 @@ def parse_arm(arm: str) -> dict:
     for item in items:
         key, _, value = item.partition("=")
         if key not in values or not (value == "off" and key == "cudnn" or value.isdigit()):
-            raise ValueError(f"arm {arm!r}: expected admit=K (K >= 1) or cudnn=K|off, "
-                             f"got {item!r}")
+            raise ValueError(f"arm {arm!r}: expected admit=K (K >= 1), cudnn=K|off or "
+                             f"graphs=N, got {item!r}")
         values[key] = None if value == "off" else int(value)
     if values["admit"] < 1:
         raise ValueError(f"arm {arm!r}: admit must be >= 1")
@@ -66,7 +71,8 @@ def main() -> dict:
     ap.add_argument("--arms", nargs="+", default=["W7", "W7+admit=8", "W7+admit=32"],
                     help="W7 arms (the first is the reference), each W7 with settings after "
                          "'+': admit=K (round_window_admit), cudnn=K|off (the prefill's "
-                         "cudnn_after); W6 runs at the defaults")
+                         "cudnn_after), graphs=N (prefill_graph_tokens); W6 runs at the "
+                         "defaults")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--scale", type=float, default=1.0, help="bench.engine's --scale")
     ap.set_defaults(preset="ouro-1.4b", device="cuda", dtype="bfloat16")
@@ -91,9 +97,15 @@ def main() -> dict:
     settings["W6"] = DEFAULTS
     name = lambda arm: arm   # noqa: E731
 
+    graphs = {}   # one PrefillGraphs per size, so an arm keeps its captured buckets
+
     def apply(values: dict) -> None:
         eng.config.round_window_admit = values["admit"]
         eng.runner.prefill.cudnn_after = values["cudnn"]
+        n = values["graphs"]
+        if n and n not in graphs:
+            graphs[n] = PrefillGraphs(eng.runner.prefill, n)
+        eng.runner.prefill_graphs = graphs.get(n)
 
     def loop(arm) -> dict:
         apply(settings[arm])
@@ -123,7 +135,9 @@ def main() -> dict:
     base = name(arms[0])
     result = {"workloads": "W6 / W7 closed loops, 256 requests 128/512 at c=128, greedy",
               "device": args.device, "dtype": args.dtype, "rounds": args.rounds,
-              "arms": {}, "decode_before": {w: d["decode_tok_s"] for w, d in
+              "arms": {}, "prefill_graphs": {n: dict(g.stats, buckets=sorted(g.buckets))
+                                             for n, g in graphs.items()},
+              "decode_before": {w: d["decode_tok_s"] for w, d in
                                                               before.items()},
               "decode_after": {w: d["decode_tok_s"] for w, d in after.items()}}
     for arm in arms[1:]:
