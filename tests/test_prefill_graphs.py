@@ -43,7 +43,9 @@ def test_steps_that_do_not_fit_a_bucket_run_eagerly():
     assert graphs.bucket_of([(0, 5, 0, 0), (5, 9, 1, 0)]) == (2, 16)
     assert graphs.bucket_of([(0, 5, 0, 3)]) is None    # a chunk from position 3
     assert graphs.bucket_of([(0, 5, 0, 0), (6, 5, 0, 0)]) is None   # not back to back
-    assert [bucket(n, 16) for n in (1, 16, 17, 100)] == [16, 16, 32, 128]
+    assert [bucket(n, 16, 128) for n in (1, 16, 17, 100, 129, 300)] == [16, 16, 32, 128, 256, 384]
+    assert [bucket(n, 1, 8) for n in (1, 3, 8, 9, 17)] == [1, 4, 8, 16, 24]
+    assert graphs.bucket_of([(0, 3, 0, 0), (3, 3, 0, 0), (6, 3, 0, 0)]) == (4, 16)
     # A 59-token prompt in chunks of 32: the first (from position 0) buckets as (1, 32), its
     # round 1 eager, rounds 2-4 replayed; the later chunk's 4 rounds take the fused prefill.
     out = llm.generate([list(range(1, 60))], SamplingParams(temperature=0.0, max_tokens=2))

@@ -81,7 +81,7 @@ class EngineConfig:
     cuDNN attention once that shape has run this many rounds, FlashAttention-2 before
     (fused_prefill.py says why); None = FlashAttention-2 always.
     prefill_graph_tokens: with the fused prefill, steps of whole prompts that pad to at most
-    this many tokens (prompts and their length each to a power of two) replay a CUDA graph per
+    this many tokens (prompts and length rounded up to buckets) replay a CUDA graph per
     padded shape from its second step on (rltlab.engine.prefill_graphs: such steps are
     host-bound); 0 = off, the default until measured end to end.
     fused_spec: with the static path and a DraftProposer, run each speculative iteration

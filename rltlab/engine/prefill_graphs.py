@@ -10,8 +10,10 @@ pay that in every round of every admission.
 A graph needs a fixed shape, and exact shapes (the prompts' lengths, in order) hardly ever recur
 on real prompts. So a step of whole prompts (every chunk from position 0, back to back) is padded
 to a bucket:
-- each prompt, at its end, to L tokens (the next power of two >= its longest, 16 at least);
-- the prompts, to B (the next power of two);
+- each prompt, at its end, to L tokens: the step's longest, rounded up to a power of two (16 at
+  least) up to 128, to a multiple of 128 beyond;
+- the prompts, to B: a power of two up to 8, a multiple of 8 beyond (as the decode graphs'
+  batch buckets);
 - B x L tokens at most `max_tokens`, else the step runs eagerly.
 
 Padding changes nothing for the real tokens:
@@ -43,9 +45,11 @@ from rltlab.common.device import tensor_to_device
 from rltlab.engine.fused_prefill import SDPA_BACKENDS, FusedPrefill
 
 
-def bucket(n: int, least: int = 1) -> int:
-    """The next power of two >= max(n, least)."""
-    return 1 << (max(n, least) - 1).bit_length()
+def bucket(n: int, least: int, step: int) -> int:
+    """The next power of two >= max(n, least) up to `step`, the next multiple of step beyond:
+    padding costs at most 2x below step and less than one step's worth beyond it."""
+    n = max(n, least)
+    return 1 << (n - 1).bit_length() if n <= step else -(-n // step) * step
 
 
 class _Bucket:
@@ -113,7 +117,8 @@ class PrefillGraphs:
             if start or lo != end:
                 return None
             end += n
-        key = (bucket(len(chunks)), bucket(max(n for _, n, _, _ in chunks), self.min_length))
+        key = (bucket(len(chunks), 1, 8),
+               bucket(max(n for _, n, _, _ in chunks), self.min_length, 128))
         return key if key[0] * key[1] <= self.max_tokens else None
 
     def run(self, hidden, positions, planes, slots, chunks, tables):
