@@ -6,7 +6,9 @@
 # do the loops leave W7's decode phase slower?).
 set -uo pipefail
 source "$(dirname "$0")/h200_common.sh"
-timeout 560 python3 docs/experiments/scripts/w7_admission_h200.py --admit 1 8 32 --rounds 5 \
+# (ran at 45b1193 as `--admit 1 8 32`; the same arms are now named as below)
+timeout 560 python3 docs/experiments/scripts/w7_admission_h200.py \
+  --arms W7 W7+admit=8 W7+admit=32 --rounds 5 \
   > $OUT/w7_admission.log 2>&1
 echo "rc $?"; grep -vE "it/s|round/s" $OUT/w7_admission.log | tail -8 | cut -c1-2000
 tail -1 $OUT/w7_admission.log > $OUT/w7_admission.json
