@@ -36,13 +36,12 @@ but the capture itself is what the CPU tests compare against the plain fused pre
 """
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 import torch
 
 from rltlab.common.device import tensor_to_device
 from rltlab.engine.fused_prefill import SDPA_BACKENDS, FusedPrefill
+from rltlab.engine.static_decode import capture_graph
 
 
 def bucket(n: int, least: int, step: int) -> int:
@@ -79,24 +78,12 @@ class _Bucket:
         self.planes.index_copy_(0, rows, planes.to(torch.int64))
         self.slots.index_copy_(0, rows, slots.to(torch.int64))
         if self.replay is None:   # the bucket's first replayed step: capture (CUDA) or run
-            self.replay = _capture(self.run, self.pool) if self.hidden.is_cuda else self.run
+            # the warm-up runs and the capture write the same K/V to the same slots as the
+            # replay does
+            self.replay = (capture_graph(self.run, self.pool).replay if self.hidden.is_cuda
+                           else self.run)
         self.replay()
         return self.outputs[0].index_select(0, rows), self.outputs[1].index_select(0, rows)
-
-
-def _capture(fn, pool):
-    """fn as a CUDA graph's replay; the warm-up runs and the capture write the same K/V to the
-    same slots as the replay does."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):   # warm-up: Triton specialisations outside the capture
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        fn()
-    return graph.replay
 
 
 class PrefillGraphs:
@@ -104,7 +91,7 @@ class PrefillGraphs:
 
     def __init__(self, prefill: FusedPrefill, max_tokens: int, min_length: int = 16):
         self.prefill, self.max_tokens, self.min_length = prefill, max_tokens, min_length
-        self.seen: Counter = Counter()
+        self.seen: set[tuple[int, int]] = set()   # buckets that ran a step (eagerly)
         self.buckets: dict[tuple[int, int], _Bucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if torch.cuda.is_available() else None
         self.stats = {"eager": 0, "replayed": 0}
@@ -124,7 +111,7 @@ class PrefillGraphs:
     def run(self, hidden, positions, planes, slots, chunks, tables):
         """FusedPrefill.run's arguments and result."""
         key = self.bucket_of(chunks) if chunks else None
-        if key is not None and (key in self.buckets or self.seen[key] >= 1):
+        if key in self.seen:
             if key not in self.buckets:
                 self.buckets[key] = _Bucket(self.prefill, *key, hidden, self._pool)
             length = key[1]
@@ -134,6 +121,6 @@ class PrefillGraphs:
             self.stats["replayed"] += 1
             return self.buckets[key](rows, hidden, planes, slots)
         if key is not None:
-            self.seen[key] += 1
+            self.seen.add(key)
         self.stats["eager"] += 1
         return self.prefill.run(hidden, positions, planes, slots, chunks, tables)

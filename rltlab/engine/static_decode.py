@@ -40,6 +40,21 @@ GEMV_ROWS = 1
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
 
 
+def capture_graph(fn, pool) -> torch.cuda.CUDAGraph:
+    """fn captured as a CUDA graph in `pool`, after two warm-up runs on a side stream (compile
+    / autotune / Triton specialisations outside the capture); fn must be idempotent."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        fn()
+    return graph
+
+
 def fuse_projections(model: OuroForCausalLM) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Make q/k/v and gate/up weights views of one tensor each (values unchanged).
     Returns [(w_qkv, w_gate_up)] per layer."""
@@ -269,16 +284,7 @@ class StaticDecoder:
         self._graphs[key].replay()
 
     def _capture(self, fn) -> torch.cuda.CUDAGraph:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):   # warm-up: compile / autotune outside the capture
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            fn()
-        return graph
+        return capture_graph(fn, self._pool)
 
     @torch.no_grad()
     def _round(self, n: int, plane: int | None = None, rows: tuple | None = None) -> None:
