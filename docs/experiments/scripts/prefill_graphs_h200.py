@@ -15,28 +15,14 @@ Last line: JSON.
 import argparse
 import json
 import statistics
-import time
 
 import torch
 
+from prefill_step_cost_h200 import wave   # this directory: the script's own
 from rltlab.bench.__main__ import add_model_arguments, build_model
 from rltlab.bench.engine import WORKLOADS, make_llm, warm_up, workload_params
 from rltlab.engine import SamplingParams
 from rltlab.engine.prefill_graphs import PrefillGraphs
-
-
-def wave(llm, prompts, sp) -> tuple[list[float], list]:
-    """Prefill `prompts` one synchronised engine step at a time -> (ms per step, outputs)."""
-    eng, steps, outs = llm.llm_engine, [], []
-    for i, p in enumerate(prompts):
-        eng.add_request(f"w{time.monotonic_ns()}-{i}", p, sp)
-    while eng.has_unfinished_requests():
-        t0 = time.perf_counter()
-        outs += eng.step()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        steps.append(1e3 * (time.perf_counter() - t0))
-    return steps, sorted(outs, key=lambda o: int(o.request_id.rsplit("-", 1)[1]))
 
 
 def main() -> dict:
@@ -71,7 +57,7 @@ def main() -> dict:
             if arm not in outs:   # the untimed first wave of each arm; the same prompts
                 outs[arm] = got
             else:
-                ms[arm] += steps
+                ms[arm] += [step["wall_ms"] for step in steps]
         a, b = outs["eager"], outs["graphs"]
         sizes[n] = {
             "eager_ms_per_step": round(statistics.median(ms["eager"]), 2),

@@ -24,20 +24,23 @@ from rltlab.bench.engine import WORKLOADS, make_llm, warm_up, workload_params
 from rltlab.engine import SamplingParams
 
 
-def wave(llm, prompts, sp, execute_ms: list) -> list[dict]:
-    """Prefill `prompts` (max_tokens 1) one synchronised engine step at a time."""
-    eng, steps = llm.llm_engine, []
+def wave(llm, prompts, sp, execute_ms: list | None = None) -> tuple[list[dict], list]:
+    """Prefill `prompts` one synchronised engine step at a time -> (per step: wall ms and, with
+    execute_ms (the timed ModelRunner.execute's event readers), GPU ms; the outputs in prompt
+    order)."""
+    eng, steps, outs = llm.llm_engine, [], []
     for i, p in enumerate(prompts):
         eng.add_request(f"w{time.monotonic_ns()}-{i}", p, sp)
     while eng.has_unfinished_requests():
-        before = len(execute_ms)
+        before = len(execute_ms or [])
         t0 = time.perf_counter()
-        eng.step()
+        outs += eng.step()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         steps.append({"wall_ms": 1e3 * (time.perf_counter() - t0),
-                      "execute_ms": sum(e() for e in execute_ms[before:])})
-    return steps
+                      "execute_ms": None if execute_ms is None
+                      else sum(e() for e in execute_ms[before:])})
+    return steps, sorted(outs, key=lambda o: int(o.request_id.rsplit("-", 1)[1]))
 
 
 def main() -> dict:
@@ -74,7 +77,7 @@ def main() -> dict:
         used += n
         per = []
         for _ in range(args.repeats):
-            per += wave(llm, pool[used: used + n], sp, execute_ms)
+            per += wave(llm, pool[used: used + n], sp, execute_ms)[0]
             used += n
         sizes[n] = {"tokens_per_step": n * args.prompt_len, "steps": len(per),
                     "step_wall_ms_median": round(statistics.median(s["wall_ms"] for s in per), 2),

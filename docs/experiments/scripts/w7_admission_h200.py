@@ -95,7 +95,6 @@ def main() -> dict:
     eng = llm.llm_engine
     arms = ["W6"] + args.arms
     settings["W6"] = DEFAULTS
-    name = lambda arm: arm   # noqa: E731
 
     graphs = {}   # one PrefillGraphs per size, so an arm keeps its captured buckets
 
@@ -124,7 +123,7 @@ def main() -> dict:
         rounds = []
         for r in tqdm(range(args.rounds), desc="rounds", unit="round"):
             order = arms[r % len(arms):] + arms[:r % len(arms)]
-            rounds.append({name(arm): loop(arm) for arm in order})
+            rounds.append({arm: loop(arm) for arm in order})
             print(r, {k: v["tok_s"] for k, v in rounds[-1].items()}, flush=True)
         after = decode_phases()
         prefill = engine_checks.prefill_only(llm, prompts, params["W6"], c, costs)
@@ -132,7 +131,7 @@ def main() -> dict:
         del llm, eng
         gc.collect()
         engine_checks.free_device_memory()
-    base = name(arms[0])
+    base = arms[0]
     result = {"workloads": "W6 / W7 closed loops, 256 requests 128/512 at c=128, greedy",
               "device": args.device, "dtype": args.dtype, "rounds": args.rounds,
               "arms": {}, "prefill_graphs": {n: dict(g.stats, buckets=sorted(g.buckets))
@@ -143,12 +142,12 @@ def main() -> dict:
     for arm in arms[1:]:
         pairs = [ceilings.depth_pair({"closed_loop": r[base], "decode": before["W6"],
                                       "prefill": prefill},
-                                     {"closed_loop": r[name(arm)], "decode": before["W7"]})
+                                     {"closed_loop": r[arm], "decode": before["W7"]})
                  for r in rounds]
         pcts = [p["pct_of_ideal_e2e"] for p in pairs]
-        vs_first = [r[name(arm)]["tok_s"] / r[name(arms[1])]["tok_s"] for r in rounds]
-        result["arms"][name(arm)] = {
-            "tok_s": [r[name(arm)]["tok_s"] for r in rounds],
+        vs_first = [r[arm]["tok_s"] / r[arms[1]]["tok_s"] for r in rounds]
+        result["arms"][arm] = {
+            "tok_s": [r[arm]["tok_s"] for r in rounds],
             "e2e_gain": [p["e2e_gain"] for p in pairs], "pct_of_ideal_e2e": pcts,
             "ideal_e2e_gain": pairs[0]["ideal_e2e_gain"],
             "median_pct_of_ideal_e2e": round(statistics.median(pcts), 1),
