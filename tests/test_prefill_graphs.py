@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rltlab.engine import LLM, EngineConfig, SamplingParams
-from rltlab.engine.prefill_graphs import PrefillGraphs, bucket
+from rltlab.engine.prefill_graphs import DEFAULT_MAX_TOKENS, PrefillGraphs, bucket, resolve_max_tokens
 from test_engine_exactness import POLICIES, assert_same_rollouts, params_list, random_prompts
 from tiny_models import tiny_engine_model
 
@@ -51,6 +51,16 @@ def test_steps_that_do_not_fit_a_bucket_run_eagerly():
     out = llm.generate([list(range(1, 60))], SamplingParams(temperature=0.0, max_tokens=2))
     assert len(out[0].token_ids) == 2
     assert graphs.stats == {"eager": 5, "replayed": 3}, graphs.stats
+
+
+def test_prefill_graphs_are_on_by_default_only_where_cuda_graphs_run():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert resolve_max_tokens(None, cuda, cuda_graphs=True) == DEFAULT_MAX_TOKENS > 0
+    assert resolve_max_tokens(None, cuda, cuda_graphs=False) == 0
+    assert resolve_max_tokens(None, cpu, cuda_graphs=True) == 0
+    assert resolve_max_tokens(0, cuda, cuda_graphs=True) == 0     # an explicit value wins
+    assert resolve_max_tokens(64, cpu, cuda_graphs=True) == 64
+    assert EngineConfig().prefill_graph_tokens is None
 
 
 def test_prefill_graph_tokens_must_be_a_non_negative_int():

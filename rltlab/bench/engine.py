@@ -89,10 +89,10 @@ MODES = {
     "graph-mixed-prefill": dict(decode_path="static", cuda_graphs=True, prefill_first=False),
     # Baseline: whole prompts' attention through FlashAttention-2 only (fused_prefill.py).
     "graph-flash-prefill": dict(decode_path="static", cuda_graphs=True, cudnn_prefill_after=None),
-    # Candidate (opt-in): small whole-prompt prefill steps replayed as bucketed CUDA graphs
-    # (rltlab.engine.prefill_graphs); `graph` is its baseline.
-    "graph-prefill-graphs": dict(decode_path="static", cuda_graphs=True,
-                                 prefill_graph_tokens=4096),
+    # Baseline: every prefill step eager, none replayed as a bucketed CUDA graph
+    # (rltlab.engine.prefill_graphs).
+    "graph-no-prefill-graphs": dict(decode_path="static", cuda_graphs=True,
+                                    prefill_graph_tokens=0),
     # Baseline: one window per engine step, read back before the next is launched (window_io).
     "graph-no-chain": dict(decode_path="static", cuda_graphs=True, window_chain=1),
     # Baseline: one-row rounds' kernels launched without programmatic dependent launch.

@@ -83,7 +83,8 @@ class EngineConfig:
     prefill_graph_tokens: with the fused prefill, steps of whole prompts that pad to at most
     this many tokens (prompts and length rounded up to buckets) replay a CUDA graph per
     padded shape from its second step on (rltlab.engine.prefill_graphs: such steps are
-    host-bound); 0 = off, the default until measured end to end.
+    host-bound); None (the default) = 4096 where CUDA graphs run (a CUDA device and
+    cuda_graphs), off elsewhere; 0 = off.
     fused_spec: with the static path and a DraftProposer, run each speculative iteration
     (K chained drafts, verification, acceptance / rejection sampling) as one device program,
     one CUDA graph on a GPU (rltlab.engine.spec_graph); False = the host-driven loop (one
@@ -123,7 +124,7 @@ class EngineConfig:
     window_chain: int = 8
     fused_prefill: bool = True
     cudnn_prefill_after: int | None = 16
-    prefill_graph_tokens: int = 0
+    prefill_graph_tokens: int | None = None
     fused_spec: bool = True
     spec_chain: int = 1
 
@@ -133,9 +134,10 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
-        if not isinstance(self.prefill_graph_tokens, int) or \
-                isinstance(self.prefill_graph_tokens, bool) or self.prefill_graph_tokens < 0:
-            raise ValueError("EngineConfig.prefill_graph_tokens must be an int >= 0, got "
+        if self.prefill_graph_tokens is not None and (
+                not isinstance(self.prefill_graph_tokens, int)
+                or isinstance(self.prefill_graph_tokens, bool) or self.prefill_graph_tokens < 0):
+            raise ValueError("EngineConfig.prefill_graph_tokens must be None or an int >= 0, got "
                              f"{self.prefill_graph_tokens!r}")
         for name in ("num_blocks", "max_model_len", "default_min_loops", "cudnn_prefill_after"):
             value = getattr(self, name)

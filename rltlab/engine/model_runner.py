@@ -29,7 +29,7 @@ from rltlab import kernels
 from rltlab.common.device import tensor_to_device, to_device
 from rltlab.model.architecture import OuroForCausalLM, apply_rope, rope_cos_sin
 from rltlab.engine.fused_prefill import FusedPrefill, contiguous
-from rltlab.engine.prefill_graphs import PrefillGraphs
+from rltlab.engine.prefill_graphs import PrefillGraphs, resolve_max_tokens
 from rltlab.engine.sequence import Sequence
 from rltlab.engine.static_decode import StaticDecoder, fuse_projections
 
@@ -101,7 +101,7 @@ class ModelRunner:
                  small_batch_kernels: bool = True, pdl: bool = True,
                  fused_qkv_rope: bool = True, l2_prefetch_mb: float = 4.0,
                  fused_prefill: bool = True, cudnn_prefill_after: int | None = 16,
-                 prefill_graph_tokens: int = 0):
+                 prefill_graph_tokens: int | None = None):
         cfg = model.config
         self.model, self.config, self.block_size = model, cfg, block_size
         param = next(model.parameters())
@@ -127,6 +127,7 @@ class ModelRunner:
         self.prefill = (FusedPrefill(model, self.static.layers, self.kv_cache,
                                      triton=self._use_triton, cudnn_after=cudnn_prefill_after)
                         if self.static is not None and fused_prefill else None)
+        prefill_graph_tokens = resolve_max_tokens(prefill_graph_tokens, self.device, cuda_graphs)
         self.prefill_graphs = (PrefillGraphs(self.prefill, prefill_graph_tokens)
                                if self.prefill is not None and prefill_graph_tokens else None)
 

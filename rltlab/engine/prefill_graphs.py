@@ -51,6 +51,22 @@ def bucket(n: int, least: int, step: int) -> int:
     return 1 << (n - 1).bit_length() if n <= step else -(-n // step) * step
 
 
+# The padded tokens of the largest step that replays, where the engine picks (EngineConfig's
+# prefill_graph_tokens None). On the H200 at the Ouro-1.4B shape it took W7's closed loop from
+# 74.7% to 80.8% of its ideal depth savings, paired on one engine
+# (docs/benchmarks/2026-12-03-s12-h200.md); larger steps are not host-bound.
+DEFAULT_MAX_TOKENS = 4096
+
+
+def resolve_max_tokens(max_tokens: int | None, device: torch.device, cuda_graphs: bool) -> int:
+    """EngineConfig.prefill_graph_tokens -> the PrefillGraphs bound, 0 = off. None: on where CUDA
+    graphs run (a CUDA device with cuda_graphs), off elsewhere (off CUDA there is no capture to
+    save host time, only padding to pay for)."""
+    if max_tokens is not None:
+        return max_tokens
+    return DEFAULT_MAX_TOKENS if cuda_graphs and device.type == "cuda" else 0
+
+
 class _Bucket:
     """One (prompts, length) bucket: static buffers, the replay, its outputs."""
 
