@@ -5,6 +5,9 @@ rows, logprobs=0): replayed depths 1-4 (round windows) and one fixed depth per r
 (token windows), chained (the default) and unchained (window_chain=1), against round steps with
 gather prefill. The "-greedy" kinds make every row greedy without log-probs, so windows sample
 through runner.greedy (kernels/greedy.py on a GPU) while round steps keep the general sampler.
+On a GPU the windowed engines also replay small whole-prompt prefill steps as bucketed CUDA
+graphs (EngineConfig.prefill_graph_tokens, on there by default): their eager / replayed steps
+are printed.
 Prints identical rollouts and the largest log-prob difference per comparison. Last line: JSON.
 
     python docs/experiments/scripts/chain_exactness.py [--device cuda] [--kinds trace-greedy,...]
@@ -53,7 +56,7 @@ def main(device: str, kinds=KINDS) -> dict:
     results = {}
     for kind in kinds:
         prompts, params = requests(kind, random.Random(0 if kind.startswith("trace") else 1))
-        outs, stats = {}, {}
+        outs, stats, prefill = {}, {}, {}
         for name, kw in (("rounds", dict(fused_tokens=False, fused_prefill=False)),
                          ("chained", {}), ("unchained", dict(window_chain=1))):
             llm = LLM(model, device=device, dtype=torch.float32, decode_path="static",
@@ -62,6 +65,8 @@ def main(device: str, kinds=KINDS) -> dict:
             window = llm.llm_engine._round_window if kind.startswith("trace") else \
                 llm.llm_engine._token_window
             stats[name] = dict(window.stats) if window is not None else None
+            graphs = llm.llm_engine.runner.prefill_graphs   # on by default on a GPU
+            prefill[name] = dict(graphs.stats) if graphs is not None else None
         for other in ("chained", "unchained"):
             got = results[f"{kind} {other} vs rounds"] = agreement(outs[other], outs["rounds"])
             print(f"{device} fp32 {kind}: {other} vs round steps + gather prefill: identical "
@@ -69,6 +74,8 @@ def main(device: str, kinds=KINDS) -> dict:
                   flush=True)
         results[f"{kind} window stats"] = {k: v for k, v in stats.items() if v is not None}
         print(kind, "window stats", json.dumps(results[f"{kind} window stats"]), flush=True)
+        results[f"{kind} prefill graph steps"] = prefill
+        print(kind, "prefill graph steps", json.dumps(prefill), flush=True)
     return results
 
 
