@@ -18,6 +18,7 @@ def test_rounds_alternate_and_each_gain_is_its_own_loops_ratio(tmp_path):
     res = paired_main(ARGS + ["--pair", "W4/W3", "--loops", "3", "--out", str(out)])
     assert json.loads(out.read_text()) == res
     pair = res["pairs"]["W4/W3"]["eager"]
+    assert pair["complete"] is True
     # round 0: W3 then W4; round 1: W4 then W3; round 2: W3 then W4
     assert [list(r) for r in pair["rounds"]] == [["W3", "W4"], ["W4", "W3"], ["W3", "W4"]]
     ratios = [r["W4"]["tok_s"] / r["W3"]["tok_s"] for r in pair["rounds"]]
@@ -39,6 +40,23 @@ def test_rounds_alternate_and_each_gain_is_its_own_loops_ratio(tmp_path):
                                              max(pair["pct_of_ideal_e2e"])]
     for loop in (r[w] for r in pair["rounds"] for w in ("W3", "W4")):
         assert 0 < loop["pct_of_ceiling"] < 100
+
+
+def test_a_run_stopped_early_keeps_its_finished_rounds(tmp_path, monkeypatch):
+    """The --out file is rewritten after every round: a run killed before its decode phases
+    (a device's time limit) still holds the loops it ran, marked incomplete."""
+    import rltlab.bench.paired as paired
+
+    def stop(*args, **kwargs):
+        raise RuntimeError("stopped after the rounds")
+    monkeypatch.setattr(paired, "decode_phase", stop)
+    out = tmp_path / "paired.json"
+    with pytest.raises(RuntimeError, match="stopped"):
+        paired_main(ARGS + ["--pair", "W4/W3", "--loops", "2", "--out", str(out)])
+    kept = json.loads(out.read_text())["pairs"]["W4/W3"]["eager"]
+    assert kept["complete"] is False
+    assert [sorted(r) for r in kept["rounds"]] == [["W3", "W4"]] * 2
+    assert all(r[w]["tok_s"] > 0 for r in kept["rounds"] for w in r)
 
 
 def test_bad_arguments_are_refused():

@@ -38,9 +38,10 @@ from rltlab.bench.engine import (DEPTH_PAIRS, MODES, WORKLOADS, decode_phase, ma
 
 
 def run_pair(model, pair: str, mode: str, loops: int, scale: float, kv_gib: float,
-             costs: ModelCosts, rates: tuple[float, float]) -> dict:
+             costs: ModelCosts, rates: tuple[float, float], on_round=None) -> dict:
     """rates: (matmul TFLOP/s, copy GB/s) measured in this run, for each loop's % of its
-    ceiling (ceilings.ceiling)."""
+    ceiling (ceilings.ceiling). on_round(partial): called after every round with the rounds so
+    far ({"complete": False, "rounds": ...}), so a run stopped early keeps its loops."""
     base_name, cheap_name = DEPTH_PAIRS[pair]
     specs = {name: scaled(WORKLOADS[name], scale) for name in (base_name, cheap_name)}
     spec = specs[base_name]   # the pair's workloads differ only in the exit policy (replay)
@@ -49,6 +50,12 @@ def run_pair(model, pair: str, mode: str, loops: int, scale: float, kv_gib: floa
     params = {name: workload_params(specs[name], cfg.num_rounds, spec["requests"],
                                     cfg.vocab_size) for name in specs}
     c = spec["concurrency"]
+
+    def figures(loop: dict) -> dict:
+        limit = ceilings.ceiling(costs, loop["work"], c, *rates)["ceiling_tok_s"]
+        return {"tok_s": loop["tok_s"], "wall_s": loop["wall_s"],
+                "pct_of_ceiling": ceilings.pct(loop["tok_s"], limit)}
+
     llm = make_llm(model, spec, mode, kv_gib)
     try:
         for name in (base_name, cheap_name):
@@ -60,6 +67,9 @@ def run_pair(model, pair: str, mode: str, loops: int, scale: float, kv_gib: floa
             loop = {name: engine_checks.closed_loop(llm, prompts, params[name], c, costs)[0]
                     for name in order}
             rounds.append(loop)
+            if on_round is not None:
+                on_round({"complete": False,
+                          "rounds": [{name: figures(r[name]) for name in r} for r in rounds]})
         decode = {name: decode_phase(llm, prompts[:c], params[name][:c], costs)
                   for name in (base_name, cheap_name)}
         prefill = engine_checks.prefill_only(llm, prompts, params[base_name], c, costs)
@@ -74,12 +84,7 @@ def run_pair(model, pair: str, mode: str, loops: int, scale: float, kv_gib: floa
     gains = [p["e2e_gain"] for p in pairs]
     pcts = [p["pct_of_ideal_e2e"] for p in pairs]
 
-    def figures(loop: dict) -> dict:
-        limit = ceilings.ceiling(costs, loop["work"], c, *rates)["ceiling_tok_s"]
-        return {"tok_s": loop["tok_s"], "wall_s": loop["wall_s"],
-                "pct_of_ceiling": ceilings.pct(loop["tok_s"], limit)}
-
-    return {"rounds": [{name: figures(r[name]) for name in r} for r in rounds],
+    return {"complete": True, "rounds": [{name: figures(r[name]) for name in r} for r in rounds],
             "e2e_gain": gains, "pct_of_ideal_e2e": pcts,
             "ideal_e2e_gain": pairs[0]["ideal_e2e_gain"],
             "median_e2e_gain": round(statistics.median(gains), 3),
@@ -100,7 +105,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--scale", type=float, default=1.0,
                     help="multiply prompt/output lengths and request counts (CPU smoke runs)")
     ap.add_argument("--kv-gib", type=float, default=110.0)
-    ap.add_argument("--out", help="also write the JSON here after every pair and mode")
+    ap.add_argument("--out", help="also write the JSON here after every round (a pair's "
+                    "figures marked complete: false until its decode phases are in)")
     args = ap.parse_args(argv)
     modes = args.modes.split(",")
     if set(modes) - set(MODES):
@@ -118,7 +124,11 @@ def main(argv=None) -> dict:
     rates = (results["matmul_tflop_s"], results["copy_bandwidth_gb_s"])
     for pair in args.pair:
         for mode in modes:
-            res = run_pair(model, pair, mode, args.loops, args.scale, args.kv_gib, costs, rates)
+            def keep(partial, pair=pair, mode=mode):
+                results["pairs"].setdefault(pair, {})[mode] = partial
+                engine_checks.save(results, args.out)
+            res = run_pair(model, pair, mode, args.loops, args.scale, args.kv_gib, costs, rates,
+                           on_round=keep)
             results["pairs"].setdefault(pair, {})[mode] = res
             base_pcts = [r[DEPTH_PAIRS[pair][0]]["pct_of_ceiling"] for r in res["rounds"]]
             print(f"{pair} end to end ({mode}, {args.loops} paired rounds): median "
