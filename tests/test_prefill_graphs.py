@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from rltlab.engine import LLM, EngineConfig, SamplingParams
-from rltlab.engine.prefill_graphs import DEFAULT_MAX_TOKENS, PrefillGraphs, bucket, resolve_max_tokens
+from rltlab.engine.prefill_graphs import (DEFAULT_MAX_TOKENS, PrefillGraphs, bucket,
+                                          resolve_max_tokens)
 from test_engine_exactness import POLICIES, assert_same_rollouts, params_list, random_prompts
 from tiny_models import tiny_engine_model
 
