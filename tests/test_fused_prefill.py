@@ -75,12 +75,14 @@ def test_recurring_prompt_shapes_take_cudnn_attention_after_enough_rounds(monkey
     assert {backends[0] for backends in asked} == {fused_prefill.SDPBackend.FLASH_ATTENTION}
 
 
-def test_from_start_chunks_through_sdpa_equal_paged_attention():
+@pytest.mark.parametrize("pad", [False, True])
+def test_from_start_chunks_through_sdpa_equal_paged_attention(pad):
     """FusedPrefill._attend: chunks from position 0 go through SDPA in length groups on their
     fresh keys and values (two of one length apart in the step: an index; one alone: a slice),
     a chunk that starts mid-prompt through the paged kernel; every chunk's output equals
     paged_prefill_attention_ref's over the cache, which holds those same fresh keys (fp32,
-    1e-5)."""
+    1e-5). pad: the three whole prompts (lengths 6, 5, 6) in one length bucket, one padded
+    launch."""
     llm = LLM(tiny_engine_model(8), decode_path="static", max_num_seqs=4, block_size=4)
     runner = llm.llm_engine.runner
     prefill, cache = runner.prefill, runner.kv_cache
@@ -98,10 +100,13 @@ def test_from_start_chunks_through_sdpa_equal_paged_attention():
             block, offset = int(tables[row, pos // 4]), pos % 4
             cache[1, 0, plane, block, offset] = k_fresh[lo + pos]
             cache[1, 1, plane, block, offset] = v_fresh[lo + pos]
-    plan = prefill._from_start_plan(chunks, torch.device("cpu"))
-    assert sorted(batch for batch, _ in plan) == [(1, 5), (2, 6)]
-    assert {batch: isinstance(tokens, slice) for batch, tokens in plan} == {(1, 5): True,
-                                                                            (2, 6): False}
+    plan = prefill._from_start_plan(chunks, torch.device("cpu"), pad)
+    if pad:
+        assert [(batch, padded is not None) for batch, _, padded in plan] == [((3, 6), True)]
+    else:
+        assert sorted(batch for batch, _, _ in plan) == [(1, 5), (2, 6)]
+        assert {batch: isinstance(tokens, slice) for batch, tokens, _ in plan} == {
+            (1, 5): True, (2, 6): False}
     got = prefill._attend(1, q, k_fresh, v_fresh, chunks, tables, 0.3, plan)
     for row, (lo, n, plane, start) in enumerate(chunks):
         want = kernels.paged_prefill_attention_ref(q[lo: lo + n], cache[1, 0], cache[1, 1],
@@ -113,3 +118,37 @@ def test_from_start_chunks_through_sdpa_equal_paged_attention():
 # sequences drift out of phase (whole-token steps need every running sequence at a token
 # boundary: only some steps qualify). IN_PHASE: every prompt prefilled in one step, so every
 # decode token after the first takes a whole-token step.
+
+
+def test_padded_prefill_attention_equals_one_launch_per_length(monkeypatch):
+    """EngineConfig.pad_prefill_attention: whole prompts of different lengths (1-19 tokens,
+    admitted three at a time) padded within their length bucket give the rollouts and the KV
+    cache of one attention launch per length (fp32, 1e-5), and padded groups did run."""
+    plan_of = FusedPrefill._from_start_plan
+    padded_groups = []
+
+    def spy(chunks, device, pad_lengths=False):
+        plan = plan_of(chunks, device, pad_lengths)
+        padded_groups.extend(batch for batch, _, padded in plan if padded is not None)
+        return plan
+    monkeypatch.setattr(FusedPrefill, "_from_start_plan", staticmethod(spy))
+    model = tiny_engine_model(8)
+    prompts = random_prompts(14, seed=21)
+    params = params_list(prompts, POLICIES["q_exit"], seed0=50)
+    engine_args = dict(decode_path="static", block_size=4, max_num_seqs=3,
+                       max_num_batched_tokens=64, prefill_chunk=32)
+    plain = LLM(model, **engine_args)
+    want = plain.generate(prompts, params)
+    assert not padded_groups
+    padded = LLM(model, pad_prefill_attention=True, **engine_args)
+    assert_same_rollouts(want, padded.generate(prompts, params))
+    assert len(padded_groups) >= 4, padded_groups
+    assert torch.allclose(plain.llm_engine.runner.kv_cache, padded.llm_engine.runner.kv_cache,
+                          atol=1e-5, rtol=0)
+
+
+def test_pad_prefill_attention_must_be_a_bool():
+    from rltlab.engine import EngineConfig
+    for bad in (1, "yes", None):
+        with pytest.raises(ValueError, match="pad_prefill_attention"):
+            EngineConfig(pad_prefill_attention=bad)

@@ -89,6 +89,10 @@ MODES = {
     "graph-mixed-prefill": dict(decode_path="static", cuda_graphs=True, prefill_first=False),
     # Baseline: whole prompts' attention through FlashAttention-2 only (fused_prefill.py).
     "graph-flash-prefill": dict(decode_path="static", cuda_graphs=True, cudnn_prefill_after=None),
+    # Candidate (opt-in): eager prefill steps' whole prompts padded within length buckets, one
+    # attention launch per bucket and layer instead of one per distinct length.
+    "graph-padded-prefill": dict(decode_path="static", cuda_graphs=True,
+                                 pad_prefill_attention=True),
     # Baseline: every prefill step eager, none replayed as a bucketed CUDA graph
     # (rltlab.engine.prefill_graphs).
     "graph-no-prefill-graphs": dict(decode_path="static", cuda_graphs=True,

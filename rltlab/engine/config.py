@@ -80,6 +80,11 @@ class EngineConfig:
     cudnn_prefill_after: in the fused prefill, whole prompts of one (chunks, length) shape take
     cuDNN attention once that shape has run this many rounds, FlashAttention-2 before
     (fused_prefill.py says why); None = FlashAttention-2 always.
+    pad_prefill_attention: in the fused prefill's eager steps, whole prompts of different lengths
+    within one length bucket share one causal attention launch per layer, each padded at its
+    end to the bucket's longest, instead of one launch per distinct length (prompts of many
+    lengths, as real RL prompts are, make many launches: fused_prefill.py); False (the
+    default until measured on a GPU) = one launch per length.
     prefill_graph_tokens: with the fused prefill, steps of whole prompts that pad to at most
     this many tokens (prompts and length rounded up to buckets) replay a CUDA graph per
     padded shape from its second step on (rltlab.engine.prefill_graphs: such steps are
@@ -124,6 +129,7 @@ class EngineConfig:
     window_chain: int = 8
     fused_prefill: bool = True
     cudnn_prefill_after: int | None = 16
+    pad_prefill_attention: bool = False
     prefill_graph_tokens: int | None = None
     fused_spec: bool = True
     spec_chain: int = 1
@@ -175,7 +181,8 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.decode_path must be one of {DECODE_PATHS}, "
                              f"got {self.decode_path!r}")
         for name in ("cuda_graphs", "compile", "small_batch_kernels", "pdl", "fused_qkv_rope",
-                     "fused_tokens", "fused_prefill", "fused_spec", "prefill_first"):
+                     "fused_tokens", "fused_prefill", "fused_spec", "prefill_first",
+                     "pad_prefill_attention"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
         self.dtype = parse_dtype(self.dtype)

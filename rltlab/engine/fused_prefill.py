@@ -5,7 +5,7 @@ Its round here is the static decoder's layer (rltlab.engine.static_decode): q/k/
 as one matmul each, RoPE fused with the K/V write into the round's plane
 (kernels.rope_write_kv), the sandwich norms fused pairwise (kernels.add_rmsnorm), and causal
 flash attention over the plane through the block table (kernels.paged_prefill_attention), one
-launch per chunk. Nothing is padded, and no [rows, queries, keys] mask is built on the host.
+launch per chunk. No [rows, queries, keys] mask is built on the host.
 Chunks that start at position 0 (a whole prompt, the common RL case) see only their own keys:
 those of one length go through torch's fused causal attention together
 (F.scaled_dot_product_attention: FlashAttention-2, then cuDNN for shapes that recur; see
@@ -13,7 +13,9 @@ SDPA_BACKENDS),
 on the layer's fresh k (RoPE'd by the same kernel that writes the cache, into k_out) and v (a
 view of the q|k|v output): no gather from the cache, and no copy at all when the chunks lie
 back to back in the step, as a step of whole prompts does. SiLU * up is one kernel
-(kernels.silu_mul).
+(kernels.silu_mul). Whole prompts of many lengths make one attention launch per length and
+layer; with pad_lengths (EngineConfig.pad_prefill_attention, opt-in) those of one length
+bucket are padded at their ends into one launch instead.
 
 Why: on the H200 the gather path ran 1K-token prefill at a third of the bf16 matmul rate; its
 unfused norms, RoPE and padded attention copies cost as much as the matmuls
@@ -32,7 +34,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rltlab import kernels
-from rltlab.common.device import to_device
+from rltlab.common.device import tensor_to_device, to_device
 from rltlab.engine.static_decode import post_attention
 from rltlab.model.architecture import OuroForCausalLM, rope_cos_sin
 
@@ -51,6 +53,13 @@ SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDP
 CUDNN_FIRST = [SDPBackend.CUDNN_ATTENTION] + SDPA_BACKENDS
 
 
+def bucket(n: int, least: int, step: int) -> int:
+    """The next power of two >= max(n, least) up to `step`, the next multiple of step beyond:
+    padding to it costs at most 2x below step and less than one step's worth beyond it."""
+    n = max(n, least)
+    return 1 << (n - 1).bit_length() if n <= step else -(-n // step) * step
+
+
 def contiguous(positions: list[torch.Tensor]) -> bool:
     """Every row's active positions are one run p0, p0 + 1, ... (they ascend)."""
     return all(int(p[-1]) - int(p[0]) + 1 == p.numel() for p in positions)
@@ -61,10 +70,11 @@ class FusedPrefill:
     (StaticDecoder.layers), so weight updates reach both."""
 
     def __init__(self, model: OuroForCausalLM, layers: list[dict], kv_cache: torch.Tensor,
-                 triton: bool, cudnn_after: int | None = 16):
+                 triton: bool, cudnn_after: int | None = 16, pad_lengths: bool = False):
         self.model, self.layers, self.kv_cache = model, layers, kv_cache
         self.triton = triton
         self.cudnn_after = cudnn_after
+        self.pad_lengths = pad_lengths   # EngineConfig.pad_prefill_attention
         self.shape_rounds: Counter = Counter()   # (chunks, length) -> rounds run (SDPA_BACKENDS)
         self._rmsnorm = kernels.rmsnorm if triton else kernels.rmsnorm_ref
         self._add_rmsnorm = kernels.add_rmsnorm if triton else kernels.add_rmsnorm_ref
@@ -90,8 +100,8 @@ class FusedPrefill:
         heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         scale, eps = cfg.head_dim ** -0.5, cfg.rms_norm_eps
         planes = planes.to(torch.int32)
-        plan = self._from_start_plan(chunks, hidden.device)
-        self.shape_rounds.update(batch for batch, _ in plan)
+        plan = self._from_start_plan(chunks, hidden.device, self.pad_lengths)
+        self.shape_rounds.update(batch for batch, _, _ in plan)
         # The fresh RoPE'd keys, for the chunks from position 0 (one buffer for every layer).
         k_fresh = hidden.new_empty(hidden.shape[0], *heads[1:]) if plan else None
         k_end = (heads[0] + heads[1]) * heads[2]
@@ -120,13 +130,17 @@ class FusedPrefill:
             if start:
                 out[lo: lo + n] = self._attention(q[lo: lo + n], k_cache, v_cache, plane,
                                                   tables[row], start, scale)
-        for batch, tokens in plan:   # tokens: a slice (views, no copy) or an index tensor
+        for batch, tokens, padded in plan:   # tokens: a slice (views, no copy) or an index
             heads = lambda t: t[tokens].view(*batch, *t.shape[1:]).transpose(1, 2)   # [B,H,n,D]
             with sdpa_kernel(backends or self.backends(batch)):
                 o = F.scaled_dot_product_attention(
                     heads(q), heads(k_fresh), heads(v_fresh), is_causal=True, scale=scale,
                     enable_gqa=self._groups > 1)
-            out[tokens] = o.transpose(1, 2).flatten(0, 1)
+            o = o.transpose(1, 2).flatten(0, 1)
+            if padded is None:
+                out[tokens] = o
+            else:   # only the real tokens' outputs: (their rows in o, their token rows)
+                out[padded[1]] = o[padded[0]]
         return out
 
     def backends(self, batch: tuple[int, int]) -> list:
@@ -135,20 +149,37 @@ class FusedPrefill:
         return CUDNN_FIRST if recurs and batch[0] > 1 else SDPA_BACKENDS
 
     @staticmethod
-    def _from_start_plan(chunks, device: torch.device):
+    def _from_start_plan(chunks, device: torch.device, pad_lengths: bool = False):
         """Per length n of the chunks that start at position 0: ((chunks, n), their queries'
         token rows: a slice when the chunks lie back to back in token order, else an index
-        [B * n]). Built once per round, shared by every layer."""
-        groups: dict[int, list[int]] = {}
+        [B * n], None). Built once per round, shared by every layer.
+
+        pad_lengths: one group per length bucket (prefill_graphs' for lengths) instead of per
+        length, each chunk padded at its end to the group's longest, so prompts of many
+        lengths take a few attention launches per layer instead of one per length. A padding
+        row repeats its chunk's last token; causal attention keeps it out of every real
+        query's view, and only the real rows' outputs are written: such a group's last item
+        is (their rows in the padded [B * n] output, their token rows)."""
+        groups: dict[int, list[tuple[int, int]]] = {}
         for lo, n, _, start in chunks:
             if start == 0:
-                groups.setdefault(n, []).append(lo)
+                key = bucket(n, 16, 128) if pad_lengths else n
+                groups.setdefault(key, []).append((lo, n))
         plan = []
-        for n, los in groups.items():
-            if los == list(range(los[0], los[0] + n * len(los), n)):
-                tokens = slice(los[0], los[0] + n * len(los))
+        for members in groups.values():
+            los, lengths = [lo for lo, _ in members], [n for _, n in members]
+            n = max(lengths)
+            if min(lengths) < n:
+                offsets = torch.arange(n)
+                tokens = (torch.tensor(los)[:, None]
+                          + torch.minimum(offsets, torch.tensor(lengths)[:, None] - 1))
+                real = (offsets < torch.tensor(lengths)[:, None]).flatten()
+                padded = (tensor_to_device(real.nonzero().flatten(), device),
+                          tensor_to_device(tokens.flatten()[real], device))
+                plan.append(((len(los), n), tensor_to_device(tokens.flatten(), device), padded))
+            elif los == list(range(los[0], los[0] + n * len(los), n)):
+                plan.append(((len(los), n), slice(los[0], los[0] + n * len(los)), None))
             else:
-                tokens = (to_device(los, torch.int64, device)[:, None]
-                          + torch.arange(n, device=device)).flatten()
-            plan.append(((len(los), n), tokens))
+                plan.append(((len(los), n), (to_device(los, torch.int64, device)[:, None]
+                                             + torch.arange(n, device=device)).flatten(), None))
         return plan

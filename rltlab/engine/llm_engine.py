@@ -91,6 +91,7 @@ class LLMEngine:
                                   l2_prefetch_mb=config.l2_prefetch_mb,
                                   fused_prefill=config.fused_prefill,
                                   cudnn_prefill_after=config.cudnn_prefill_after,
+                                  pad_prefill_attention=config.pad_prefill_attention,
                                   prefill_graph_tokens=config.prefill_graph_tokens)
         self.weights = WeightUpdater(self.model, weight_version)
         self.eos_token_id = getattr(tokenizer, "eos_token_id", None)

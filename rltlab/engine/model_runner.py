@@ -101,6 +101,7 @@ class ModelRunner:
                  small_batch_kernels: bool = True, pdl: bool = True,
                  fused_qkv_rope: bool = True, l2_prefetch_mb: float = 4.0,
                  fused_prefill: bool = True, cudnn_prefill_after: int | None = 16,
+                 pad_prefill_attention: bool = False,
                  prefill_graph_tokens: int | None = None):
         cfg = model.config
         self.model, self.config, self.block_size = model, cfg, block_size
@@ -125,7 +126,8 @@ class ModelRunner:
                                      l2_prefetch_mb=l2_prefetch_mb)
             self.static = StaticDecoder(model, max_batch=max_batch, **self._static_args)
         self.prefill = (FusedPrefill(model, self.static.layers, self.kv_cache,
-                                     triton=self._use_triton, cudnn_after=cudnn_prefill_after)
+                                     triton=self._use_triton, cudnn_after=cudnn_prefill_after,
+                                     pad_lengths=pad_prefill_attention)
                         if self.static is not None and fused_prefill else None)
         prefill_graph_tokens = resolve_max_tokens(prefill_graph_tokens, self.device, cuda_graphs)
         self.prefill_graphs = (PrefillGraphs(self.prefill, prefill_graph_tokens)

@@ -40,15 +40,8 @@ import numpy as np
 import torch
 
 from rltlab.common.device import tensor_to_device
-from rltlab.engine.fused_prefill import SDPA_BACKENDS, FusedPrefill
+from rltlab.engine.fused_prefill import SDPA_BACKENDS, FusedPrefill, bucket
 from rltlab.engine.static_decode import capture_graph
-
-
-def bucket(n: int, least: int, step: int) -> int:
-    """The next power of two >= max(n, least) up to `step`, the next multiple of step beyond:
-    padding costs at most 2x below step and less than one step's worth beyond it."""
-    n = max(n, least)
-    return 1 << (n - 1).bit_length() if n <= step else -(-n // step) * step
 
 
 # The padded tokens of the largest step that replays, where the engine picks (EngineConfig's

@@ -6,9 +6,14 @@ depth 4, greedy, log-probs), every engine step synchronised, the graphs switched
 wave by wave (`runner.prefill_graphs`), after an untimed wave of each (one-off costs, and the
 bucket's first, eager step). Reported: ms per step of each arm (median) and their ratio, and
 exactness: the first tokens and their log-probs with graphs against without, same prompts
-(bf16: GEMMs over padded rows may round differently).
+(bf16: GEMMs over padded rows may round differently). `--arms eager padded graphs` adds eager
+steps with the whole prompts' attention padded within length buckets
+(EngineConfig.pad_prefill_attention: one launch per bucket and layer instead of one per
+distinct length); every arm is compared with the first.
 
     python docs/experiments/scripts/prefill_graphs_h200.py --graph-tokens 4096
+    python docs/experiments/scripts/prefill_graphs_h200.py --arms eager padded graphs \
+        --sizes 1 4 16 32 64 128
 
 Last line: JSON.
 """
@@ -31,10 +36,14 @@ def main() -> dict:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--graph-tokens", type=int, default=4096)
+    ap.add_argument("--arms", nargs="+", default=["eager", "graphs"],
+                    choices=["eager", "padded", "graphs"])
     ap.set_defaults(preset="ouro-1.4b", device="cuda", dtype="bfloat16")
     args = ap.parse_args()
     if args.graph_tokens < 1 or args.repeats < 1 or min(args.sizes) < 1:
         ap.error("--graph-tokens, --repeats and --sizes must be >= 1")
+    if len(set(args.arms)) != len(args.arms):
+        ap.error(f"--arms must differ, got {args.arms}")
     model = build_model(args)
     spec, cfg = WORKLOADS["W7"], model.config
     llm = make_llm(model, spec, "graph", kv_gib=110.0 if args.device == "cuda" else 1.0)
@@ -47,29 +56,35 @@ def main() -> dict:
     sp = SamplingParams(max_tokens=1, temperature=0.0, logprobs=0, exit_policy="fixed",
                         exit_policy_args={"depth": cfg.num_rounds})
     used, sizes = 128, {}
+    first = args.arms[0]
     for n in args.sizes:
-        ms, outs = {"eager": [], "graphs": []}, {}
-        for arm in ("eager", "graphs") * (args.repeats + 1):
+        ms, outs = {arm: [] for arm in args.arms}, {}
+        for arm in args.arms * (args.repeats + 1):
             runner.prefill_graphs = graphs if arm == "graphs" else None
-            batch = prompts[used: used + n] if arm == "eager" else prompts[used - n: used]
-            used += n if arm == "eager" else 0
+            runner.prefill.pad_lengths = arm == "padded"
+            # the first arm draws new prompts, the others rerun them
+            batch = prompts[used: used + n] if arm == first else prompts[used - n: used]
+            used += n if arm == first else 0
             steps, got = wave(llm, batch, sp)
             if arm not in outs:   # the untimed first wave of each arm; the same prompts
                 outs[arm] = got
             else:
                 ms[arm] += [step["wall_ms"] for step in steps]
-        a, b = outs["eager"], outs["graphs"]
-        sizes[n] = {
-            "eager_ms_per_step": round(statistics.median(ms["eager"]), 2),
-            "graphs_ms_per_step": round(statistics.median(ms["graphs"]), 2),
-            "speedup": round(statistics.median(ms["eager"]) / statistics.median(ms["graphs"]), 3),
-            "same_first_token": sum(x.token_ids == y.token_ids for x, y in zip(a, b)),
-            "max_abs_logprob_diff": round(max(abs(x.logprobs[0] - y.logprobs[0])
-                                              for x, y in zip(a, b)), 5)}
+        base = statistics.median(ms[first])
+        sizes[n] = {f"{first}_ms_per_step": round(base, 2)}
+        for arm in args.arms[1:]:
+            a, b = outs[first], outs[arm]
+            sizes[n].update({
+                f"{arm}_ms_per_step": round(statistics.median(ms[arm]), 2),
+                f"{arm}_speedup": round(base / statistics.median(ms[arm]), 3),
+                f"{arm}_same_first_token": sum(x.token_ids == y.token_ids for x, y in zip(a, b)),
+                f"{arm}_max_abs_logprob_diff": round(max(abs(x.logprobs[0] - y.logprobs[0])
+                                                         for x, y in zip(a, b)), 5)})
         print(n, sizes[n], flush=True)
-    runner.prefill_graphs = None
+    runner.prefill_graphs, runner.prefill.pad_lengths = None, False
     out = {"workload": "waves of n whole prompts (100-128 tokens), max_tokens 1, W7's engine",
            "device": args.device, "dtype": args.dtype, "graph_tokens": args.graph_tokens,
+           "arms": args.arms,
            "buckets": sorted(graphs.buckets), "stats": graphs.stats, "sizes": sizes}
     print(json.dumps(out))
     return out
