@@ -66,3 +66,33 @@ def test_bad_arguments_are_refused():
         paired_main(ARGS + ["--modes", "nonsense"])
     with pytest.raises(SystemExit):
         paired_main(ARGS + ["--pair", "W3/W4"])
+
+
+def test_prompt_spread_draws_mixed_lengths_and_runs_the_pair(monkeypatch):
+    """--prompt-spread: prompts of lengths around prompt_len (the engine sized for the longest),
+    the same prompts for both workloads of the pair; 0 leaves the one-length prompts as they
+    were."""
+    from rltlab.bench.__main__ import longest_prompt, prompts_for
+    same = prompts_for(50, 40, 61, seed=7)
+    assert {len(p) for p in same} == {40}
+    mixed = prompts_for(200, 40, 61, seed=7, spread=0.5)
+    lengths = [len(p) for p in mixed]
+    assert min(lengths) >= 20 and max(lengths) <= longest_prompt(40, 0.5) == 60
+    assert len(set(lengths)) > 20 and 36 < statistics.mean(lengths) < 44
+    assert mixed == prompts_for(200, 40, 61, seed=7, spread=0.5)   # seeded
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="spread"):
+            prompts_for(4, 40, 61, seed=7, spread=bad)
+        with pytest.raises(SystemExit):
+            paired_main(ARGS + ["--prompt-spread", str(bad)])
+    import rltlab.bench.paired as paired
+    closed_loop, seen = paired.engine_checks.closed_loop, set()
+
+    def spy(llm, prompts, *args, **kwargs):
+        seen.update(len(p) for p in prompts)
+        return closed_loop(llm, prompts, *args, **kwargs)
+    monkeypatch.setattr(paired.engine_checks, "closed_loop", spy)
+    res = paired_main(ARGS + ["--pair", "W7/W6", "--loops", "1", "--prompt-spread", "0.5"])
+    assert len(seen) > 1, seen   # the loops ran prompts of several lengths
+    assert res["prompt_spread"] == 0.5
+    assert res["pairs"]["W7/W6"]["eager"]["complete"] is True

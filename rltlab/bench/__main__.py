@@ -53,9 +53,25 @@ def build_model(args) -> OuroForCausalLM:
     return model.init_weights(0, std=0.02).to(dtype).eval()
 
 
-def prompts_for(num: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+def prompts_for(num: int, length: int, vocab: int, seed: int,
+                spread: float = 0.0) -> list[list[int]]:
+    """num random prompts of `length` tokens; spread > 0: of lengths drawn uniformly from
+    length x (1 - spread) .. length x (1 + spread), as real RL prompts' lengths differ (the
+    fused prefill's eager steps pay per distinct length: docs/engine.md, "Padded prefill
+    attention")."""
+    if not 0 <= spread < 1:
+        raise ValueError(f"prompt spread must be in [0, 1), got {spread!r}")
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(1, vocab, (num, length), generator=gen).tolist()
+    if not spread:
+        return torch.randint(1, vocab, (num, length), generator=gen).tolist()
+    lo, hi = max(1, round(length * (1 - spread))), longest_prompt(length, spread)
+    lengths = torch.randint(lo, hi + 1, (num,), generator=gen).tolist()
+    return [torch.randint(1, vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+def longest_prompt(length: int, spread: float = 0.0) -> int:
+    """The longest prompt prompts_for(length=length, spread=spread) can draw."""
+    return round(length * (1 + spread))
 
 
 def _sync(device):

@@ -36,7 +36,9 @@ copy bandwidth measured in the same run. W4 reports selected vs executed rounds 
 gain over W3 against the ideal R / mean executed rounds. Closed-loop workloads run their loop
 once before the reported one (kept as closed_loop_first_pass): one-off graph captures and Triton
 specialisations stay out of the figures. Options --weight-update and --bf16-check
-add the full-weight update timing and the bf16-vs-fp32 agreement.
+add the full-weight update timing and the bf16-vs-fp32 agreement. --prompt-spread S draws
+every workload's prompt lengths uniformly from prompt_len x (1 - S) .. (1 + S) instead of one
+length (real prompts differ; the fused prefill pays per distinct length in eager steps).
 
 Ceilings (rltlab.bench.ceilings): the run measures a large matmul (TFLOP/s, model dtype) and a
 large device copy (GB/s, read + write) first; every workload and mode then reports
@@ -54,7 +56,8 @@ import time
 
 import torch
 
-from rltlab.bench.__main__ import add_model_arguments, build_model, prompts_for
+from rltlab.bench.__main__ import (add_model_arguments, build_model, longest_prompt,
+                                   prompts_for)
 from rltlab.bench import ceilings, engine_checks, group_workload
 from rltlab.bench.ceilings import ModelCosts, work_of
 from rltlab.engine import LLM, SamplingParams
@@ -129,11 +132,32 @@ def replay_depths(num_rounds: int, length: int, seed: int) -> list[int]:
 
 def scaled(spec: dict, scale: float) -> dict:
     """--scale applied to lengths and counts (not to n or replay; at least n in flight)."""
-    out = {k: v if k in ("replay", "n") else max(2 if k == "max_tokens" else 1, int(v * scale))
-           for k, v in spec.items()}
+    out = {k: v if k in ("replay", "n", "prompt_spread")
+           else max(2 if k == "max_tokens" else 1, int(v * scale)) for k, v in spec.items()}
     if "n" in out:
         out["concurrency"] = max(out["concurrency"], out["n"])
     return out
+
+
+def with_spread(spec: dict, spread: float) -> dict:
+    """--prompt-spread: the workload's prompts of lengths around its prompt_len (prompts_for)."""
+    return dict(spec, prompt_spread=spread) if spread else spec
+
+
+def workload_prompts(spec: dict, vocab: int) -> list[list[int]]:
+    return prompts_for(spec["requests"], spec["prompt_len"], vocab, seed=7,
+                       spread=spec.get("prompt_spread", 0.0))
+
+
+def add_spread_argument(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--prompt-spread", type=float, default=0.0,
+                    help="prompt lengths drawn uniformly from prompt_len x (1 -/+ this), mean "
+                    "prompt_len (0, the default: every prompt prompt_len tokens)")
+
+
+def check_spread(ap: argparse.ArgumentParser, spread: float) -> None:
+    if not 0 <= spread < 1:
+        ap.error(f"--prompt-spread must be in [0, 1), got {spread}")
 
 
 def workload_params(spec: dict, num_rounds: int, num: int, vocab: int
@@ -177,12 +201,13 @@ def decode_phase(llm: LLM, prompts, params, costs: ModelCosts) -> dict:
 
 def make_llm(model, spec: dict, mode: str, kv_gib: float) -> LLM:
     """The engine a workload runs on in one mode."""
+    prompt = longest_prompt(spec["prompt_len"], spec.get("prompt_spread", 0.0))
     return LLM(model, max_num_seqs=spec["concurrency"],
-               max_model_len=spec["prompt_len"] + spec["max_tokens"],
+               max_model_len=prompt + spec["max_tokens"],
                # Big prefill steps: the gather path's per-step launch cost is paid per 16K
                # tokens instead of per 4K (prefill is compute-bound either way).
-               max_num_batched_tokens=max(16384, spec["prompt_len"] + spec["concurrency"]),
-               prefill_chunk=max(512, spec["prompt_len"]), kv_cache_memory_gib=kv_gib,
+               max_num_batched_tokens=max(16384, prompt + spec["concurrency"]),
+               prefill_chunk=max(512, prompt), kv_cache_memory_gib=kv_gib,
                **MODES[mode])
 
 
@@ -283,10 +308,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--scale", type=float, default=1.0,
                     help="multiply prompt/output lengths and request counts (CPU smoke runs)")
     ap.add_argument("--kv-gib", type=float, default=110.0)
+    add_spread_argument(ap)
     ap.add_argument("--weight-update", action="store_true")
     ap.add_argument("--bf16-check", action="store_true")
     ap.add_argument("--out", help="also write the JSON here after every workload")
     args = ap.parse_args(argv)
+    check_spread(ap, args.prompt_spread)
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     modes = args.modes.split(",")
     unknown = set(modes) - set(MODES) - {"plain"}
@@ -304,8 +331,8 @@ def main(argv=None) -> dict:
     results["copy_bandwidth_gb_s"] = ceilings.copy_bandwidth(args.device)
     results["matmul_tflop_s"] = ceilings.matmul_tflop_s(args.device, model.lm_head.weight.dtype)
     for name in args.workload:
-        spec = scaled(WORKLOADS[name], args.scale)
-        prompts = prompts_for(spec["requests"], spec["prompt_len"], cfg.vocab_size, seed=7)
+        spec = with_spread(scaled(WORKLOADS[name], args.scale), args.prompt_spread)
+        prompts = workload_prompts(spec, cfg.vocab_size)
         params = workload_params(spec, cfg.num_rounds, spec["requests"], cfg.vocab_size)
         entry = {"spec": spec, "modes": {}}
         for mode in modes:

@@ -16,7 +16,8 @@ policy, so here, per mode:
 
 Each round's e2e_gain and pct_of_ideal_e2e are reported with their median and range, and every
 loop's tok/s with its % of its ceiling (ceilings.ceiling, at the matmul rate and copy bandwidth
-measured at the start of the run). Last line: JSON.
+measured at the start of the run). --prompt-spread S: prompts of mixed lengths (as
+rltlab.bench.engine). Last line: JSON.
 
     python -m rltlab.bench.paired --preset ouro-1.4b --device cuda --dtype bfloat16 \\
         --pair W4/W3 W7/W6 --modes graph --loops 5 --out paired.json
@@ -31,22 +32,25 @@ import statistics
 from tqdm import tqdm
 
 from rltlab.bench import ceilings, engine_checks
-from rltlab.bench.__main__ import add_model_arguments, build_model, prompts_for
+from rltlab.bench.__main__ import add_model_arguments, build_model
 from rltlab.bench.ceilings import ModelCosts
-from rltlab.bench.engine import (DEPTH_PAIRS, MODES, WORKLOADS, decode_phase, make_llm, scaled,
-                                 warm_up, workload_params)
+from rltlab.bench.engine import (DEPTH_PAIRS, MODES, WORKLOADS, add_spread_argument,
+                                 check_spread, decode_phase, make_llm, scaled, warm_up,
+                                 with_spread, workload_params, workload_prompts)
 
 
 def run_pair(model, pair: str, mode: str, loops: int, scale: float, kv_gib: float,
-             costs: ModelCosts, rates: tuple[float, float], on_round=None) -> dict:
+             costs: ModelCosts, rates: tuple[float, float], on_round=None,
+             spread: float = 0.0) -> dict:
     """rates: (matmul TFLOP/s, copy GB/s) measured in this run, for each loop's % of its
     ceiling (ceilings.ceiling). on_round(partial): called after every round with the rounds so
     far ({"complete": False, "rounds": ...}), so a run stopped early keeps its loops."""
     base_name, cheap_name = DEPTH_PAIRS[pair]
-    specs = {name: scaled(WORKLOADS[name], scale) for name in (base_name, cheap_name)}
+    specs = {name: with_spread(scaled(WORKLOADS[name], scale), spread)
+             for name in (base_name, cheap_name)}
     spec = specs[base_name]   # the pair's workloads differ only in the exit policy (replay)
     cfg = model.config
-    prompts = prompts_for(spec["requests"], spec["prompt_len"], cfg.vocab_size, seed=7)
+    prompts = workload_prompts(spec, cfg.vocab_size)
     params = {name: workload_params(specs[name], cfg.num_rounds, spec["requests"],
                                     cfg.vocab_size) for name in specs}
     c = spec["concurrency"]
@@ -105,6 +109,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--scale", type=float, default=1.0,
                     help="multiply prompt/output lengths and request counts (CPU smoke runs)")
     ap.add_argument("--kv-gib", type=float, default=110.0)
+    add_spread_argument(ap)
     ap.add_argument("--out", help="also write the JSON here after every round (a pair's "
                     "figures marked complete: false until its decode phases are in)")
     args = ap.parse_args(argv)
@@ -113,11 +118,13 @@ def main(argv=None) -> dict:
         ap.error(f"unknown modes {sorted(set(modes) - set(MODES))}")
     if args.loops < 1:
         ap.error(f"--loops must be >= 1, got {args.loops}")
+    check_spread(ap, args.prompt_spread)
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     model = build_model(args)
     costs = ModelCosts.of(model)
     results = {"device": args.device, "dtype": args.dtype,
                "model": args.model or f"random:{args.preset}", "loops": args.loops,
+               "prompt_spread": args.prompt_spread,
                "copy_bandwidth_gb_s": ceilings.copy_bandwidth(args.device),
                "matmul_tflop_s": ceilings.matmul_tflop_s(args.device, model.lm_head.weight.dtype),
                "pairs": {}}
@@ -128,7 +135,7 @@ def main(argv=None) -> dict:
                 results["pairs"].setdefault(pair, {})[mode] = partial
                 engine_checks.save(results, args.out)
             res = run_pair(model, pair, mode, args.loops, args.scale, args.kv_gib, costs, rates,
-                           on_round=keep)
+                           on_round=keep, spread=args.prompt_spread)
             results["pairs"].setdefault(pair, {})[mode] = res
             base_pcts = [r[DEPTH_PAIRS[pair][0]]["pct_of_ceiling"] for r in res["rounds"]]
             print(f"{pair} end to end ({mode}, {args.loops} paired rounds): median "
