@@ -21,6 +21,7 @@ from .kv_copy import last_exited_copy, last_exited_copy_ref, write_kv, write_kv_
 from .paged_attention import (
     paged_decode_attention,
     paged_decode_attention_ref,
+    paged_decode_attention_torch,
     paged_prefill_attention,
     paged_prefill_attention_ref,
 )
@@ -32,7 +33,7 @@ __all__ = [
     "add_rmsnorm", "add_rmsnorm_ref", "greedy_tokens", "greedy_tokens_ref", "rmsnorm",
     "rmsnorm_ref",
     "last_exited_copy", "last_exited_copy_ref", "prefetch_bytes", "write_kv", "write_kv_ref",
-    "paged_decode_attention", "paged_decode_attention_ref",
+    "paged_decode_attention", "paged_decode_attention_ref", "paged_decode_attention_torch",
     "paged_prefill_attention", "paged_prefill_attention_ref", "pdl_available",
     "rope_kv_linear", "rope_kv_linear_ref", "rope_write_kv", "rope_write_kv_ref", "silu_mul",
     "silu_mul_ref", "small_m_linear", "small_m_linear_ref", "triton_available",

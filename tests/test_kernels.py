@@ -13,7 +13,8 @@ import torch  # noqa: E402
 
 from rltlab.kernels import (  # noqa: E402
     add_rmsnorm, add_rmsnorm_ref, last_exited_copy, last_exited_copy_ref,
-    paged_decode_attention, paged_decode_attention_ref, paged_prefill_attention,
+    paged_decode_attention, paged_decode_attention_ref, paged_decode_attention_torch,
+    paged_prefill_attention,
     paged_prefill_attention_ref, rmsnorm, rmsnorm_ref, triton_available, write_kv, write_kv_ref,
 )
 
@@ -82,6 +83,26 @@ def test_decode_ref_matches_naive(hq, hkv, dim, block_size, ctx, planes):
     for b in range(len(ctx)):
         expected = naive_attention(q[b].cpu(), k_cache.cpu(), v_cache.cpu(), planes[b], bt[b], ctx[b], 0.2)
         torch.testing.assert_close(out[b].cpu().double(), expected, **FP32)
+
+
+@pytest.mark.parametrize("max_elements", [1 << 24, 1])
+@pytest.mark.parametrize("hq,hkv,dim,block_size,ctx,planes", DECODE_CASES)
+def test_decode_batched_torch_matches_ref(hq, hkv, dim, block_size, ctx, planes, max_elements):
+    """The CPU engine's batched decode attention against the per-row reference: keys of all rows
+    gathered together and masked past each row's context; block-table entries past a row's
+    blocks hold out-of-range garbage; max_elements 1 runs one row per group. fp32, 1e-5."""
+    kv = make_kv(2, 3, 24, block_size, hkv, dim, transposed=(dim == 24), seed=3)
+    k_cache, v_cache = kv[1, 0], kv[1, 1]
+    bt = shuffled_block_tables(len(ctx), 9, 24, seed=4)
+    for row, n in enumerate(ctx):   # past the row's last block: anything, even out of range
+        bt[row, -(-n // block_size):] = 10_000 * (row + 1)
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(len(ctx), hq, dim, generator=gen).to(DEVICE)
+    args = (q, k_cache, v_cache, torch.tensor(planes, dtype=torch.int32, device=DEVICE), bt,
+            torch.tensor(ctx, dtype=torch.int32, device=DEVICE), dim ** -0.5)
+    want = paged_decode_attention_ref(*args)
+    torch.testing.assert_close(paged_decode_attention_torch(*args, max_elements=max_elements),
+                               want, **FP32)
 
 
 @needs_triton

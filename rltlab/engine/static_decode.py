@@ -116,7 +116,7 @@ class StaticDecoder:
         # triton=True forces them elsewhere (tests, under TRITON_INTERPRET=1).
         use_triton = self.device.type == "cuda" if triton is None else triton
         self._attention = kernels.paged_decode_attention if use_triton \
-            else kernels.paged_decode_attention_ref
+            else kernels.paged_decode_attention_torch
         self._write_kv = kernels.write_kv if use_triton else kernels.write_kv_ref
         # The Triton kernel sizes its key-range split from a host bound; the graph fixes it at
         # the block-table capacity (empty splits cost one tile check each).
