@@ -3,10 +3,13 @@ pair alternate loops on one engine, and each round's gain is its own two loops' 
 
 import json
 import statistics
+from types import SimpleNamespace
 
 import pytest
 
 from rltlab.bench import ceilings
+from rltlab.bench.__main__ import build_model
+from rltlab.bench.ceilings import ModelCosts
 from rltlab.bench.paired import main as paired_main
 
 ARGS = ["--preset", "tiny", "--device", "cpu", "--scale", "0.02", "--kv-gib", "0.05",
@@ -40,6 +43,17 @@ def test_rounds_alternate_and_each_gain_is_its_own_loops_ratio(tmp_path):
                                              max(pair["pct_of_ideal_e2e"])]
     for loop in (r[w] for r in pair["rounds"] for w in ("W3", "W4")):
         assert 0 < loop["pct_of_ceiling"] < 100
+    pcts = pair["pct_of_ideal_e2e"]
+    assert pair["mean_pct_of_ideal_e2e"] == pytest.approx(statistics.mean(pcts), abs=0.05)
+    assert pair["se_pct_of_ideal_e2e"] == pytest.approx(statistics.stdev(pcts) / 3 ** 0.5,
+                                                        abs=0.05)
+    # W3 at 2%: 5 prompts of 20 tokens, prefilled once each in the prefill-only loop
+    costs = ModelCosts.of(build_model(SimpleNamespace(model=None, preset="tiny", device="cpu",
+                                                      dtype="float32")))
+    assert pair["prefill_flops"] == 5 * ceilings.prefill_flops(costs, 20)
+    assert pair["prefill_pct_of_matmul"] == pytest.approx(
+        100 * pair["prefill_flops"] / pair["prefill_s"] / 1e12 / res["matmul_tflop_s"],
+        abs=0.06)   # the pct rounded to 0.1, prefill_s to 1e-4 s
 
 
 def test_a_run_stopped_early_keeps_its_finished_rounds(tmp_path, monkeypatch):

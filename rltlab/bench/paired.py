@@ -14,7 +14,9 @@ policy, so here, per mode:
   3. both workloads' decode phase and the baseline's prefill-only loop, for the ideal gain
      (ceilings.depth_pair, the same formula as rltlab.bench.engine).
 
-Each round's e2e_gain and pct_of_ideal_e2e are reported with their median and range, and every
+Each round's e2e_gain and pct_of_ideal_e2e are reported with their median, mean and standard
+error (the paired error: rounds are independent) and range, the baseline's prefill-only loop
+as prefill_pct_of_matmul, and every
 loop's tok/s with its % of its ceiling (ceilings.ceiling, at the matmul rate and copy bandwidth
 measured at the start of the run). --prompt-spread S: prompts of mixed lengths (as
 rltlab.bench.engine). Last line: JSON.
@@ -87,13 +89,22 @@ def run_pair(model, pair: str, mode: str, loops: int, scale: float, kv_gib: floa
              for r in rounds]
     gains = [p["e2e_gain"] for p in pairs]
     pcts = [p["pct_of_ideal_e2e"] for p in pairs]
+    prefill_flops = prefill["work"]["prefill_flops"]
 
     return {"complete": True, "rounds": [{name: figures(r[name]) for name in r} for r in rounds],
             "e2e_gain": gains, "pct_of_ideal_e2e": pcts,
             "ideal_e2e_gain": pairs[0]["ideal_e2e_gain"],
             "median_e2e_gain": round(statistics.median(gains), 3),
             "median_pct_of_ideal_e2e": round(statistics.median(pcts), 1),
+            "mean_pct_of_ideal_e2e": round(statistics.mean(pcts), 1),
+            # the paired error: rounds are independent pairs of back-to-back loops
+            "se_pct_of_ideal_e2e": (round(statistics.stdev(pcts) / len(pcts) ** 0.5, 1)
+                                    if len(pcts) > 1 else None),
             "range_pct_of_ideal_e2e": [min(pcts), max(pcts)],
+            # the baseline's prefill-only loop at the matmul rate measured in this run
+            "prefill_flops": prefill_flops,
+            "prefill_pct_of_matmul": ceilings.pct(prefill_flops / prefill["wall_s"] / 1e12,
+                                                  rates[0]),
             "decode_gain": pairs[0]["decode_gain"], "prefill_s": pairs[0]["prefill_s"],
             "decode_s": pairs[0]["decode_s"], "base_rounds": pairs[0]["base_rounds"],
             "cheap_rounds": pairs[0]["cheap_rounds"]}
@@ -140,8 +151,10 @@ def main(argv=None) -> dict:
             base_pcts = [r[DEPTH_PAIRS[pair][0]]["pct_of_ceiling"] for r in res["rounds"]]
             print(f"{pair} end to end ({mode}, {args.loops} paired rounds): median "
                   f"{res['median_e2e_gain']}x of an ideal {res['ideal_e2e_gain']}x = "
-                  f"{res['median_pct_of_ideal_e2e']}% of the ideal savings (rounds: "
+                  f"{res['median_pct_of_ideal_e2e']}% of the ideal savings, mean "
+                  f"{res['mean_pct_of_ideal_e2e']} +- {res['se_pct_of_ideal_e2e']} (SE) (rounds: "
                   f"{res['range_pct_of_ideal_e2e'][0]}-{res['range_pct_of_ideal_e2e'][1]}%); "
+                  f"prefill at {res['prefill_pct_of_matmul']}% of the matmul rate; "
                   f"{DEPTH_PAIRS[pair][0]} at {base_pcts}% of its ceiling", flush=True)
             engine_checks.save(results, args.out)
     print(json.dumps(results))
