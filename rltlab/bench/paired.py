@@ -16,10 +16,9 @@ policy, so here, per mode:
 
 Each round's e2e_gain and pct_of_ideal_e2e are reported with their median, mean and standard
 error (the paired error: rounds are independent) and range, the baseline's prefill-only loop
-as prefill_pct_of_matmul, and every
-loop's tok/s with its % of its ceiling (ceilings.ceiling, at the matmul rate and copy bandwidth
-measured at the start of the run). --prompt-spread S: prompts of mixed lengths (as
-rltlab.bench.engine). Last line: JSON.
+as prefill_pct_of_matmul, and every loop's tok/s with its % of its ceiling (ceilings.ceiling,
+at the matmul rate and copy bandwidth measured at the start of the run). --prompt-spread S:
+prompts of mixed lengths (as rltlab.bench.engine). Last line: JSON.
 
     python -m rltlab.bench.paired --preset ouro-1.4b --device cuda --dtype bfloat16 \\
         --pair W4/W3 W7/W6 --modes graph --loops 5 --out paired.json
