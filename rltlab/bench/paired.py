@@ -146,7 +146,7 @@ def main(argv=None) -> dict:
                 engine_checks.save(results, args.out)
             res = run_pair(model, pair, mode, args.loops, args.scale, args.kv_gib, costs, rates,
                            on_round=keep, spread=args.prompt_spread)
-            results["pairs"].setdefault(pair, {})[mode] = res
+            keep(res)
             base_pcts = [r[DEPTH_PAIRS[pair][0]]["pct_of_ceiling"] for r in res["rounds"]]
             print(f"{pair} end to end ({mode}, {args.loops} paired rounds): median "
                   f"{res['median_e2e_gain']}x of an ideal {res['ideal_e2e_gain']}x = "
@@ -155,7 +155,6 @@ def main(argv=None) -> dict:
                   f"{res['range_pct_of_ideal_e2e'][0]}-{res['range_pct_of_ideal_e2e'][1]}%); "
                   f"prefill at {res['prefill_pct_of_matmul']}% of the matmul rate; "
                   f"{DEPTH_PAIRS[pair][0]} at {base_pcts}% of its ceiling", flush=True)
-            engine_checks.save(results, args.out)
     print(json.dumps(results))
     return results
 

@@ -60,6 +60,12 @@ def bucket(n: int, least: int, step: int) -> int:
     return 1 << (n - 1).bit_length() if n <= step else -(-n // step) * step
 
 
+def length_bucket(n: int) -> int:
+    """A whole prompt's padded length: a power of two (16 at least) up to 128, a multiple of
+    128 beyond (padded attention here, and prefill_graphs' buckets)."""
+    return bucket(n, 16, 128)
+
+
 def contiguous(positions: list[torch.Tensor]) -> bool:
     """Every row's active positions are one run p0, p0 + 1, ... (they ascend)."""
     return all(int(p[-1]) - int(p[0]) + 1 == p.numel() for p in positions)
@@ -163,17 +169,16 @@ class FusedPrefill:
         groups: dict[int, list[tuple[int, int]]] = {}
         for lo, n, _, start in chunks:
             if start == 0:
-                key = bucket(n, 16, 128) if pad_lengths else n
+                key = length_bucket(n) if pad_lengths else n
                 groups.setdefault(key, []).append((lo, n))
         plan = []
         for members in groups.values():
             los, lengths = [lo for lo, _ in members], [n for _, n in members]
             n = max(lengths)
             if min(lengths) < n:
-                offsets = torch.arange(n)
-                tokens = (torch.tensor(los)[:, None]
-                          + torch.minimum(offsets, torch.tensor(lengths)[:, None] - 1))
-                real = (offsets < torch.tensor(lengths)[:, None]).flatten()
+                offsets, ends = torch.arange(n), torch.tensor(lengths)[:, None]
+                tokens = torch.tensor(los)[:, None] + torch.minimum(offsets, ends - 1)
+                real = (offsets < ends).flatten()
                 padded = (tensor_to_device(real.nonzero().flatten(), device),
                           tensor_to_device(tokens.flatten()[real], device))
                 plan.append(((len(los), n), tensor_to_device(tokens.flatten(), device), padded))

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from rltlab.common.device import tensor_to_device
-from rltlab.engine.fused_prefill import SDPA_BACKENDS, FusedPrefill, bucket
+from rltlab.engine.fused_prefill import SDPA_BACKENDS, FusedPrefill, bucket, length_bucket
 from rltlab.engine.static_decode import capture_graph
 
 
@@ -98,8 +98,8 @@ class _Bucket:
 class PrefillGraphs:
     """FusedPrefill.run with small whole-prompt steps padded into replayed buckets."""
 
-    def __init__(self, prefill: FusedPrefill, max_tokens: int, min_length: int = 16):
-        self.prefill, self.max_tokens, self.min_length = prefill, max_tokens, min_length
+    def __init__(self, prefill: FusedPrefill, max_tokens: int):
+        self.prefill, self.max_tokens = prefill, max_tokens
         self.seen: set[tuple[int, int]] = set()   # buckets that ran a step (eagerly)
         self.buckets: dict[tuple[int, int], _Bucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if torch.cuda.is_available() else None
@@ -113,8 +113,7 @@ class PrefillGraphs:
             if start or lo != end:
                 return None
             end += n
-        key = (bucket(len(chunks), 1, 8),
-               bucket(max(n for _, n, _, _ in chunks), self.min_length, 128))
+        key = (bucket(len(chunks), 1, 8), length_bucket(max(n for _, n, _, _ in chunks)))
         return key if key[0] * key[1] <= self.max_tokens else None
 
     def run(self, hidden, positions, planes, slots, chunks, tables):
