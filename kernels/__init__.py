@@ -27,6 +27,7 @@ from .paged_attention import (
 )
 from .pdl import INTERPRETED, pdl_available
 from .rope_gemv import rope_kv_linear, rope_kv_linear_ref
+from .shared_prefix import MAX_MEMBERS, SharedPrefix, shared_prefix_plan
 from .small_batch import rope_write_kv, rope_write_kv_ref, small_m_linear, small_m_linear_ref
 
 __all__ = [
@@ -35,7 +36,8 @@ __all__ = [
     "last_exited_copy", "last_exited_copy_ref", "prefetch_bytes", "write_kv", "write_kv_ref",
     "paged_decode_attention", "paged_decode_attention_ref", "paged_decode_attention_torch",
     "paged_prefill_attention", "paged_prefill_attention_ref", "pdl_available",
-    "rope_kv_linear", "rope_kv_linear_ref", "rope_write_kv", "rope_write_kv_ref", "silu_mul",
+    "rope_kv_linear", "rope_kv_linear_ref", "rope_write_kv", "rope_write_kv_ref",
+    "MAX_MEMBERS", "SharedPrefix", "shared_prefix_plan", "silu_mul",
     "silu_mul_ref", "small_m_linear", "small_m_linear_ref", "triton_available",
 ]
 

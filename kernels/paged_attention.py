@@ -13,11 +13,11 @@ import torch
 import triton
 import triton.language as tl
 
+from .attention_tiles import LOG2E, attend_tile, dot_config
 from .l2_prefetch import prefetch_args, prefetch_l2
-from .pdl import INTERPRETED, await_previous_kernel, launch_options
+from .pdl import await_previous_kernel, launch_options
+from .shared_prefix import SharedPrefix, launch_shared_prefix, prefix_splits
 
-_LOG2E = 1.4426950408889634
-_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 # Launch settings (tuned on an H200, bf16, head_dim 128; see docs/kernels.md).
 DECODE_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2}
 PREFILL_CONFIG = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
@@ -96,49 +96,10 @@ def paged_prefill_attention_ref(q, k_cache, v_cache, plane, block_table, start_p
     return _attend(q, k, v, positions[None, :] <= query_pos[:, None], scale)
 
 
-def _dot_config(dtype):
-    """(operand dtype, input_precision) for tl.dot.
-
-    bf16/fp16 dots use tensor cores; fp32 ones stay exact (tf32 would miss a 1e-5 tolerance).
-    The interpreter's tl.dot multiplies the raw bits of 16-bit floats, so it gets fp32 operands.
-    """
-    dot_dtype = tl.float32 if INTERPRETED else _TL_DTYPES[dtype]
-    return dot_dtype, "ieee" if dot_dtype == tl.float32 else "tf32"
-
-
-@triton.jit
-def _attend_tile(
-    q, m, l, acc, k_base, v_base, bt_ptr, n, n_mask, visible, block_size,
-    stride_kb, stride_ks, stride_vb, stride_vs, d, d_mask, qk_scale,
-    DOT_DTYPE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-):
-    """One online-softmax step of queries q [M, D] over the keys at positions n [N].
-
-    Keys are gathered position by position through the block table, so the tile size does not
-    depend on block_size. visible [M, N] masks keys out; every row must see a key in its first
-    tile (m is -inf until then).
-    """
-    page = tl.load(bt_ptr + n // block_size, mask=n_mask, other=0).to(tl.int64)
-    off = n % block_size
-    kv_mask = n_mask[:, None] & d_mask[None, :]
-    k = tl.load(k_base + (page * stride_kb + off * stride_ks)[:, None] + d[None, :],
-                mask=kv_mask, other=0.0).to(DOT_DTYPE)
-    s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale  # log2 units
-    s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, axis=1))
-    p = tl.exp2(s - m_new[:, None])
-    alpha = tl.exp2(m - m_new)
-    v = tl.load(v_base + (page * stride_vb + off * stride_vs)[:, None] + d[None, :],
-                mask=kv_mask, other=0.0).to(DOT_DTYPE)
-    l = l * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=INPUT_PRECISION)
-    return m_new, l, acc
-
-
 @triton.jit
 def _decode_kernel(
-    q_ptr, k_ptr, v_ptr, planes_ptr, bt_ptr, ctx_ptr, out_ptr, lse_ptr,
-    qk_scale, block_size, tiles_per_split,
+    q_ptr, k_ptr, v_ptr, planes_ptr, bt_ptr, ctx_ptr, start_ptr, out_ptr, lse_ptr,
+    qk_scale, block_size, tiles_per_split, num_slots,
     stride_qb, stride_qh,
     stride_kp, stride_kb, stride_ks, stride_kh,
     stride_vp, stride_vb, stride_vs, stride_vh,
@@ -148,6 +109,7 @@ def _decode_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_DTYPE: tl.constexpr, INPUT_PRECISION: tl.constexpr, GDC: tl.constexpr,
     PREFETCH: tl.constexpr, PF_CHUNK: tl.constexpr, PF_LANES: tl.constexpr,
+    HAS_START: tl.constexpr,
 ):
     # One program = (row, kv head, split of the key range). Its GQA group of query heads forms
     # the M side of tl.dot (padded to >= 16 rows), so every K/V element is read once per row.
@@ -162,6 +124,11 @@ def _decode_kernel(
     # writes (the host's copy lands before the chain starts): read before the wait (pdl.py).
     ctx = tl.load(ctx_ptr + row)
     plane = tl.load(planes_ptr + row).to(tl.int64)
+    # With a shared-prefix plan (kernels/shared_prefix.py) the row's own keys begin at start;
+    # its group's program covers [0, start) in the slots after this kernel's splits.
+    first = 0
+    if HAS_START:
+        first = tl.load(start_ptr + row)
     await_previous_kernel(GDC)
 
     g = tl.arange(0, BLOCK_G)
@@ -175,14 +142,14 @@ def _decode_kernel(
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    start = split * tiles_per_split * BLOCK_N
+    start = first + split * tiles_per_split * BLOCK_N
     end = tl.minimum(start + tiles_per_split * BLOCK_N, ctx)
     k_base = k_ptr + plane * stride_kp + kv_head * stride_kh
     v_base = v_ptr + plane * stride_vp + kv_head * stride_vh
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_mask = n < end
-        m, l, acc = _attend_tile(
+        m, l, acc = attend_tile(
             q, m, l, acc, k_base, v_base, bt_ptr + row * stride_btb, n, n_mask,
             n_mask[None, :], block_size, stride_kb, stride_ks, stride_vb, stride_vs, d, d_mask,
             qk_scale, DOT_DTYPE, INPUT_PRECISION)
@@ -195,9 +162,14 @@ def _decode_kernel(
     lse = tl.where(has_keys, m + tl.log2(l_safe), float("-inf"))
     out_offs = row * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :]
     tl.store(out_ptr + out_offs, out, mask=g_mask[:, None] & d_mask[None, :])
-    # lse is a contiguous [B, Hq, num_splits] buffer.
-    lse_offs = (row * GROUP * tl.num_programs(1) + heads) * tl.num_programs(2) + split
+    # lse is a contiguous [B, Hq, num_slots] buffer (num_slots >= the splits).
+    lse_offs = (row * GROUP * tl.num_programs(1) + heads) * num_slots + split
     tl.store(lse_ptr + lse_offs, lse, mask=g_mask)
+    if HAS_START:
+        # A row in no group gets nothing from the shared-range slots: zero weight there.
+        if (first == 0) & (split == 0):
+            for extra in range(tl.num_programs(2), num_slots):
+                tl.store(lse_ptr + lse_offs + extra, float("-inf"), mask=g_mask)
 
 
 @triton.jit
@@ -213,9 +185,10 @@ def _merge_splits_kernel(
     s_mask = s < num_splits
     d_mask = d < HEAD_DIM
     lse = tl.load(lse_ptr + pid * num_splits + s, mask=s_mask, other=float("-inf"))
-    w = tl.exp2(lse - tl.max(lse, axis=0))  # split 0 always has keys, so the max is finite
+    w = tl.exp2(lse - tl.max(lse, axis=0))  # split 0 always has keys: the max is finite
     part = tl.load(part_ptr + (pid * num_splits + s)[:, None] * HEAD_DIM + d[None, :],
                    mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    part = tl.where((w > 0)[:, None], part, 0.0)   # a slot with no keys may be unwritten
     out = tl.sum(w[:, None] * part, axis=0) / tl.sum(w, axis=0)
     row = pid // num_heads
     head = pid % num_heads
@@ -236,13 +209,14 @@ def _default_num_splits(work_items, max_context_len, block_n, device):
 
 def paged_decode_attention(q, k_cache, v_cache, planes, block_tables, context_lens, scale, *,
                            max_context_len=None, num_splits=None, block_n=None, pdl=False,
-                           prefetch=None):
+                           prefetch=None, shared: SharedPrefix | None = None):
     """Triton version of paged_decode_attention_ref (same arguments and result).
 
     max_context_len: host-side upper bound on context_lens (default: block table capacity);
     only used to size the key-range split. num_splits / block_n override the heuristics.
     pdl: launch with programmatic dependent launch (kernels/pdl.py).
     prefetch: (weight, nbytes) to bring into L2 for a later kernel (kernels/l2_prefetch.py).
+    shared: rows whose prompt K/V is read once per group (kernels/shared_prefix.py).
     """
     launch = launch_options(pdl, q.device)
     pf_args, pf_meta = prefetch_args(prefetch, placeholder=q)
@@ -260,15 +234,20 @@ def paged_decode_attention(q, k_cache, v_cache, planes, block_tables, context_le
     tiles_per_split = triton.cdiv(num_tiles, max(1, min(num_splits, num_tiles)))
     num_splits = triton.cdiv(num_tiles, tiles_per_split)
 
-    dot_dtype, precision = _dot_config(k_cache.dtype)
+    prefix = (0, 1) if shared is None else \
+        _split_range(prefix_splits(batch, num_kv_heads, max_context_len, block_n, q.device),
+                     num_tiles)
+    slots = num_splits + prefix[0]
+    dot_dtype, precision = dot_config(k_cache.dtype)
     out = torch.empty_like(q)
-    lse = torch.empty(batch, num_heads, num_splits, device=q.device, dtype=torch.float32)
+    lse = torch.empty(batch, num_heads, slots, device=q.device, dtype=torch.float32)
     # With one split the kernel writes the final result (cast to q.dtype) straight into out.
-    part = out.unsqueeze(2) if num_splits == 1 else torch.empty(
-        batch, num_heads, num_splits, head_dim, device=q.device, dtype=torch.float32)
+    part = out.unsqueeze(2) if slots == 1 else torch.empty(
+        batch, num_heads, slots, head_dim, device=q.device, dtype=torch.float32)
     _decode_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, planes, block_tables, context_lens, part, lse,
-        scale * _LOG2E, block_size, tiles_per_split,
+        q, k_cache, v_cache, planes, block_tables, context_lens,
+        context_lens if shared is None else shared.start, part, lse,
+        scale * LOG2E, block_size, tiles_per_split, slots,
         q.stride(0), q.stride(1),
         *k_cache.stride()[:4], *v_cache.stride()[:4],
         block_tables.stride(0),
@@ -277,15 +256,26 @@ def paged_decode_attention(q, k_cache, v_cache, planes, block_tables, context_le
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
         DOT_DTYPE=dot_dtype, INPUT_PRECISION=precision,
         num_warps=DECODE_CONFIG["num_warps"], num_stages=DECODE_CONFIG["num_stages"], **pf_meta,
-        **launch,
+        HAS_START=shared is not None, **launch,
     )
-    if num_splits > 1:
+    if shared is not None:
+        launch_shared_prefix(q, k_cache, v_cache, planes, block_tables, shared, part, lse,
+                             num_splits, *prefix, scale * LOG2E, block_n,
+                             (dot_dtype, precision), DECODE_CONFIG["num_warps"],
+                             DECODE_CONFIG["num_stages"])
+    if slots > 1:
         _merge_splits_kernel[(batch * num_heads,)](
-            part, lse, out, num_heads, num_splits, out.stride(0), out.stride(1),
+            part, lse, out, num_heads, slots, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-            BLOCK_S=triton.next_power_of_2(num_splits), **launch,
+            BLOCK_S=triton.next_power_of_2(slots), **launch,
         )
     return out
+
+
+def _split_range(splits: int, num_tiles: int) -> tuple[int, int]:
+    """(splits, tiles per split) covering num_tiles key tiles in about `splits` parts."""
+    tiles_per_split = triton.cdiv(num_tiles, max(1, min(splits, num_tiles)))
+    return triton.cdiv(num_tiles, tiles_per_split), tiles_per_split
 
 
 @triton.jit
@@ -322,7 +312,7 @@ def _prefill_kernel(
         n_mask = n < kv_end
         # Key 0 is visible to every row, so each row sees a key in the first tile.
         visible = n_mask[None, :] & (n[None, :] <= q_pos[:, None])
-        m, l, acc = _attend_tile(
+        m, l, acc = attend_tile(
             q, m, l, acc, k_base, v_base, bt_ptr, n, n_mask, visible, block_size,
             stride_kb, stride_ks, stride_vb, stride_vs, d, d_mask, qk_scale,
             DOT_DTYPE, INPUT_PRECISION)
@@ -347,10 +337,10 @@ def paged_prefill_attention(q, k_cache, v_cache, plane, block_table, start_pos, 
     # Slice the plane on the host: the kernel sees one plane, [num_blocks, block_size, Hkv, D].
     k_plane, v_plane = k_cache[plane], v_cache[plane]
     out = torch.empty_like(q)
-    dot_dtype, precision = _dot_config(k_cache.dtype)
+    dot_dtype, precision = dot_config(k_cache.dtype)
     _prefill_kernel[(triton.cdiv(num_q, block_m), num_heads)](
         q, k_plane, v_plane, block_table, out,
-        scale * _LOG2E, start_pos, num_q, block_size,
+        scale * LOG2E, start_pos, num_q, block_size,
         q.stride(0), q.stride(1),
         *k_plane.stride()[:3], *v_plane.stride()[:3],
         out.stride(0), out.stride(1),

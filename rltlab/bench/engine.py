@@ -100,6 +100,10 @@ MODES = {
     # (rltlab.engine.prefill_graphs).
     "graph-no-prefill-graphs": dict(decode_path="static", cuda_graphs=True,
                                     prefill_graph_tokens=0),
+    # Baseline: every decode row reads its prompt's K/V itself, grouped samples too
+    # (kernels/shared_prefix.py).
+    "graph-no-shared-prefix": dict(decode_path="static", cuda_graphs=True,
+                                   shared_prefix_attention=False),
     # Baseline: one window per engine step, read back before the next is launched (window_io).
     "graph-no-chain": dict(decode_path="static", cuda_graphs=True, window_chain=1),
     # Baseline: one-row rounds' kernels launched without programmatic dependent launch.

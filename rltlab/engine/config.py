@@ -85,6 +85,10 @@ class EngineConfig:
     end to the bucket's longest, instead of one launch per distinct length (prompts of many
     lengths, as real RL prompts are, make many launches: fused_prefill.py); False (the
     default until measured on a GPU) = one launch per length.
+    shared_prefix_attention: in the static path's Triton decode attention, rows whose block
+    tables share their leading blocks (the samples of an n > 1 request: groups.py) read that
+    shared prompt's K/V once per group, not once per row (kernels/shared_prefix.py; same
+    attention, another summation order); the token and per-step paths, not round windows.
     prefill_graph_tokens: with the fused prefill, steps of whole prompts that pad to at most
     this many tokens (prompts and length rounded up to buckets) replay a CUDA graph per
     padded shape from its second step on (rltlab.engine.prefill_graphs: such steps are
@@ -130,6 +134,7 @@ class EngineConfig:
     fused_prefill: bool = True
     cudnn_prefill_after: int | None = 16
     pad_prefill_attention: bool = False
+    shared_prefix_attention: bool = True
     prefill_graph_tokens: int | None = None
     fused_spec: bool = True
     spec_chain: int = 1
@@ -182,7 +187,7 @@ class EngineConfig:
                              f"got {self.decode_path!r}")
         for name in ("cuda_graphs", "compile", "small_batch_kernels", "pdl", "fused_qkv_rope",
                      "fused_tokens", "fused_prefill", "fused_spec", "prefill_first",
-                     "pad_prefill_attention"):
+                     "pad_prefill_attention", "shared_prefix_attention"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
         self.dtype = parse_dtype(self.dtype)

@@ -92,6 +92,7 @@ class LLMEngine:
                                   fused_prefill=config.fused_prefill,
                                   cudnn_prefill_after=config.cudnn_prefill_after,
                                   pad_prefill_attention=config.pad_prefill_attention,
+                                  shared_prefix_attention=config.shared_prefix_attention,
                                   prefill_graph_tokens=config.prefill_graph_tokens)
         self.weights = WeightUpdater(self.model, weight_version)
         self.eos_token_id = getattr(tokenizer, "eos_token_id", None)

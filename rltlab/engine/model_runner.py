@@ -101,7 +101,7 @@ class ModelRunner:
                  small_batch_kernels: bool = True, pdl: bool = True,
                  fused_qkv_rope: bool = True, l2_prefetch_mb: float = 4.0,
                  fused_prefill: bool = True, cudnn_prefill_after: int | None = 16,
-                 pad_prefill_attention: bool = False,
+                 pad_prefill_attention: bool = False, shared_prefix_attention: bool = True,
                  prefill_graph_tokens: int | None = None):
         cfg = model.config
         self.model, self.config, self.block_size = model, cfg, block_size
@@ -123,7 +123,8 @@ class ModelRunner:
                                      cuda_graphs=cuda_graphs, compile=compile,
                                      small_batch_kernels=small_batch_kernels, pdl=pdl,
                                      fused_qkv_rope=fused_qkv_rope,
-                                     l2_prefetch_mb=l2_prefetch_mb)
+                                     l2_prefetch_mb=l2_prefetch_mb,
+                                     shared_prefix=shared_prefix_attention)
             self.static = StaticDecoder(model, max_batch=max_batch, **self._static_args)
         self.prefill = (FusedPrefill(model, self.static.layers, self.kv_cache,
                                      triton=self._use_triton, cudnn_after=cudnn_prefill_after,

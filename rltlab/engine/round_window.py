@@ -214,6 +214,8 @@ class RoundWindow:
         self.stats["windows"] += 1
         self.stats["prepared_used"] += plan.uploaded is not None
         embed = runner.model.model.embed_tokens
+        if static.groups is not None:   # rows change planes from step to step: not planned
+            static.groups.clear()
         outs = []
         for s in range(plan.num_steps):
             starts, exits, copy_slots = rows[s]

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rltlab import kernels
+from rltlab.engine.prefix_groups import PrefixGroups
 from rltlab.model.architecture import OuroForCausalLM, apply_rope, rope_cos_sin
 
 # Rounds of at most this many rows use the Triton GEMV instead of cuBLAS. On the H200 it beats
@@ -102,7 +103,7 @@ class StaticDecoder:
                  block_size: int, max_batch: int, max_blocks_per_seq: int, cuda_graphs: bool,
                  compile: bool, small_batch_kernels: bool = True, pdl: bool = False,
                  fused_qkv_rope: bool = True, l2_prefetch_mb: float = 4.0,
-                 triton: bool | None = None):
+                 triton: bool | None = None, shared_prefix: bool = True):
         cfg = model.config
         self.model, self.config, self.kv_cache, self.block_size = model, cfg, kv_cache, block_size
         self.device, self.dtype = kv_cache.device, kv_cache.dtype
@@ -122,6 +123,10 @@ class StaticDecoder:
         # the block-table capacity (empty splits cost one tile check each).
         self._attention_kwargs = ({"max_context_len": max_blocks_per_seq * block_size}
                                   if use_triton else {})
+        # Rows sharing a prompt's blocks read them once per group (prefix_groups.py); the
+        # torch attention off CUDA reads every row's keys anyway.
+        self.groups = (PrefixGroups(max_batch, block_size, self.device)
+                       if shared_prefix and use_triton else None)
         # Under torch.compile the torch reference norm is fused by inductor with its neighbours.
         self._norm = kernels.add_rmsnorm if use_triton and not compile else kernels.add_rmsnorm_ref
         # Under torch.compile inductor fuses SiLU * up itself.
@@ -204,6 +209,8 @@ class StaticDecoder:
             table_v[row, : len(table)] = table
         self._stage_padding(buf, n)
         self.index.copy_(self._staging[turn], non_blocking=True)
+        if self.groups is not None:
+            self.groups.stage(plane_v[:n], ctx_v[:n], table_v[:n])
         if self.device.type == "cuda":
             self._staged_events[turn] = torch.cuda.Event()
             self._staged_events[turn].record()
@@ -271,11 +278,16 @@ class StaticDecoder:
             self._round(n, plane=r)
             self.token_gates[:n, r].copy_(self.gate_out[:n])
 
+    def _grouped(self) -> bool:
+        return self.groups is not None and self.groups.active
+
     def _bucket(self, rows: int) -> int:
         return next(b for b in self.buckets if b >= rows)
 
     def _launch(self, key, fn) -> None:
-        """Run fn: on CUDA as the graph captured under `key` (captured on first use)."""
+        """Run fn: on CUDA as the graph captured under `key` and whether rows are grouped
+        (captured on first use)."""
+        key = (key, self._grouped())
         if not self.cuda_graphs:
             fn()
             return
@@ -300,6 +312,7 @@ class StaticDecoder:
             positions, slots, ctx, tables = rows
         positions, planes, slots, ctx, tables = (positions[:n], planes[:n], slots[:n], ctx[:n],
                                                  tables[:n])
+        shared = {"shared": self.groups.plan.rows(n)} if rows is None and self._grouped() else {}
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, self.dtype)
         scale, eps = cfg.head_dim ** -0.5, cfg.rms_norm_eps
         heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
@@ -323,7 +336,7 @@ class StaticDecoder:
                 q, k, v = self._qkv(y, w["w_qkv"], cos[:, None], sin[:, None], *heads)
                 self._write_kv(self.kv_cache, idx, planes, slots, k, v)
             attn = self._attention(q, self.kv_cache[idx, 0], self.kv_cache[idx, 1], planes,
-                                   tables, ctx, scale, **self._attention_kwargs, **pdl,
+                                   tables, ctx, scale, **self._attention_kwargs, **pdl, **shared,
                                    **({"prefetch": fetch["attention"]} if fetch else {}))
             if small:
                 x, y = self._small_mlp(x, attn, w, eps, pdl, fetch)

@@ -189,6 +189,9 @@ class TokenWindow:
         slots = index[:, 2 * static.max_batch: 3 * static.max_batch].long()
         planes = torch.full((n,), depth - 1, dtype=torch.int32, device=runner.device)
         embed = runner.model.model.embed_tokens
+        if static.groups is not None:   # the window's rows sharing a prompt (prefix_groups.py)
+            static.groups.stage_sequences([seq.block_table for seq in seqs],
+                                          [ctx for _, ctx in plan.key])
         outs = []
         for s, going in enumerate(live):
             static.index.copy_(index[s])

@@ -1,0 +1,51 @@
+"""What the paged attention kernels share: one online-softmax step over a tile of keys gathered
+through a block table, and the tl.dot operand settings (kernels/paged_attention.py,
+kernels/shared_prefix.py)."""
+
+import torch
+import triton
+import triton.language as tl
+
+from .pdl import INTERPRETED
+
+LOG2E = 1.4426950408889634
+_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def dot_config(dtype):
+    """(operand dtype, input_precision) for tl.dot.
+
+    bf16/fp16 dots use tensor cores; fp32 ones stay exact (tf32 would miss a 1e-5 tolerance).
+    The interpreter's tl.dot multiplies the raw bits of 16-bit floats, so it gets fp32 operands.
+    """
+    dot_dtype = tl.float32 if INTERPRETED else _TL_DTYPES[dtype]
+    return dot_dtype, "ieee" if dot_dtype == tl.float32 else "tf32"
+
+
+@triton.jit
+def attend_tile(
+    q, m, l, acc, k_base, v_base, bt_ptr, n, n_mask, visible, block_size,
+    stride_kb, stride_ks, stride_vb, stride_vs, d, d_mask, qk_scale,
+    DOT_DTYPE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """One online-softmax step of queries q [M, D] over the keys at positions n [N].
+
+    Keys are gathered position by position through the block table, so the tile size does not
+    depend on block_size. visible [M, N] masks keys out; every row must see a key in its first
+    tile (m is -inf until then).
+    """
+    page = tl.load(bt_ptr + n // block_size, mask=n_mask, other=0).to(tl.int64)
+    off = n % block_size
+    kv_mask = n_mask[:, None] & d_mask[None, :]
+    k = tl.load(k_base + (page * stride_kb + off * stride_ks)[:, None] + d[None, :],
+                mask=kv_mask, other=0.0).to(DOT_DTYPE)
+    s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale  # log2 units
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m - m_new)
+    v = tl.load(v_base + (page * stride_vb + off * stride_vs)[:, None] + d[None, :],
+                mask=kv_mask, other=0.0).to(DOT_DTYPE)
+    l = l * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=INPUT_PRECISION)
+    return m_new, l, acc

@@ -1,0 +1,182 @@
+"""Decode attention that reads a shared prompt's K/V once per group instead of once per row.
+
+The n samples of a request (rltlab/engine/groups.py, the GRPO shape) point their block tables at
+the same physical blocks for the prompt. Plain paged decode attention (paged_attention.py)
+reads those blocks once per row: at 512-token prompts, n = 8 and ~100 generated tokens, ~85% of
+a decode step's K/V traffic is the same prompt read eight times over, and decode at c = 128 is
+bound by that traffic (W5 in rltlab.bench.engine).
+
+Here a decode step splits each grouped row's keys at the group's shared length L:
+  * positions [0, L): one program per (group, kv head, split) loads each K/V tile once and
+    scores it against every member's queries together (members x GQA heads form the M side of
+    tl.dot), writing one partial softmax result per member and split;
+  * positions [L, ctx): the row's own pass (paged_attention._decode_kernel from start = L);
+  * the split merge (log-sum-exp weighted) combines both, as it combines key-range splits.
+The result is the same attention; only the summation order differs.
+
+SharedPrefix is the plan; shared_prefix_plan builds it on the host from what a decode step
+stages anyway (planes, context lengths, block tables). Two rows may share [0, L) when they read
+the same plane and their block tables name the same physical blocks for every position below
+L, and L is below both context lengths: they then read the very same memory there, whatever it
+holds. L is capped one position short of the shortest context, so every row keeps a key of
+its own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from .attention_tiles import attend_tile
+
+# Rows per group program: members x GQA heads fill the M side of tl.dot (16 = its minimum);
+# a larger set of rows sharing a prefix is split into several groups.
+MAX_MEMBERS = 16
+
+
+@dataclass
+class SharedPrefix:
+    """Per decode row b (all int32 tensors on the attention's device):
+    start [B]: the row's own pass begins here (0 if it is in no group);
+    length [B]: if row b leads a group, the length L of the group's shared prefix, else 0;
+    members [B, MAX_MEMBERS]: the leader's group (itself included), padded with -1."""
+    start: torch.Tensor
+    length: torch.Tensor
+    members: torch.Tensor
+
+    def rows(self, n: int) -> SharedPrefix:
+        return SharedPrefix(self.start[:n], self.length[:n], self.members[:n])
+
+
+def shared_prefix_plan(planes: np.ndarray, context_lens: np.ndarray, tables: np.ndarray,
+                       block_size: int, start: np.ndarray, length: np.ndarray,
+                       members: np.ndarray, min_shared: int = 1) -> int:
+    """Fill start / length / members (numpy views of the rows' plan, any size >= rows) for
+    the rows given by planes / context_lens / tables [rows, blocks]. Rows that read the same
+    plane and the same first block form a group (in row order, up to MAX_MEMBERS each); its
+    shared length is the common run of identical leading blocks, times block_size, capped at
+    the shortest context minus one. Groups sharing fewer than min_shared positions are left
+    out. Returns the number of groups."""
+    rows = len(planes)
+    start[:], length[:], members[:] = 0, 0, -1
+    if rows < 2:
+        return 0
+    keys: dict[tuple[int, int], list[int]] = {}
+    for row in range(rows):
+        if context_lens[row] > 1:
+            keys.setdefault((int(planes[row]), int(tables[row, 0])), []).append(row)
+    groups = 0
+    for same in keys.values():
+        for lo in range(0, len(same), MAX_MEMBERS):
+            chunk = same[lo: lo + MAX_MEMBERS]
+            if len(chunk) < 2:
+                continue
+            shortest = int(context_lens[chunk].min())
+            blocks = -(-(shortest - 1) // block_size)   # blocks holding positions < shortest-1
+            common = np.all(tables[chunk, :blocks] == tables[chunk[0], :blocks], axis=0)
+            run = blocks if common.all() else int(np.argmin(common))
+            shared = min(run * block_size, shortest - 1)
+            if shared < min_shared:
+                continue
+            start[chunk] = shared
+            length[chunk[0]] = shared
+            members[chunk[0], : len(chunk)] = chunk
+            groups += 1
+    return groups
+
+
+@triton.jit
+def _shared_prefix_kernel(
+    q_ptr, k_ptr, v_ptr, planes_ptr, bt_ptr, length_ptr, members_ptr, out_ptr, lse_ptr,
+    num_rows, qk_scale, block_size, tiles_per_split, slot0, num_slots,
+    stride_qb, stride_qh,
+    stride_kp, stride_kb, stride_ks, stride_kh,
+    stride_vp, stride_vb, stride_vs, stride_vh,
+    stride_btb, stride_mb,
+    stride_ob, stride_oh, stride_os,
+    GROUP: tl.constexpr, MEMBERS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    # One program = (group leader row, kv head, split of the shared range). Rows that lead no
+    # group (length 0) have nothing to do.
+    leader = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    length = tl.load(length_ptr + leader)
+    if length > 0:
+        m_idx = tl.arange(0, BLOCK_M)
+        d = tl.arange(0, BLOCK_D)
+        d_mask = d < HEAD_DIM
+        member_j = m_idx // GROUP
+        in_group = member_j < MEMBERS
+        member = tl.load(members_ptr + leader * stride_mb + member_j, mask=in_group, other=-1)
+        valid = in_group & (member >= 0) & (member < num_rows)
+        member = tl.where(valid, member, 0)
+        heads = kv_head * GROUP + m_idx % GROUP
+        q = tl.load(q_ptr + member[:, None] * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                    mask=valid[:, None] & d_mask[None, :], other=0.0).to(DOT_DTYPE)
+        plane = tl.load(planes_ptr + leader).to(tl.int64)
+        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        first = split * tiles_per_split * BLOCK_N
+        end = tl.minimum(first + tiles_per_split * BLOCK_N, length)
+        k_base = k_ptr + plane * stride_kp + kv_head * stride_kh
+        v_base = v_ptr + plane * stride_vp + kv_head * stride_vh
+        for n0 in range(first, end, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            n_mask = n < end
+            m, l, acc = attend_tile(
+                q, m, l, acc, k_base, v_base, bt_ptr + leader * stride_btb, n, n_mask,
+                n_mask[None, :], block_size, stride_kb, stride_ks, stride_vb, stride_vs, d,
+                d_mask, qk_scale, DOT_DTYPE, INPUT_PRECISION)
+        # An empty split (first >= length) writes lse = -inf: zero weight in the merge.
+        has_keys = l > 0
+        l_safe = tl.where(has_keys, l, 1.0)
+        out = acc / l_safe[:, None]
+        lse = tl.where(has_keys, m + tl.log2(l_safe), float("-inf"))
+        slot = slot0 + split
+        out_offs = (member[:, None] * stride_ob + heads[:, None] * stride_oh + slot * stride_os
+                    + d[None, :])
+        tl.store(out_ptr + out_offs, out, mask=valid[:, None] & d_mask[None, :])
+        lse_offs = (member * GROUP * tl.num_programs(1) + heads) * num_slots + slot
+        tl.store(lse_ptr + lse_offs, lse, mask=valid)
+
+
+def prefix_splits(rows: int, num_kv_heads: int, max_context_len: int, block_n: int,
+                  device) -> int:
+    """Splits of the shared range: ~4 programs per SM if the rows formed groups of 8 (the
+    count of groups is the device's to know; the grid is fixed for a CUDA graph)."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    work = max(1, -(-rows // 8) * num_kv_heads)
+    return max(1, min(triton.cdiv(max_context_len, block_n), (4 * sms) // work))
+
+
+def launch_shared_prefix(q, k_cache, v_cache, planes, block_tables, shared: SharedPrefix,
+                         part, lse, slot0: int, splits: int, tiles_per_split: int, scale_log2,
+                         block_n: int, dot: tuple, num_warps: int, num_stages: int) -> None:
+    """Write the groups' shared-range partial results into part / lse slots
+    slot0 .. slot0 + splits - 1 of their members (part [B, Hq, slots, D] fp32, lse
+    [B, Hq, slots])."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[3]
+    group = num_heads // num_kv_heads
+    assert shared.members.stride(-1) == 1 and shared.members.shape[1] == MAX_MEMBERS
+    block_m = max(16, triton.next_power_of_2(MAX_MEMBERS * group))
+    _shared_prefix_kernel[(batch, num_kv_heads, splits)](
+        q, k_cache, v_cache, planes, block_tables, shared.length, shared.members, part, lse,
+        batch, scale_log2, k_cache.shape[2], tiles_per_split, slot0, lse.shape[2],
+        q.stride(0), q.stride(1),
+        *k_cache.stride()[:4], *v_cache.stride()[:4],
+        block_tables.stride(0), shared.members.stride(0),
+        part.stride(0), part.stride(1), part.stride(2),
+        GROUP=group, MEMBERS=MAX_MEMBERS, BLOCK_M=block_m, BLOCK_N=block_n,
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        DOT_DTYPE=dot[0], INPUT_PRECISION=dot[1], num_warps=num_warps, num_stages=num_stages,
+    )
