@@ -39,6 +39,23 @@ def test_prefill_flops_and_work_by_hand():
     assert ceilings.mean_executed_rounds(work) == 2.5
 
 
+def test_shared_prompt_reads_count_once_per_group_step():
+    """With shared-prefix attention (block 4) a group of three reads its prompt's whole blocks
+    (8 of 10 positions) once per decode step, at its deepest member's rounds; the rest of each
+    context per sample. n = 1 requests are unchanged."""
+    group = output(10, [4, 2, 3, 1], [4, 4], [4, 1, 1])
+    plain = ceilings.work_of(COSTS, [group])
+    assert plain["kv_read_positions"] == (2 * 11 + 3 * 12 + 1 * 13) + 4 * 11 + (11 + 12)
+    shared = ceilings.work_of(COSTS, [group], shared_block=4)
+    # own parts: positions 8.. of each context; shared: steps 1, 2, 3 at depths 4, 3, 1
+    own = (2 * 3 + 3 * 4 + 1 * 5) + 4 * 3 + (3 + 4)
+    assert shared["kv_read_positions"] == own + 8 * (4 + 3 + 1)
+    assert {k: v for k, v in shared.items() if k != "kv_read_positions"} == \
+        {k: v for k, v in plain.items() if k != "kv_read_positions"}
+    solo = output(10, [4, 2, 3])
+    assert ceilings.work_of(COSTS, [solo], shared_block=4) == ceilings.work_of(COSTS, [solo])
+
+
 def test_ceiling_by_hand():
     work = ceilings.work_of(COSTS, [output(3, [4, 2, 3], [4])])
     # prefill 442 FLOPs at 221 FLOP/s = 2 s; decode (5 x 20 + 2 x 10) / 2 rows + 23 x 3 = 129

@@ -105,9 +105,12 @@ def prefill_flops(costs: ModelCosts, prompt_len: int) -> int:
                            + costs.attn_flops_per_pair * pairs) + 2 * costs.head_params
 
 
-def work_of(costs: ModelCosts, outputs) -> dict:
+def work_of(costs: ModelCosts, outputs, shared_block: int = 0) -> dict:
     """What a run computed, from its RequestOutputs: prompts prefilled (once per request),
-    output tokens, decode positions, their executed rounds and the K/V positions they read."""
+    output tokens, decode positions, their executed rounds and the K/V positions they read.
+    shared_block: the block size if the engine read a group's shared prompt blocks once per
+    group (EngineConfig.shared_prefix_attention), else 0: then those positions count once per
+    decode step of the group (at its deepest member's rounds) instead of once per sample."""
     work = dict(requests=0, prefill_tokens=0, prefill_flops=0, output_tokens=0,
                 decode_tokens=0, decode_row_rounds=0, kv_read_positions=0)
     for out in outputs:
@@ -115,13 +118,19 @@ def work_of(costs: ModelCosts, outputs) -> dict:
         work["requests"] += 1
         work["prefill_tokens"] += prompt
         work["prefill_flops"] += prefill_flops(costs, prompt)
+        # (for one sample the split changes nothing: its steps are its own)
+        shared = prompt // shared_block * shared_block if shared_block else 0
+        steps: dict[int, int] = {}   # decode step -> the deepest member's rounds there
         for completion in out.outputs:
             depths = completion.executed_depths
             work["output_tokens"] += len(depths)
             work["decode_tokens"] += max(len(depths) - 1, 0)
             work["decode_row_rounds"] += sum(depths[1:])
-            work["kv_read_positions"] += sum(d * (prompt + i)
+            work["kv_read_positions"] += sum(d * (prompt + i - shared)
                                              for i, d in enumerate(depths[1:], start=1))
+            for i, d in enumerate(depths[1:], start=1):
+                steps[i] = max(steps.get(i, 0), d)
+        work["kv_read_positions"] += shared * sum(steps.values())
     return work
 
 

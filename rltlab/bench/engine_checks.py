@@ -34,7 +34,9 @@ def closed_loop(llm, prompts, params, concurrency: int, costs: ModelCosts
     RequestOutputs in prompt order)."""
     outputs = []
     figures = bench_engine(llm, prompts, params, concurrency, keep=outputs)
-    figures["work"] = work_of(costs, outputs)
+    static = llm.llm_engine.runner.static
+    shared_block = static.block_size if static is not None and static.groups is not None else 0
+    figures["work"] = work_of(costs, outputs, shared_block)
     rounds = mean_executed_rounds(figures["work"])
     figures["mean_executed_rounds"] = None if rounds is None else round(rounds, 3)
     return figures, outputs
