@@ -1,6 +1,7 @@
 """The engine bench's ceilings and gains (rltlab.bench.ceilings) against hand-computed values,
 and the bench's W5 (groups) and W6/W7 (decode-heavy depth pair) run tiny on CPU (not timings)."""
 import json
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -99,11 +100,22 @@ def test_annotate_by_hand():
 
 def test_bench_groups_and_decode_heavy_pair_run_tiny(capsys):
     res = bench_main(["--preset", "tiny", "--device", "cpu", "--workload", "W5", "W6", "W7",
-                      "--scale", "0.02", "--modes", "gather", "--kv-gib", "0.05"])
+                      "--scale", "0.02", "--modes", "gather", "--kv-gib", "0.05",
+                      "--w5-rounds", "3"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == res
     w5 = res["workloads"]["W5"]["modes"]["gather"]
     n = res["workloads"]["W5"]["spec"]["n"]
     assert w5["same_tokens"] == 1.0 and w5["group_speedup"] > 0   # fp32: identical samples
+    # three paired rounds: the speedup is their median, with their mean and SE; the loops
+    # reported are the last round's
+    ratios = w5["round_speedups"]
+    assert len(ratios) == 3 and w5["group_speedup"] == round(statistics.median(ratios), 3)
+    assert w5["group_speedup_mean"] == pytest.approx(statistics.fmean(ratios), abs=1e-4)
+    assert w5["group_speedup_se"] == pytest.approx(statistics.stdev(ratios) / 3 ** 0.5,
+                                                   abs=1e-4)
+    assert ratios[-1] == pytest.approx(w5["closed_loop"]["tok_s"] / w5["independent"]["tok_s"],
+                                       rel=1e-3)
+    assert set(w5["first_pass_tok_s"]) == {"closed_loop", "independent"}
     # stop-token ended lengths
     assert w5["stopped_fraction"] > 0 and w5["mean_output_tokens"] < res["workloads"]["W5"][
         "spec"]["max_tokens"]

@@ -231,7 +231,7 @@ def run_mode(model, spec: dict, mode: str, prompts, params, kv_gib: float,
     c = spec["concurrency"]
     try:
         if spec.get("n"):
-            return group_workload.run(llm, spec, prompts, params, costs)
+            return group_workload.run(llm, spec, prompts, params, costs, spec["rounds"])
         warm_up(llm, prompts, params, c)
         first_pass = None
         if spec["requests"] > 1:
@@ -316,8 +316,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--weight-update", action="store_true")
     ap.add_argument("--bf16-check", action="store_true")
     ap.add_argument("--out", help="also write the JSON here after every workload")
+    ap.add_argument("--w5-rounds", type=int, default=1,
+                    help="W5: timed rounds of the grouped and independent loops, alternating "
+                         "(group_speedup: their median, with mean and SE)")
     args = ap.parse_args(argv)
     check_spread(ap, args.prompt_spread)
+    if args.w5_rounds < 1:
+        ap.error(f"--w5-rounds must be at least 1, got {args.w5_rounds}")
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     modes = args.modes.split(",")
     unknown = set(modes) - set(MODES) - {"plain"}
@@ -336,6 +341,8 @@ def main(argv=None) -> dict:
     results["matmul_tflop_s"] = ceilings.matmul_tflop_s(args.device, model.lm_head.weight.dtype)
     for name in args.workload:
         spec = with_spread(scaled(WORKLOADS[name], args.scale), args.prompt_spread)
+        if spec.get("n"):
+            spec["rounds"] = args.w5_rounds
         prompts = workload_prompts(spec, cfg.vocab_size)
         params = workload_params(spec, cfg.num_rounds, spec["requests"], cfg.vocab_size)
         entry = {"spec": spec, "modes": {}}

@@ -230,7 +230,8 @@ def print_table(results: dict) -> None:
                 solo = res["independent"]
                 print(f"{name:>4} {mode:>8} independent: {solo['tok_s']} tok/s "
                       f"({solo.get('pct_of_ceiling')}% of the ceiling); groups "
-                      f"{res['group_speedup']}x, same tokens {res['same_tokens']}, mean length "
+                      f"{res['group_speedup']}x (rounds {res['round_speedups']}), same tokens "
+                      f"{res['same_tokens']}, mean length "
                       f"{res['mean_output_tokens']}, stopped {res['stopped_fraction']}")
     for mode, gain in results.get("w4_gain", {}).items():
         print(f"W4/W3 decode gain ({mode}): {gain['gain']}x, ideal {gain['ideal']}x "
