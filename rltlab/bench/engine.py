@@ -39,11 +39,16 @@ specialisations stay out of the figures. Options --weight-update and --bf16-chec
 add the full-weight update timing and the bf16-vs-fp32 agreement. --prompt-spread S draws
 every workload's prompt lengths uniformly from prompt_len x (1 - S) .. (1 + S) instead of one
 length (real prompts differ; the fused prefill pays per distinct length in eager steps).
+W5 runs one untimed pass of its grouped and of its independent loop too, then --w5-rounds N
+rounds of both in alternating order: group_speedup is the rounds' median (with their mean and
+SE); the loops reported are the last round's. graph-no-shared-prefix (graph, but every decode
+row reads its group's shared prompt itself, kernels/shared_prefix.py) is W5's baseline mode.
 
 Ceilings (rltlab.bench.ceilings): the run measures a large matmul (TFLOP/s, model dtype) and a
 large device copy (GB/s, read + write) first; every workload and mode then reports
 `ceiling_tok_s` / `pct_of_ceiling` (prefill FLOPs at the matmul rate + decode weight and K/V
-bytes at the copy bandwidth, from the run's own outputs), a prefill-only run (max_tokens 1)
+bytes at the copy bandwidth, from the run's own outputs; with shared-prefix attention a group's
+shared prompt blocks count once per decode step), a prefill-only run (max_tokens 1)
 with `prefill_pct_of_matmul`, and each depth pair (W4/W3, W7/W6) `e2e_gain`,
 `ideal_e2e_gain` and `pct_of_ideal_e2e`. Last line: JSON.
 """
