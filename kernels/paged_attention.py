@@ -231,9 +231,7 @@ def paged_decode_attention(q, k_cache, v_cache, planes, block_tables, context_le
     num_tiles = triton.cdiv(max_context_len, block_n)
     if num_splits is None:
         num_splits = _default_num_splits(batch * num_kv_heads, max_context_len, block_n, q.device)
-    tiles_per_split = triton.cdiv(num_tiles, max(1, min(num_splits, num_tiles)))
-    num_splits = triton.cdiv(num_tiles, tiles_per_split)
-
+    num_splits, tiles_per_split = _split_range(num_splits, num_tiles)
     prefix = (0, 1) if shared is None else \
         _split_range(prefix_splits(batch, num_kv_heads, max_context_len, block_n, q.device),
                      num_tiles)
@@ -246,7 +244,7 @@ def paged_decode_attention(q, k_cache, v_cache, planes, block_tables, context_le
         batch, num_heads, slots, head_dim, device=q.device, dtype=torch.float32)
     _decode_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, planes, block_tables, context_lens,
-        context_lens if shared is None else shared.start, part, lse,
+        context_lens if shared is None else shared.start, part, lse,   # (start unread: no plan)
         scale * LOG2E, block_size, tiles_per_split, slots,
         q.stride(0), q.stride(1),
         *k_cache.stride()[:4], *v_cache.stride()[:4],

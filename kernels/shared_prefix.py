@@ -53,13 +53,13 @@ class SharedPrefix:
 
 def shared_prefix_plan(planes: np.ndarray, context_lens: np.ndarray, tables: np.ndarray,
                        block_size: int, start: np.ndarray, length: np.ndarray,
-                       members: np.ndarray, min_shared: int = 1) -> int:
+                       members: np.ndarray) -> int:
     """Fill start / length / members (numpy views of the rows' plan, any size >= rows) for
     the rows given by planes / context_lens / tables [rows, blocks]. Rows that read the same
     plane and the same first block form a group (in row order, up to MAX_MEMBERS each); its
     shared length is the common run of identical leading blocks, times block_size, capped at
-    the shortest context minus one. Groups sharing fewer than min_shared positions are left
-    out. Returns the number of groups."""
+    the shortest context minus one (at least 1: the rows share their first block and each
+    context holds 2+ positions). Returns the number of groups."""
     rows = len(planes)
     start[:], length[:], members[:] = 0, 0, -1
     if rows < 2:
@@ -79,8 +79,6 @@ def shared_prefix_plan(planes: np.ndarray, context_lens: np.ndarray, tables: np.
             common = np.all(tables[chunk, :blocks] == tables[chunk[0], :blocks], axis=0)
             run = blocks if common.all() else int(np.argmin(common))
             shared = min(run * block_size, shortest - 1)
-            if shared < min_shared:
-                continue
             start[chunk] = shared
             length[chunk[0]] = shared
             members[chunk[0], : len(chunk)] = chunk
