@@ -47,9 +47,9 @@ def test_grouped_samples_equal_the_plain_kernels(path):
     plain = triton_engine(model, shared=False, **extra).generate(PROMPTS, params)
     llm = triton_engine(model, shared=True, **extra)
     groups = llm.llm_engine.runner.static.groups
-    planned = []
-    stage = groups.stage
-    groups.stage = lambda *a: planned.append(stage(*a)) or planned[-1]
+    planned = []   # groups per plan
+    plan = groups.plan
+    groups.plan = lambda *a: planned.append(groups.count(made := plan(*a))) or made
     launches = []   # per attention call: (inside a round window, took a plan)
     engine, in_window = llm.llm_engine, [False]
     attention = engine.runner.static._attention

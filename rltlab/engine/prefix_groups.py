@@ -1,11 +1,12 @@
 """The static decode path's shared-prefix plan (kernels/shared_prefix.py): which decode rows
 read a shared prompt's K/V once per group, in fixed device buffers that CUDA graphs read.
 
-A decode step (StaticDecoder.stage) or a token window (token_window.py) plans its rows' groups on
-the host from their planes, context lengths and block tables: a few numpy comparisons per
-group, and one small copy only while some rows are grouped. The plan holds for a whole token
-window: its rows' tables only grow and their prompts' blocks stay where they are. Round windows
-(mixed planes per step) clear it.
+A decode step (StaticDecoder.stage) or a token window (token_window.py, while it plans the
+window's index, often ahead of it) plans its rows' groups on the host from their planes,
+context lengths and block tables: a few numpy comparisons per group, and one small copy only
+while some rows are grouped. The plan holds for a whole token window: its rows' tables only
+grow and their prompts' blocks stay where they are. Round windows (mixed planes per step) use
+none.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ class PrefixGroups:
         self.max_batch, self.block_size, self.device = max_batch, block_size, device
         size = max_batch * (2 + MAX_MEMBERS)
         self._buffer = torch.zeros(size, dtype=torch.int32, device=device)
-        self.plan = SharedPrefix(*self._views(self._buffer))
+        self.shared = SharedPrefix(*self._views(self._buffer))   # what the kernels read
         pin = device.type == "cuda"
         self._staging = [torch.zeros(size, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
         self._events: list = [None, None]
@@ -34,34 +35,30 @@ class PrefixGroups:
         b = self.max_batch
         return flat[:b], flat[b: 2 * b], flat[2 * b:].reshape(b, MAX_MEMBERS)
 
-    def stage(self, planes, context_lens, tables: np.ndarray) -> int:
-        """Plan the groups of the rows given (planes / context lengths [n], tables [n, blocks]:
-        their first blocks at least as far as their contexts) and queue the plan's copy to the
-        device behind the work already queued. -> the number of groups."""
-        turn = self._turn
-        if self._events[turn] is not None:
-            self._events[turn].synchronize()   # that buffer's last copy must be done
-        host = self._staging[turn].numpy()
+    def plan(self, planes, context_lens, tables: np.ndarray) -> np.ndarray | None:
+        """The groups of the rows given (planes / context lengths [n], tables [n, blocks]: their
+        first blocks at least as far as their contexts) as a host plan for use(), or None if
+        no group forms."""
+        host = np.empty(self._buffer.numel(), dtype=np.int32)
         groups = kernels.shared_prefix_plan(np.asarray(planes), np.asarray(context_lens), tables,
                                             self.block_size, *self._views(host))
-        self.active = groups > 0
-        if self.active:
-            self._turn = 1 - turn
-            self._buffer.copy_(self._staging[turn], non_blocking=True)
-            if self.device.type == "cuda":
-                self._events[turn] = torch.cuda.Event()
-                self._events[turn].record()
-        return groups
+        return host if groups else None
 
-    def stage_sequences(self, tables: list[list[int]], context_lens: list[int]) -> int:
-        """stage() for whole tokens (every row at one plane): the rows' block tables and their
-        context lengths at the first token."""
-        widest = max(map(len, tables), default=0)
-        padded = np.full((len(tables), widest), -1, dtype=np.int64)
-        for row, table in enumerate(tables):
-            padded[row, : len(table)] = table
-        return self.stage(np.zeros(len(tables), dtype=np.int64), context_lens, padded)
+    def count(self, host: np.ndarray | None) -> int:
+        """The groups in a plan from plan() (0 for None)."""
+        return 0 if host is None else int((self._views(host)[1] > 0).sum())
 
-    def clear(self) -> None:
-        """The next launches use no groups (their rows' planes are not planned)."""
-        self.active = False
+    def use(self, host: np.ndarray | None) -> None:
+        """The next launches use this plan (None: no groups); its copy to the device is queued
+        behind the work already queued."""
+        self.active = host is not None
+        if not self.active:
+            return
+        turn, self._turn = self._turn, 1 - self._turn
+        if self._events[turn] is not None:
+            self._events[turn].synchronize()   # that buffer's last copy must be done
+        self._staging[turn].numpy()[:] = host
+        self._buffer.copy_(self._staging[turn], non_blocking=True)
+        if self.device.type == "cuda":
+            self._events[turn] = torch.cuda.Event()
+            self._events[turn].record()

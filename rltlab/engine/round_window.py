@@ -215,7 +215,7 @@ class RoundWindow:
         self.stats["prepared_used"] += plan.uploaded is not None
         embed = runner.model.model.embed_tokens
         if static.groups is not None:   # rows change planes from step to step: not planned
-            static.groups.clear()
+            static.groups.use(None)
         outs = []
         for s in range(plan.num_steps):
             starts, exits, copy_slots = rows[s]

@@ -210,7 +210,7 @@ class StaticDecoder:
         self._stage_padding(buf, n)
         self.index.copy_(self._staging[turn], non_blocking=True)
         if self.groups is not None:
-            self.groups.stage(plane_v[:n], ctx_v[:n], table_v[:n])
+            self.groups.use(self.groups.plan(plane_v[:n], ctx_v[:n], table_v[:n]))
         if self.device.type == "cuda":
             self._staged_events[turn] = torch.cuda.Event()
             self._staged_events[turn].record()
@@ -312,7 +312,7 @@ class StaticDecoder:
             positions, slots, ctx, tables = rows
         positions, planes, slots, ctx, tables = (positions[:n], planes[:n], slots[:n], ctx[:n],
                                                  tables[:n])
-        shared = {"shared": self.groups.plan.rows(n)} if rows is None and self._grouped() else {}
+        shared = {"shared": self.groups.shared.rows(n)} if rows is None and self._grouped() else {}
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, self.dtype)
         scale, eps = cfg.head_dim ** -0.5, cfg.rms_norm_eps
         heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)

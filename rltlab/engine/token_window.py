@@ -51,6 +51,7 @@ class WindowPlan:
     live: list[list[int]]        # per token: the rows that compute and sample in it
     uploaded: tuple              # _upload(): (index [tokens, ...], rows per token) on the device
     ahead: bool                  # planned while the previous window ran
+    groups: object = None        # _groups(): the rows' shared-prefix plan, or None
 
 
 class TokenWindow:
@@ -106,6 +107,17 @@ class TokenWindow:
         return index, live
 
     @staticmethod
+    def _groups(static, index: np.ndarray, rows: int):
+        """The window's shared-prefix plan (prefix_groups.py; None: no groups) from its first
+        token's index: every row at one plane, with its context length and block table."""
+        if static.groups is None:
+            return None
+        b = static.max_batch
+        tables = index[0, 4 * b:].reshape(b, -1)[:rows]
+        return static.groups.plan(np.zeros(rows, dtype=np.int32),
+                                  index[0, 3 * b: 3 * b + rows], tables)
+
+    @staticmethod
     def _upload(index: np.ndarray, live: list[list[int]], device) -> tuple:
         """-> (index [tokens, ...] int32, per token the rows that sample, int64) on the device."""
         rows = to_device([i for going in live for i in going], torch.int64, device).split(
@@ -136,7 +148,7 @@ class TokenWindow:
         index, nxt_live = self._plan(seqs, static, depth, grown)
         self._prepared = WindowPlan(self._key(seqs, grown), depth, static, nxt_live,
                                     self._upload(index, nxt_live, self.engine.runner.device),
-                                    ahead=True)
+                                    ahead=True, groups=self._groups(static, index, len(seqs)))
 
     def _take_plan(self, seqs: list[Sequence], static, depth: int) -> WindowPlan:
         """The plan made ahead if it was made for exactly these rows, else a fresh one."""
@@ -147,7 +159,8 @@ class TokenWindow:
             return prepared
         index, live = self._plan(seqs, static, depth)
         return WindowPlan(key, depth, static, live,
-                          self._upload(index, live, self.engine.runner.device), ahead=False)
+                          self._upload(index, live, self.engine.runner.device), ahead=False,
+                          groups=self._groups(static, index, len(seqs)))
 
     @torch.no_grad()
     def step(self, depth: int):
@@ -190,8 +203,7 @@ class TokenWindow:
         planes = torch.full((n,), depth - 1, dtype=torch.int32, device=runner.device)
         embed = runner.model.model.embed_tokens
         if static.groups is not None:   # the window's rows sharing a prompt (prefix_groups.py)
-            static.groups.stage_sequences([seq.block_table for seq in seqs],
-                                          [ctx for _, ctx in plan.key])
+            static.groups.use(plan.groups)
         outs = []
         for s, going in enumerate(live):
             static.index.copy_(index[s])

@@ -47,8 +47,8 @@ def main(argv=None) -> dict:
                   kv_cache_memory_gib=2.0, shared_prefix_attention=shared)
         groups = llm.llm_engine.runner.static.groups if llm.llm_engine.runner.static else None
         if shared and groups is not None:
-            stage = groups.stage
-            groups.stage = lambda *a: planned.append(stage(*a)) or planned[-1]
+            plan = groups.plan
+            groups.plan = lambda *a: planned.append(groups.count(made := plan(*a))) or made
         runs[shared] = [completions(llm.generate(prompts, params)) for prompts, params in work]
         del llm
     result = {"device": args.device, "batches": {}}
