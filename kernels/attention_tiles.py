@@ -1,5 +1,6 @@
 """What the paged attention kernels share: one online-softmax step over a tile of keys gathered
-through a block table, and the tl.dot operand settings (kernels/paged_attention.py,
+through a block table, a key range's normalized result and log-sum-exp (the decode kernels'
+splits), and the tl.dot operand settings (kernels/paged_attention.py,
 kernels/shared_prefix.py)."""
 
 import torch
@@ -49,3 +50,28 @@ def attend_tile(
     l = l * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=INPUT_PRECISION)
     return m_new, l, acc
+
+
+@triton.jit
+def attend_range(
+    q, start, end, k_base, v_base, bt_ptr, block_size,
+    stride_kb, stride_ks, stride_vb, stride_vs, d, d_mask, qk_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """Queries q [BLOCK_M, D] over the keys at positions start..end-1, every one visible to
+    every query -> (normalized output [BLOCK_M, BLOCK_D] fp32, log2-sum-exp [BLOCK_M]). An
+    empty range gives zeros with lse = -inf, so a split merge gives it zero weight."""
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = n < end
+        m, l, acc = attend_tile(
+            q, m, l, acc, k_base, v_base, bt_ptr, n, n_mask, n_mask[None, :], block_size,
+            stride_kb, stride_ks, stride_vb, stride_vs, d, d_mask, qk_scale,
+            DOT_DTYPE, INPUT_PRECISION)
+    has_keys = l > 0
+    l_safe = tl.where(has_keys, l, 1.0)
+    return acc / l_safe[:, None], tl.where(has_keys, m + tl.log2(l_safe), float("-inf"))

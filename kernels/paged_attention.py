@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_tiles import LOG2E, attend_tile, dot_config
+from .attention_tiles import LOG2E, attend_range, attend_tile, dot_config
 from .l2_prefetch import prefetch_args, prefetch_l2
 from .pdl import await_previous_kernel, launch_options
 from .shared_prefix import SharedPrefix, launch_shared_prefix, prefix_splits
@@ -139,27 +139,14 @@ def _decode_kernel(
     q = tl.load(q_ptr + row * stride_qb + heads[:, None] * stride_qh + d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(DOT_DTYPE)
 
-    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     start = first + split * tiles_per_split * BLOCK_N
     end = tl.minimum(start + tiles_per_split * BLOCK_N, ctx)
-    k_base = k_ptr + plane * stride_kp + kv_head * stride_kh
-    v_base = v_ptr + plane * stride_vp + kv_head * stride_vh
-    for n0 in range(start, end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = n < end
-        m, l, acc = attend_tile(
-            q, m, l, acc, k_base, v_base, bt_ptr + row * stride_btb, n, n_mask,
-            n_mask[None, :], block_size, stride_kb, stride_ks, stride_vb, stride_vs, d, d_mask,
-            qk_scale, DOT_DTYPE, INPUT_PRECISION)
-
-    # An empty split (start >= ctx) leaves l == 0: write zeros with lse = -inf so the merge
-    # gives it zero weight.
-    has_keys = l > 0
-    l_safe = tl.where(has_keys, l, 1.0)
-    out = acc / l_safe[:, None]
-    lse = tl.where(has_keys, m + tl.log2(l_safe), float("-inf"))
+    # An empty split (start >= ctx) gives zeros with lse = -inf: zero weight in the merge.
+    out, lse = attend_range(
+        q, start, end, k_ptr + plane * stride_kp + kv_head * stride_kh,
+        v_ptr + plane * stride_vp + kv_head * stride_vh, bt_ptr + row * stride_btb, block_size,
+        stride_kb, stride_ks, stride_vb, stride_vs, d, d_mask, qk_scale,
+        BLOCK_G, BLOCK_N, BLOCK_D, DOT_DTYPE, INPUT_PRECISION)
     out_offs = row * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :]
     tl.store(out_ptr + out_offs, out, mask=g_mask[:, None] & d_mask[None, :])
     # lse is a contiguous [B, Hq, num_slots] buffer (num_slots >= the splits).

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_tiles import attend_tile
+from .attention_tiles import attend_range
 
 # Rows per group program: members x GQA heads fill the M side of tl.dot (16 = its minimum);
 # a larger set of rows sharing a prefix is split into several groups.
@@ -118,25 +118,14 @@ def _shared_prefix_kernel(
         q = tl.load(q_ptr + member[:, None] * stride_qb + heads[:, None] * stride_qh + d[None, :],
                     mask=valid[:, None] & d_mask[None, :], other=0.0).to(DOT_DTYPE)
         plane = tl.load(planes_ptr + leader).to(tl.int64)
-        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         first = split * tiles_per_split * BLOCK_N
-        end = tl.minimum(first + tiles_per_split * BLOCK_N, length)
-        k_base = k_ptr + plane * stride_kp + kv_head * stride_kh
-        v_base = v_ptr + plane * stride_vp + kv_head * stride_vh
-        for n0 in range(first, end, BLOCK_N):
-            n = n0 + tl.arange(0, BLOCK_N)
-            n_mask = n < end
-            m, l, acc = attend_tile(
-                q, m, l, acc, k_base, v_base, bt_ptr + leader * stride_btb, n, n_mask,
-                n_mask[None, :], block_size, stride_kb, stride_ks, stride_vb, stride_vs, d,
-                d_mask, qk_scale, DOT_DTYPE, INPUT_PRECISION)
         # An empty split (first >= length) writes lse = -inf: zero weight in the merge.
-        has_keys = l > 0
-        l_safe = tl.where(has_keys, l, 1.0)
-        out = acc / l_safe[:, None]
-        lse = tl.where(has_keys, m + tl.log2(l_safe), float("-inf"))
+        out, lse = attend_range(
+            q, first, tl.minimum(first + tiles_per_split * BLOCK_N, length),
+            k_ptr + plane * stride_kp + kv_head * stride_kh,
+            v_ptr + plane * stride_vp + kv_head * stride_vh, bt_ptr + leader * stride_btb,
+            block_size, stride_kb, stride_ks, stride_vb, stride_vs, d, d_mask, qk_scale,
+            BLOCK_M, BLOCK_N, BLOCK_D, DOT_DTYPE, INPUT_PRECISION)
         slot = slot0 + split
         out_offs = (member[:, None] * stride_ob + heads[:, None] * stride_oh + slot * stride_os
                     + d[None, :])
