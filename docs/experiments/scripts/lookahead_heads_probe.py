@@ -27,7 +27,8 @@ KMAX = 4
 
 
 @torch.no_grad()
-def greedy_capture(model, prompts, max_new=MAX_NEW, batch_size=128, want_h1=False):
+def greedy_capture(model, prompts, max_new=MAX_NEW, batch_size=128, want_h1=False,
+                   device="cpu"):
     """Greedy full-depth decoding (same steps as rltlab.model.generate.generate_plain, T=0,
     eos=0) that keeps h_4 of the position predicting each new token (positions P-1..P+L-2) and,
     optionally, h_1 of positions P..P+L-1 (round-1 state of each generated token)."""
@@ -39,13 +40,13 @@ def greedy_capture(model, prompts, max_new=MAX_NEW, batch_size=128, want_h1=Fals
         idx = order[lo:lo + batch_size]
         ps = [prompts[i] for i in idx]
         bsz, width = len(ps), max(map(len, ps))
-        ids, key_mask, positions = left_pad(ps, 0, "cpu")
-        cache = LoopedKVCache(model.config, bsz, width + max_new, torch.float32, "cpu")
+        ids, key_mask, positions = left_pad(ps, 0, device)
+        cache = LoopedKVCache(model.config, bsz, width + max_new, torch.float32, device)
         out = model(ids, positions=positions, key_mask=key_mask, cache=cache)
         next_pos = positions[:, -1] + 1
         h4s, h1s, toks = [out.final_hidden[:, -1]], [], []
         logits = out.final_logits[:, -1]
-        done = torch.zeros(bsz, dtype=torch.bool)
+        done = torch.zeros(bsz, dtype=torch.bool, device=device)
         for step in range(max_new):
             tok = logits.argmax(-1)
             toks.append(tok)
@@ -56,9 +57,9 @@ def greedy_capture(model, prompts, max_new=MAX_NEW, batch_size=128, want_h1=Fals
             logits = out.final_logits[:, -1]
             h4s.append(out.final_hidden[:, -1])
             h1s.append(out.hidden_states[0][:, -1])
-        T = torch.stack(toks, 1)
-        H4 = torch.stack(h4s, 1)
-        H1 = torch.stack(h1s, 1) if h1s else None
+        T = torch.stack(toks, 1).cpu()
+        H4 = torch.stack(h4s, 1).cpu()
+        H1 = torch.stack(h1s, 1).cpu() if h1s else None
         for r, i in enumerate(idx):
             t = T[r].tolist()
             L = next((j + 1 for j, x in enumerate(t) if x == EOS), len(t))
