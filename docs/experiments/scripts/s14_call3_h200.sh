@@ -10,13 +10,13 @@
 #    one row (docs/experiments/scripts/lookahead_tree_probe.py).
 set -uo pipefail
 source "$(dirname "$0")/h200_common.sh"
-timeout 100 python3 docs/experiments/scripts/shared_prefix_exactness.py --device cuda \
+timeout 130 python3 docs/experiments/scripts/shared_prefix_exactness.py --device cuda \
   > $OUT/shared_prefix_exactness.log 2>&1
 echo "exactness rc $?"; tail -4 $OUT/shared_prefix_exactness.log | cut -c1-600
 timeout 180 python3 -m rltlab.bench.engine --preset ouro-1.4b --device cuda --dtype bfloat16 \
   --workload W5 W1 --modes graph --w5-rounds 2 --out $OUT/engine_w5_w1.json \
   > $OUT/engine.log 2>&1
 echo "engine rc $?"; grep -E "^W[15] " $OUT/engine.log | cut -c1-500
-PROBE_OUT=$OUT timeout 300 python3 docs/experiments/scripts/lookahead_tree_probe.py \
-  --device cuda --train-seconds 170 > $OUT/tree_probe.log 2>&1
+PROBE_OUT=$OUT timeout 260 python3 docs/experiments/scripts/lookahead_tree_probe.py \
+  --device cuda --train-seconds 120 > $OUT/tree_probe.log 2>&1
 echo "tree probe rc $?"; grep -vE "^  gen" $OUT/tree_probe.log | tail -14 | cut -c1-900
