@@ -1,0 +1,162 @@
+"""Tree speculative decoding with lookahead heads against target-only decoding, end to end at
+c = 1, greedy (issue 16's >= 2.0x lossless goal).
+
+On the embedded model (fp32 by default) and its lookahead heads
+(artifacts/ouro-tiny/draft_heads/lookahead_h4), the held-out prompts of
+rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_tokens new tokens
+(eos 0 stops), one request at a time:
+
+  - target only: the paged engine (LLM.generate, max_num_seqs = 1, fixed depth R), the
+    baseline every speedup is paired against;
+  - root only: rltlab.engine.tree_spec with an empty tree (plain decoding in that harness);
+  - chain K = 4 and trees of B nodes: the artifact's own tree, and with --trees-from the trees
+    of a lookahead_tree_probe.py result (their "tree B=<b>" entries, --budgets);
+  - "<tree> compiled": the same under torch.compile (--compile-nodes: which node counts).
+
+Every config runs --repeats times, interleaved (the order rotates each repeat); a config's
+speedup is the median of its per-repeat time ratios against target only (paired), with mean,
+SE and range. identical: prompts whose tokens equal target only's. Last line: JSON.
+
+    python -m rltlab.bench.tree_spec --device cuda --trees-from \\
+        docs/experiments/data/2026-12-03-lookahead-tree-probe-h200.json --budgets 8 32 \\
+        --compile-nodes 0 16 32
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+HEADS = "artifacts/ouro-tiny/draft_heads/lookahead_h4"
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _trees(args, artifact_tree) -> dict:
+    trees = {"root only": [], "chain K=4": [tuple([0] * j) for j in range(1, 5)],
+             f"artifact tree B={len(artifact_tree)}": artifact_tree}
+    if args.trees_from:
+        found = json.loads(Path(args.trees_from).read_text())
+        found = found.get("result", found)["trees"]
+        for b in args.budgets:
+            key = f"tree B={b}"
+            if key not in found:
+                raise SystemExit(f"{args.trees_from} has no {key!r} (has {sorted(found)})")
+            trees[key] = [tuple(p) for p in found[key]]
+    return trees
+
+
+def run(args) -> dict:
+    from rltlab.draft_heads import lookahead
+    from rltlab.draft_heads.evaluate import eval_prompt_kinds, eval_prompts
+    from rltlab.engine import LLM, SamplingParams
+    from rltlab.engine.tree_spec import TreeSpecGenerator
+    from rltlab.model.checkpoint import load_model
+    model, tok, md = load_model(args.model, dtype=args.dtype, device=args.device)
+    model.eval()
+    heads, artifact_tree, meta = lookahead.load(args.heads, model)
+    prompts = eval_prompts(tok, md, args.prompts)
+    kinds = eval_prompt_kinds(args.prompts)
+    max_len = max(map(len, prompts)) + args.max_tokens + 1
+    llm = LLM(model, max_num_seqs=1, block_size=16, kv_cache_memory_gib=0.5,
+              max_model_len=max_len)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, exit_policy="fixed")
+    gens = {}
+    for name, tree in _trees(args, artifact_tree).items():
+        gens[name] = TreeSpecGenerator(model, heads, tree, max_len)
+        if len(tree) in args.compile_nodes:
+            gens[name + " compiled"] = TreeSpecGenerator(model, heads, tree, max_len,
+                                                         compile=True)
+
+    def target_only():
+        return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+
+    def tree(name):
+        def go():
+            outs = [gens[name].generate(p, args.max_tokens, args.eos) for p in prompts]
+            go.stats = [o.stats for o in outs]
+            return [o.token_ids for o in outs]
+        return go
+
+    configs = {"target only": target_only, **{name: tree(name) for name in gens}}
+    for fn in configs.values():           # warm-up: graph captures, compiles
+        fn()
+    seconds = {name: [] for name in configs}
+    tokens, stats = {}, {}
+    names = list(configs)
+    for rep in range(args.repeats):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            _sync(args.device)
+            started = time.perf_counter()
+            tokens[name] = configs[name]()
+            _sync(args.device)
+            seconds[name].append(time.perf_counter() - started)
+            stats[name] = getattr(configs[name], "stats", None)
+    base = tokens["target only"]
+    rows = []
+    for name in names:
+        ratios = [t / s for t, s in zip(seconds["target only"], seconds[name])]
+        row = {"config": name, "nodes": len(gens[name].paths) if name in gens else None,
+               "tokens": sum(map(len, tokens[name])),
+               "tok_s": sum(map(len, tokens[name])) / statistics.median(seconds[name]),
+               "seconds_all": seconds[name], "paired_speedup": statistics.median(ratios),
+               "paired_mean": statistics.mean(ratios),
+               "paired_se": statistics.stdev(ratios) / len(ratios) ** 0.5
+               if len(ratios) > 1 else 0.0, "paired_range": [min(ratios), max(ratios)],
+               "identical": f"{sum(a == b for a, b in zip(tokens[name], base))}/{len(base)}"}
+        if stats[name]:
+            s = stats[name]
+            steps = sum(x.steps for x in s)
+            row["tau"] = sum(x.emitted for x in s) / max(steps, 1)
+            row["tau_by_kind"] = {
+                kind: sum(x.emitted for x, k in zip(s, kinds) if k == kind)
+                / max(sum(x.steps for x, k in zip(s, kinds) if k == kind), 1)
+                for kind in sorted(set(kinds))}
+        rows.append(row)
+    return {"model": str(md), "dtype": args.dtype, "heads": args.heads,
+            "heads_training": meta.get("training", {}).get("script"), "prompts": args.prompts,
+            "max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m rltlab.bench.tree_spec",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None, help="model dir (default: the embedded model)")
+    ap.add_argument("--heads", default=HEADS)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--eos", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--trees-from", default=None)
+    ap.add_argument("--budgets", type=int, nargs="*", default=[8, 16, 32])
+    ap.add_argument("--compile-nodes", type=int, nargs="*", default=[],
+                    help="also run the trees of these node counts under torch.compile")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if args.repeats < 1 or args.prompts < 2 or args.max_tokens < 1:
+        ap.error("--repeats >= 1, --prompts >= 2 and --max-tokens >= 1")
+    res = run(args)
+    print(f"{'config':>22} | nodes | tok/s | paired (median, mean ± SE) | tau | identical")
+    for r in res["rows"]:
+        print(f"{r['config']:>22} | {str(r['nodes']):>5} | {r['tok_s']:7.1f} | "
+              f"{r['paired_speedup']:.3f} ({r['paired_mean']:.3f} ± {r['paired_se']:.3f}) | "
+              f"{r.get('tau', 1.0):.2f} | {r['identical']}")
+    if args.out:
+        tmp = Path(args.out + ".tmp")
+        tmp.write_text(json.dumps(res, indent=1))
+        tmp.rename(args.out)
+    print(json.dumps({r["config"]: round(r["paired_speedup"], 3) for r in res["rows"]}))
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Lookahead heads on round R's state and the draft tree they fill (issue 16).
+
+Head k (k = 1..depth) reads the final round's state h_R at the position that produced token
+x_{t+1} and the embedding of x_{t+1}, and predicts x_{t+1+k}: Medusa-style drafting, free from
+the previous verification pass. logits_k = lm_head(h + down(silu(up([norm(h), norm_e(emb)])))),
+lm_head and the embedding frozen and shared with the model.
+
+A tree is a prefix-closed set of rank paths: (r1, ..., rj) drafts head 1's r1-th token, then
+head 2's r2-th, ... (0 = the head's top-1). Because a head's candidates do not depend on the
+path, the true continuation is in the tree iff the rank of x_{t+1+k} under head k is r_k for
+k <= j; `tree_from_ranks` keeps the most frequent such prefixes of a calibration set.
+
+On disk (`save` / `load`): heads.safetensors + lookahead.json (depth, inner, tree, base model
+hash, training record), written atomically.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from rltlab.model.architecture import OuroForCausalLM, RMSNorm
+
+META_FILE, WEIGHTS_FILE = "lookahead.json", "heads.safetensors"
+
+
+class _Head(nn.Module):
+    def __init__(self, hidden: int, inner: int, eps: float):
+        super().__init__()
+        self.norm, self.norm_e = RMSNorm(hidden, eps), RMSNorm(hidden, eps)
+        self.up = nn.Linear(2 * hidden, inner, bias=False)
+        self.down = nn.Linear(inner, hidden, bias=False)
+        nn.init.normal_(self.up.weight, std=hidden ** -0.5)
+        nn.init.zeros_(self.down.weight)   # starts as the model's own lm_head on h
+
+    def forward(self, h: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        return h + self.down(F.silu(self.up(torch.cat([self.norm(h), self.norm_e(emb)], -1))))
+
+
+class LookaheadHeads(nn.Module):
+    """heads(h [N, H], next_token [N]) -> logits [N, depth, V]."""
+
+    def __init__(self, model: OuroForCausalLM, depth: int = 4, inner: int = 1024):
+        super().__init__()
+        if depth < 1 or inner < 1:
+            raise ValueError(f"depth and inner must be >= 1, got {depth} and {inner}")
+        cfg = model.config
+        self.depth, self.inner = depth, inner
+        self.heads = nn.ModuleList(_Head(cfg.hidden_size, inner, cfg.rms_norm_eps)
+                                   for _ in range(depth))
+        self._model = [model]   # shared and frozen: not this module's parameters
+
+    def forward(self, h: torch.Tensor, next_token: torch.Tensor) -> torch.Tensor:
+        model = self._model[0]
+        emb = model.model.embed_tokens(next_token).to(h.dtype)
+        return torch.stack([model.lm_head(head(h, emb)) for head in self.heads], dim=-2)
+
+
+def validate_tree(tree, depth: int) -> list[tuple[int, ...]]:
+    """Sorted (by depth, then ranks) list of rank paths; raises on a tree that is not
+    prefix-closed, deeper than the heads or with negative ranks."""
+    paths = sorted({tuple(int(r) for r in p) for p in tree}, key=lambda p: (len(p), p))
+    present = set(paths)
+    for p in paths:
+        if not 1 <= len(p) <= depth:
+            raise ValueError(f"tree path {p}: length must lie in 1..{depth}")
+        if min(p) < 0:
+            raise ValueError(f"tree path {p}: ranks must be >= 0")
+        if len(p) > 1 and p[:-1] not in present:
+            raise ValueError(f"tree path {p}: its prefix {p[:-1]} is missing")
+    return paths
+
+
+def tree_from_ranks(ranks: list[torch.Tensor], budget: int, max_rank: int = 64
+                    ) -> list[tuple[int, ...]]:
+    """The `budget` most frequent rank prefixes. ranks: per sequence, [L, depth] rank of the
+    true x_{t+1+k} under head k (-1 past the end). A prefix is never rarer than its
+    extensions, so with ties broken toward shorter prefixes the result is prefix-closed."""
+    counts: dict[tuple[int, ...], int] = {}
+    for r in ranks:
+        for row in r.tolist():
+            for k, rank in enumerate(row):
+                if rank < 0 or rank >= max_rank:
+                    break
+                key = tuple(row[:k + 1])
+                counts[key] = counts.get(key, 0) + 1
+    tree: set[tuple[int, ...]] = set()
+    for p in sorted(counts, key=lambda p: (-counts[p], len(p), p)):
+        if len(tree) == budget:
+            break
+        if len(p) == 1 or p[:-1] in tree:
+            tree.add(p)
+    return sorted(tree, key=lambda p: (len(p), p))
+
+
+def save(heads: LookaheadHeads, path, tree, base_model_hash: str, training: dict) -> None:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    meta = {"kind": "lookahead", "depth": heads.depth, "inner": heads.inner,
+            "tree": [list(p) for p in validate_tree(tree, heads.depth)],
+            "base_model_hash": base_model_hash, "training": training}
+    tensors = {k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}
+    for name, write in ((WEIGHTS_FILE, lambda f: save_file(tensors, f)),
+                        (META_FILE, lambda f: Path(f).write_text(json.dumps(meta, indent=1)))):
+        tmp = path / (name + ".tmp")
+        write(str(tmp))
+        os.replace(tmp, path / name)
+
+
+def load(path, model: OuroForCausalLM, check_hash: bool = True
+         ) -> tuple[LookaheadHeads, list[tuple[int, ...]], dict]:
+    """-> (heads on the model's device and dtype, tree, metadata)."""
+    path = Path(path)
+    if not (path / META_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
+        raise FileNotFoundError(f"{path} holds no lookahead heads ({META_FILE} + {WEIGHTS_FILE})")
+    meta = json.loads((path / META_FILE).read_text())
+    if meta.get("kind") != "lookahead":
+        raise ValueError(f"{path}: kind {meta.get('kind')!r}, expected 'lookahead'")
+    if check_hash:
+        from rltlab.model.checkpoint import model_hash
+        if meta["base_model_hash"] != model_hash(model):
+            raise ValueError(f"{path} was trained for model {meta['base_model_hash']}, not "
+                             f"{model_hash(model)} (check_hash=False to load anyway)")
+    heads = LookaheadHeads(model, meta["depth"], meta["inner"])
+    heads.load_state_dict(load_file(str(path / WEIGHTS_FILE)))
+    param = next(model.parameters())
+    return (heads.to(device=param.device, dtype=param.dtype).eval(),
+            validate_tree(meta["tree"], meta["depth"]), meta)

@@ -1,0 +1,156 @@
+"""Tree speculative decoding with lookahead heads (rltlab.engine.tree_spec) is lossless at
+T = 0: the tokens of plain greedy full-depth decoding, whatever the drafts. An oracle drafter
+that knows the reference continuation forces deep and partial acceptances through ranks > 0
+(so the tree mask, the acceptance walk and the K/V commit are all exercised); the heads
+themselves, the tree helpers and the on-disk format are checked on their own."""
+import pytest
+import torch
+
+from rltlab.draft_heads import lookahead
+from rltlab.draft_heads.lookahead import LookaheadHeads, tree_from_ranks, validate_tree
+from rltlab.engine.tree_spec import TreeSpecGenerator
+from rltlab.model.architecture import OuroForCausalLM
+from rltlab.model.config import OuroConfig
+from rltlab.model.generate import generate_plain
+
+torch.set_num_threads(1)
+VOCAB = 64
+# every path of ranks {0, 1} up to depth 3, and rank-0 paths to depth 4
+TREE = [p for d in (1, 2, 3) for p in __import__("itertools").product((0, 1), repeat=d)] + [
+    (0, 0, 0, 0), (1, 0, 0, 0)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = OuroConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                     num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                     total_ut_steps=4, max_position_embeddings=512)
+    return OuroForCausalLM(cfg).init_weights(0, std=0.3).eval()
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in (3, 9, 1, 6)]
+
+
+def _reference(model, prompt, max_tokens, eos=None):
+    return generate_plain(model, [prompt], max_tokens, temperature=0.0,
+                          eos_token_id=eos).token_ids[0]
+
+
+class _Oracle(TreeSpecGenerator):
+    """Drafts the reference continuation: head k's true token at rank ranks[k - 1] (a rank
+    outside the tree makes acceptance stop there), other ranks distinct wrong tokens."""
+
+    def __init__(self, *args, full: list[int], ranks: tuple[int, ...], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.full, self.ranks = full, ranks
+
+    def _draft(self, h_last, bonus, bonus_pos):
+        cand = torch.zeros(self.depth, self.max_rank, dtype=torch.long)
+        for k in range(1, self.depth + 1):
+            q = int(bonus_pos) + k
+            true = self.full[q] if q < len(self.full) else 1
+            wrong = [t for t in range(VOCAB) if t != true][:self.max_rank]
+            row = wrong[:]
+            if self.ranks[k - 1] < self.max_rank:
+                row[self.ranks[k - 1]] = true
+            cand[k - 1] = torch.tensor(row)
+        return cand
+
+
+@pytest.mark.parametrize("ranks,min_tau", [((0, 0, 0, 0), 4.0), ((1, 1, 0, 0), 3.0),
+                                           ((0, 1, 5, 0), 2.4), ((3, 0, 0, 0), 1.0)])
+def test_oracle_drafts_are_accepted_and_lossless(model, prompts, ranks, min_tau):
+    heads = LookaheadHeads(model, depth=4, inner=16)
+    for prompt in prompts:
+        ref = _reference(model, prompt, 24)
+        gen = _Oracle(model, heads, TREE, max_len=64, full=prompt + ref, ranks=ranks)
+        out = gen.generate(prompt, 24)
+        assert out.token_ids == ref
+        # the oracle's tree depth: 4 at ranks (0,0,0,0), 3 for (1,1,0,0) (no (1,1,0,0) path)
+        assert out.stats.tau >= min_tau - 1e-9 or out.stats.steps <= 2
+        if ranks[0] >= 2:                  # head 1's token is never in the tree
+            assert out.stats.accepted == 0
+
+
+def test_trained_or_not_heads_are_lossless_with_eos_and_caps(model, prompts):
+    """Real heads (random, so mostly wrong drafts), an EOS that stops mid-path and
+    max_tokens caps of every remainder modulo the tree depth."""
+    torch.manual_seed(0)
+    heads = LookaheadHeads(model, depth=4, inner=16)
+    for head in heads.heads:
+        torch.nn.init.normal_(head.down.weight, std=0.5)
+    gen = TreeSpecGenerator(model, heads, TREE, max_len=64)
+    for prompt in prompts:
+        for max_tokens in (1, 2, 5, 11, 24):
+            assert gen.generate(prompt, max_tokens).token_ids == \
+                _reference(model, prompt, max_tokens)
+        ref = _reference(model, prompt, 24)
+        eos = ref[len(ref) // 2]
+        assert gen.generate(prompt, 24, eos).token_ids == _reference(model, prompt, 24, eos)
+
+
+def test_oracle_with_eos_inside_an_accepted_path(model, prompts):
+    prompt = prompts[1]
+    ref = _reference(model, prompt, 24)
+    eos = ref[5]
+    gen = _Oracle(model, LookaheadHeads(model, 4, 16), TREE, max_len=64,
+                  full=prompt + ref, ranks=(0, 0, 0, 0))
+    assert gen.generate(prompt, 24, eos).token_ids == _reference(model, prompt, 24, eos)
+
+
+def test_bad_input_is_refused(model):
+    heads = LookaheadHeads(model, depth=2, inner=8)
+    with pytest.raises(ValueError, match="prefix"):
+        TreeSpecGenerator(model, heads, [(0,), (1, 0), (0, 0)], max_len=32)
+    with pytest.raises(ValueError, match="length"):
+        TreeSpecGenerator(model, heads, [(0,), (0, 0), (0, 0, 0)], max_len=32)
+    gen = TreeSpecGenerator(model, heads, [(0,), (0, 0)], max_len=32)
+    with pytest.raises(ValueError, match="max_len"):
+        gen.generate([1] * 20, 13)
+    with pytest.raises(ValueError, match="non-empty"):
+        gen.generate([], 4)
+    with pytest.raises(ValueError, match="depth"):
+        LookaheadHeads(model, depth=0)
+
+
+def test_tree_from_ranks_is_prefix_closed_and_takes_frequent_paths():
+    g = torch.Generator().manual_seed(0)
+    ranks = [torch.randint(0, 3, (50, 4), generator=g) * (torch.rand(50, 4, generator=g) < 0.7)
+             for _ in range(6)]
+    ranks[0][:5, 2:] = -1                 # past a rollout's end
+    for budget in (1, 5, 12, 30):
+        tree = tree_from_ranks(ranks, budget)
+        assert len(tree) == budget
+        assert validate_tree(tree, 4) == tree
+    assert tree_from_ranks(ranks, 1) == [(0,)]   # rank 0 is most frequent at every depth
+
+
+def test_heads_shapes_and_start_as_the_lm_head(model):
+    heads = LookaheadHeads(model, depth=3, inner=8)
+    h = torch.randn(5, model.config.hidden_size)
+    nxt = torch.randint(0, VOCAB, (5,))
+    logits = heads(h, nxt)
+    assert logits.shape == (5, 3, VOCAB)
+    # down is zero-initialised: every head starts as lm_head(h)
+    torch.testing.assert_close(logits[:, 1], model.lm_head(h), rtol=0, atol=1e-6)
+    assert not any(p is model.lm_head.weight for p in heads.parameters())
+
+
+def test_save_load_round_trip_and_hash_check(model, tmp_path):
+    heads = LookaheadHeads(model, depth=2, inner=8)
+    torch.nn.init.normal_(heads.heads[1].down.weight)
+    from rltlab.model.checkpoint import model_hash
+    lookahead.save(heads, tmp_path / "la", [(0,), (1,), (0, 0)], model_hash(model), {"x": 1})
+    loaded, tree, meta = lookahead.load(tmp_path / "la", model)
+    assert tree == [(0,), (1,), (0, 0)] and meta["training"] == {"x": 1}
+    h, nxt = torch.randn(3, 32), torch.tensor([1, 2, 3])
+    torch.testing.assert_close(loaded(h, nxt), heads(h, nxt), rtol=0, atol=0)
+    other = OuroForCausalLM(model.config).init_weights(1, std=0.3)
+    with pytest.raises(ValueError, match="trained for model"):
+        lookahead.load(tmp_path / "la", other)
+    with pytest.raises(FileNotFoundError):
+        lookahead.load(tmp_path / "missing", model)
+    assert not list((tmp_path / "la").glob("*.tmp"))
