@@ -86,8 +86,16 @@ def run(args) -> dict:
         return go
 
     configs = {"target only": target_only, **{name: tree(name) for name in gens}}
-    for fn in configs.values():           # warm-up: graph captures, compiles
-        fn()
+    failed = {}
+    for name, fn in list(configs.items()):   # warm-up: graph captures, compiles
+        try:
+            fn()
+        except Exception as err:   # one broken config must not cost the others' device time
+            if name == "target only":
+                raise
+            failed[name] = f"{type(err).__name__}: {err}"
+            print(f"{name}: FAILED {failed[name]}", flush=True)
+            del configs[name]
     seconds = {name: [] for name in configs}
     tokens, stats = {}, {}
     names = list(configs)
@@ -120,7 +128,7 @@ def run(args) -> dict:
                 / max(sum(x.steps for x, k in zip(s, kinds) if k == kind), 1)
                 for kind in sorted(set(kinds))}
         rows.append(row)
-    return {"model": str(md), "dtype": args.dtype, "heads": args.heads,
+    return {"model": str(md), "dtype": args.dtype, "heads": args.heads, "failed": failed,
             "heads_training": meta.get("training", {}).get("script"), "prompts": args.prompts,
             "max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows}
 

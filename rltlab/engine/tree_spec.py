@@ -127,8 +127,7 @@ class TreeSpecGenerator:
                 x = layer(x, cos, sin, mask, ctx, idx)
             h = model.model.norm(x)
         best = model.lm_head(h[0]).argmax(-1)
-        matched = tokens == best[self.node_parent]
-        matched[0] = True
+        matched = (tokens == best[self.node_parent]) | (depth == 0)   # the root is given
         on_path = ~(self.ancestors & ~matched[None]).any(-1)
         accepted = on_path & (depth <= cap)
         n = (depth * accepted).max()

@@ -9,6 +9,6 @@ set -uo pipefail
 source "$(dirname "$0")/h200_common.sh"
 timeout 560 python3 -m rltlab.bench.tree_spec --device cuda --repeats 7 \
   --trees-from docs/experiments/data/2026-12-03-lookahead-tree-probe-h200.json \
-  --budgets 8 32 64 --compile-nodes 0 8 16 32 --out $OUT/tree_spec.json \
+  --budgets 8 32 64 --compile-nodes 16 32 --out $OUT/tree_spec.json \
   > $OUT/tree_spec.log 2>&1
 echo "tree_spec rc $?"; grep -vE "^W1203|^ *$" $OUT/tree_spec.log | tail -16 | cut -c1-600
