@@ -1,0 +1,179 @@
+"""Train lookahead heads and pick their tree (rltlab.draft_heads.lookahead, issue 16).
+
+  1. rollouts: the target's own greedy full-depth continuations (eos stops) of TRAINING-split
+     prompts (rltlab.draft_heads.rollout_data.training_prompts), keeping h_R of the position
+     that produced each token;
+  2. heads k = 1..depth learn x_{t+1+k} from (h_R(t), x_{t+1}) by cross-entropy; every 10th
+     prompt is held out for calibration: the best step of each head by top-1 accuracy there,
+     then the `budget` most frequent rank prefixes there as the tree;
+  3. the heads, their tree and this record are saved (atomically) for
+     rltlab.engine.tree_spec and `python -m rltlab.bench.tree_spec --heads OUT`.
+
+    python -m rltlab.draft_heads.lookahead_train --device cuda --out /tmp/lookahead_h4
+
+The shipped artifacts/ouro-tiny/draft_heads/lookahead_h4 came from the same recipe in
+docs/experiments/scripts/lookahead_tree_probe.py (H200, 32,000 prompts, 120 s of training).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from rltlab.draft_heads.lookahead import LookaheadHeads, save, tree_from_ranks
+
+
+@torch.no_grad()
+def capture_rollouts(model, prompts: list[list[int]], max_new: int, batch_size: int,
+                     eos: int | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Greedy full-depth decoding -> per prompt (tokens [L], h_R [L, H]) on the CPU, h_R[i]
+    being the state that produced tokens[i]; a rollout ends at its first eos."""
+    from rltlab.model.architecture import LoopedKVCache
+    from rltlab.model.generate import left_pad
+    device = next(model.parameters()).device
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    out = [None] * len(prompts)
+    for lo in tqdm(range(0, len(order), batch_size), desc="rollouts", unit="batch"):
+        idx = order[lo:lo + batch_size]
+        ids, key_mask, positions = left_pad([prompts[i] for i in idx], 0, device)
+        cache = LoopedKVCache(model.config, len(idx), ids.shape[1] + max_new,
+                              next(model.parameters()).dtype, device)
+        step = model(ids, positions=positions, key_mask=key_mask, cache=cache)
+        nxt = positions[:, -1] + 1
+        states, tokens = [], []
+        done = torch.zeros(len(idx), dtype=torch.bool, device=device)
+        for i in range(max_new):
+            states.append(step.final_hidden[:, -1])
+            tokens.append(step.final_logits[:, -1].argmax(-1))
+            if eos is not None:
+                done |= tokens[-1] == eos
+            if bool(done.all()) or i == max_new - 1:
+                break
+            step = model(tokens[-1][:, None], positions=(nxt + i)[:, None], cache=cache)
+        toks, hs = torch.stack(tokens, 1).cpu(), torch.stack(states, 1).float().cpu()
+        for r, i in enumerate(idx):
+            t = toks[r].tolist()
+            n = next((j + 1 for j, x in enumerate(t) if x == eos), len(t))
+            out[i] = (toks[r, :n].clone(), hs[r, :n].clone())
+    return out
+
+
+def flatten(rollouts, depth: int):
+    """-> h [N, H], x_{t+1} [N], targets [N, depth] (x_{t+1+k}; -100 past the end)."""
+    hs, nxt, tgt = [], [], []
+    for y, h in rollouts:
+        t = torch.full((len(y), depth), -100, dtype=torch.long)
+        for k in range(1, depth + 1):
+            t[:max(len(y) - k, 0), k - 1] = y[k:]
+        hs.append(h)
+        nxt.append(y)
+        tgt.append(t)
+    return torch.cat(hs), torch.cat(nxt), torch.cat(tgt)
+
+
+@torch.no_grad()
+def true_ranks(heads, rollouts, device, cap: int = 64) -> list[torch.Tensor]:
+    """Per rollout [L, depth]: the rank of x_{t+1+k} under head k (capped), -1 past the end."""
+    out = []
+    for seq in rollouts:
+        h, nxt, tgt = (t.to(device) for t in flatten([seq], heads.depth))
+        logits = heads(h.to(next(heads.parameters()).dtype), nxt).float()
+        true = logits.gather(-1, tgt.clamp(min=0)[..., None])
+        rank = (logits > true).sum(-1).clamp(max=cap)
+        out.append(torch.where(tgt >= 0, rank, -1).cpu())
+    return out
+
+
+def train(model, rollouts, depth: int, inner: int, steps: int, batch: int, lr: float,
+          seed: int = 0):
+    """-> (heads with each head's best calibration step, calibration rollouts, record)."""
+    device = next(model.parameters()).device
+    fit = [s for i, s in enumerate(rollouts) if i % 10 != 0]
+    cal = [s for i, s in enumerate(rollouts) if i % 10 == 0]
+    if not fit or not cal:
+        raise ValueError(f"need >= 2 rollouts (one for calibration), got {len(rollouts)}")
+    H, NX, TG = (t.to(device) for t in flatten(fit, depth))
+    vH, vNX, vTG = (t.to(device) for t in flatten(cal, depth))
+    torch.manual_seed(seed)
+    heads = LookaheadHeads(model, depth, inner).to(device)
+    opt = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.01)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    best = [(-1.0, None, 0)] * depth
+    checks = max(1, steps // 8)
+
+    def check(step):
+        with torch.no_grad():
+            logits = heads(vH, vNX)
+        for k in range(depth):
+            ok = vTG[:, k] >= 0
+            acc = float((logits[ok, k].argmax(-1) == vTG[ok, k]).float().mean())
+            if acc > best[k][0]:
+                state = {n: p.detach().clone() for n, p in heads.heads[k].state_dict().items()}
+                best[k] = (acc, state, step)
+
+    started = time.time()
+    for step in tqdm(range(1, steps + 1), desc="lookahead heads", unit="step"):
+        for g in opt.param_groups:
+            g["lr"] = lr * min(1.0, step / 100) * max(0.02, 1 - step / steps)
+        pick = torch.randint(0, len(H), (batch,), generator=gen, device=device)
+        logits = heads(H[pick], NX[pick])
+        loss = F.cross_entropy(logits.flatten(0, 1), TG[pick].flatten(), ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(heads.parameters(), 1.0)
+        opt.step()
+        if step % checks == 0 or step == steps:
+            check(step)
+    for k, (_, state, _) in enumerate(best):
+        heads.heads[k].load_state_dict(state)
+    record = {"fit_rollouts": len(fit), "calibration_rollouts": len(cal),
+              "fit_positions": len(H), "steps": steps, "batch": batch, "lr": lr,
+              "seconds": round(time.time() - started, 1),
+              "calibration_top1": [round(b[0], 4) for b in best],
+              "best_step": [b[2] for b in best]}
+    return heads.eval(), cal, record
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m rltlab.draft_heads.lookahead_train",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None, help="model dir (default: the embedded model)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--n-arith", type=int, default=8000)
+    ap.add_argument("--n-text", type=int, default=24000)
+    ap.add_argument("--max-new", type=int, default=32)
+    ap.add_argument("--depth", type=int, default=4)
+    ap.add_argument("--inner", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=20000)
+    ap.add_argument("--batch", type=int, default=4096)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--budget", type=int, default=16, help="tree nodes")
+    args = ap.parse_args(argv)
+    if min(args.n_arith + args.n_text, args.steps, args.batch, args.budget, args.depth) < 1:
+        ap.error("--n-arith + --n-text, --steps, --batch, --budget and --depth must be >= 1")
+    from rltlab.draft_heads.rollout_data import training_prompts
+    from rltlab.model.checkpoint import load_model, model_hash
+    model, tok, md = load_model(args.model, dtype="float32", device=args.device)
+    model.eval().requires_grad_(False)
+    prompts = training_prompts(tok, args.n_arith, args.n_text, 24, 0)
+    eos = model.config.eos_token_id
+    rollouts = capture_rollouts(model, [p for p, _ in prompts], args.max_new, 512, eos)
+    heads, cal, record = train(model, rollouts, args.depth, args.inner, args.steps,
+                               args.batch, args.lr)
+    tree = tree_from_ranks(true_ranks(heads, cal, args.device), args.budget)
+    record.update(command="python -m rltlab.draft_heads.lookahead_train " +
+                  " ".join(argv if argv is not None else __import__("sys").argv[1:]),
+                  description="self-distilled on the target's own greedy rollouts of "
+                              "TRAINING-split prompts; held-out eval prompts never used",
+                  arith_prompts=args.n_arith, text_prompts=args.n_text)
+    save(heads, args.out, tree, model_hash(model), record)
+    print(record)
+    return record
+
+
+if __name__ == "__main__":
+    main()
