@@ -26,7 +26,7 @@ R; a standalone generator beside the paged engine, not yet one of its step paths
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -49,7 +49,6 @@ class TreeGeneration:
     token_ids: list[int]
     stats: TreeStats
     seconds: float = 0.0
-    extra: dict = field(default_factory=dict)
 
 
 class _TreeContext:

@@ -168,7 +168,8 @@ def tau_of(held_ranks: list[torch.Tensor], tree: set) -> dict:
             i += 1 + acc[i]
             iters += 1
         toks += len(acc)
-    return {"tau_posmean": round(pos / max(n_pos, 1), 3), "tau_walk": round(toks / max(iters, 1), 3)}
+    return {"tau_posmean": round(pos / max(n_pos, 1), 3),
+            "tau_walk": round(toks / max(iters, 1), 3)}
 
 
 def costs(model, held_prompts, args) -> dict:

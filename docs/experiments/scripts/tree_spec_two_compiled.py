@@ -10,12 +10,19 @@ from rltlab.engine.tree_spec import TreeSpecGenerator
 from rltlab.model.checkpoint import load_model
 m, tok, md = load_model(None, device="cuda"); m.eval()
 heads, tree, _ = lookahead.load("artifacts/ouro-tiny/draft_heads/lookahead_h4", m)
-trees = json.load(open("docs/experiments/data/2026-12-03-lookahead-tree-probe-h200.json"))["result"]["trees"]
+DATA = "docs/experiments/data/2026-12-03-lookahead-tree-probe-h200.json"
+trees = json.load(open(DATA))["result"]["trees"]
 ps = eval_prompts(tok, md, 32)[:6] + eval_prompts(tok, md, 32)[16:22]
 ml = max(map(len, ps)) + 33
+
+
 def tau(g):
-    o = [g.generate(p, 32, 0) for p in ps]; return round(sum(x.stats.emitted for x in o)/sum(x.stats.steps for x in o), 3)
-gs = {"root": TreeSpecGenerator(m, heads, [], ml), "a16c": TreeSpecGenerator(m, heads, tree, ml, compile=True),
+    o = [g.generate(p, 32, 0) for p in ps]
+    return round(sum(x.stats.emitted for x in o) / sum(x.stats.steps for x in o), 3)
+
+
+gs = {"root": TreeSpecGenerator(m, heads, [], ml),
+      "a16c": TreeSpecGenerator(m, heads, tree, ml, compile=True),
       "b32c": TreeSpecGenerator(m, heads, [tuple(p) for p in trees["tree B=32"]], ml, compile=True),
       "b64": TreeSpecGenerator(m, heads, [tuple(p) for p in trees["tree B=64"]], ml),
       "a16": TreeSpecGenerator(m, heads, tree, ml)}
