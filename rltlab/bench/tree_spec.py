@@ -78,14 +78,14 @@ def run(args) -> dict:
     def target_only():
         return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
 
-    def tree(name):
+    def tree_config(name):
         def go():
             outs = [gens[name].generate(p, args.max_tokens, args.eos) for p in prompts]
             go.stats = [o.stats for o in outs]
             return [o.token_ids for o in outs]
         return go
 
-    configs = {"target only": target_only, **{name: tree(name) for name in gens}}
+    configs = {"target only": target_only, **{name: tree_config(name) for name in gens}}
     failed = {}
     for name, fn in list(configs.items()):   # warm-up: graph captures, compiles
         try:
