@@ -105,11 +105,12 @@ def train(model, rollouts, depth: int, inner: int, steps: int, batch: int, lr: f
     checks = max(1, steps // 8)
 
     def check(step):
-        with torch.no_grad():
-            logits = heads(vH, vNX)
+        with torch.no_grad():   # in chunks: [positions, depth, vocab] logits add up
+            top1 = torch.cat([heads(vH[i:i + 8192], vNX[i:i + 8192]).argmax(-1)
+                              for i in range(0, len(vH), 8192)])
         for k in range(depth):
             ok = vTG[:, k] >= 0
-            acc = float((logits[ok, k].argmax(-1) == vTG[ok, k]).float().mean())
+            acc = float((top1[ok, k] == vTG[ok, k]).float().mean())
             if acc > best[k][0]:
                 state = {n: p.detach().clone() for n, p in heads.heads[k].state_dict().items()}
                 best[k] = (acc, state, step)
