@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from rltlab.common.atomic import write_json_atomic
+
 HEADS = "artifacts/ouro-tiny/draft_heads/lookahead_h4"
 
 
@@ -159,9 +161,7 @@ def main(argv=None) -> dict:
               f"{r['paired_speedup']:.3f} ({r['paired_mean']:.3f} ± {r['paired_se']:.3f}) | "
               f"{r.get('tau', 1.0):.2f} | {r['identical']}")
     if args.out:
-        tmp = Path(args.out + ".tmp")
-        tmp.write_text(json.dumps(res, indent=1))
-        tmp.rename(args.out)
+        write_json_atomic(args.out, res, indent=1)
     print(json.dumps({r["config"]: round(r["paired_speedup"], 3) for r in res["rows"]}))
     return res
 

@@ -16,14 +16,15 @@ hash, training record), written atomically.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
 from torch import nn
 
+from rltlab.common.atomic import write_bytes_atomic, write_json_atomic
 from rltlab.model.architecture import OuroForCausalLM, RMSNorm
 
 META_FILE, WEIGHTS_FILE = "lookahead.json", "heads.safetensors"
@@ -105,11 +106,8 @@ def save(heads: LookaheadHeads, path, tree, base_model_hash: str, training: dict
             "tree": [list(p) for p in validate_tree(tree, heads.depth)],
             "base_model_hash": base_model_hash, "training": training}
     tensors = {k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}
-    for name, write in ((WEIGHTS_FILE, lambda f: save_file(tensors, f)),
-                        (META_FILE, lambda f: Path(f).write_text(json.dumps(meta, indent=1)))):
-        tmp = path / (name + ".tmp")
-        write(str(tmp))
-        os.replace(tmp, path / name)
+    write_bytes_atomic(path / WEIGHTS_FILE, safetensors_bytes(tensors))
+    write_json_atomic(path / META_FILE, meta, indent=1)
 
 
 def load(path, model: OuroForCausalLM, check_hash: bool = True

@@ -17,6 +17,7 @@ docs/experiments/scripts/lookahead_tree_probe.py (H200, 32,000 prompts, 120 s of
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import torch
@@ -167,7 +168,7 @@ def main(argv=None) -> dict:
                                args.batch, args.lr)
     tree = tree_from_ranks(true_ranks(heads, cal, args.device), args.budget)
     record.update(command="python -m rltlab.draft_heads.lookahead_train " +
-                  " ".join(argv if argv is not None else __import__("sys").argv[1:]),
+                  " ".join(argv if argv is not None else sys.argv[1:]),
                   description="self-distilled on the target's own greedy rollouts of "
                               "TRAINING-split prompts; held-out eval prompts never used",
                   arith_prompts=args.n_arith, text_prompts=args.n_text)

@@ -73,7 +73,7 @@ class TreeSpecGenerator:
         self.depth = heads.depth
         self.paths = validate_tree(tree, self.depth)
         self.max_rank = max(max(p) for p in self.paths) + 1 if self.paths else 1
-        dev, self.device = param.device, param.device
+        dev = self.device = param.device
         index = {(): 0, **{p: i + 1 for i, p in enumerate(self.paths)}}
         self.node_depth = torch.tensor([0] + [len(p) for p in self.paths], device=dev)
         self.node_rank = torch.tensor([0] + [p[-1] for p in self.paths], device=dev)
