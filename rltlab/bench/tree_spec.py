@@ -8,10 +8,15 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
 
   - target only: the paged engine (LLM.generate, max_num_seqs = 1, fixed depth R), the
     baseline every speedup is paired against;
-  - root only: rltlab.engine.tree_spec with an empty tree (plain decoding in that harness);
-  - chain K = 4 and trees of B nodes: the artifact's own tree, and with --trees-from the trees
-    of a lookahead_tree_probe.py result (their "tree B=<b>" entries, --budgets);
-  - "<tree> compiled": the same under torch.compile (--compile-nodes: which node counts).
+  - the trees: root only (no drafts), chain K = 4, the artifact's own tree, and with
+    --trees-from the trees of a lookahead_tree_probe.py result (their "tree B=<b>" entries,
+    --budgets), each run by
+      - the engine (--paths engine): the same paged engine with a TreeProposer
+        (rltlab.engine.tree_graph), EngineConfig.spec_chain = M for each M of --chains
+        ("engine <tree> M=<m>");
+      - the standalone generator (--paths standalone): rltlab.engine.tree_spec over the
+        model's reference modules, and "<tree> compiled" under torch.compile
+        (--compile-nodes: which node counts).
 
 Every config runs --repeats times, interleaved (the order rotates each repeat); a config's
 speedup is the median of its per-repeat time ratios against target only (paired), with mean,
@@ -55,7 +60,40 @@ def _trees(args, artifact_tree) -> dict:
     return trees
 
 
+def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
+    """One engine per --chains value, holding a TreeProposer per tree (their private blocks
+    reserved beside one max_len sequence's) -> {name: generate function}."""
+    from rltlab.engine import LLM, TreeProposer
+    from rltlab.engine.speculative import SpecStats
+    from rltlab.engine.tree_graph import TreeShape
+    bs = 16
+    private = sum(2 * TreeShape(tree, "cpu").num_leaves for tree in trees.values())
+    configs = {}
+    for chain in args.chains:
+        llm = LLM(model, max_num_seqs=1, block_size=bs, max_model_len=max_len,
+                  spec_chain=chain, num_blocks=-(-max_len // bs) + private,
+                  decode_path="static")   # auto's choice on CUDA; the tree needs it
+        for name, tree in trees.items():
+            configs[f"engine {name} M={chain}"] = _engine_config(llm, TreeProposer(heads, tree),
+                                                                 params, SpecStats)
+    return configs
+
+
+def _engine_config(llm, proposer, params, stats_type):
+    def go(prompts):
+        llm.set_proposer(proposer)
+        outs = llm.generate(prompts, params)
+        go.stats = [stats_type(**{k: o.spec_stats[k] for k in
+                                  ("steps", "drafted", "accepted", "emitted")})
+                    if o.spec_stats else stats_type() for o in outs]
+        return [list(o.outputs[0].token_ids) for o in outs]
+    go.nodes = len(proposer.tree)
+    return go
+
+
 def run(args) -> dict:
+    from functools import partial
+
     from rltlab.draft_heads import lookahead
     from rltlab.draft_heads.evaluate import eval_prompt_kinds, eval_prompts
     from rltlab.engine import LLM, SamplingParams
@@ -70,12 +108,14 @@ def run(args) -> dict:
     llm = LLM(model, max_num_seqs=1, block_size=16, kv_cache_memory_gib=0.5,
               max_model_len=max_len)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, exit_policy="fixed")
-    gens = {}
-    for name, tree in _trees(args, artifact_tree).items():
+    trees, gens = _trees(args, artifact_tree), {}
+    for name, tree in trees.items() if "standalone" in args.paths else ():
         gens[name] = TreeSpecGenerator(model, heads, tree, max_len)
         if len(tree) in args.compile_nodes:
             gens[name + " compiled"] = TreeSpecGenerator(model, heads, tree, max_len,
                                                          compile=True)
+    engines = (_engine_configs(args, model, trees, heads, max_len, params)
+               if "engine" in args.paths else {})
 
     def target_only():
         return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
@@ -87,7 +127,8 @@ def run(args) -> dict:
             return [o.token_ids for o in outs]
         return go
 
-    configs = {"target only": target_only, **{name: tree_config(name) for name in gens}}
+    configs = {"target only": target_only, **{name: tree_config(name) for name in gens},
+               **{name: partial(go, prompts=prompts) for name, go in engines.items()}}
     failed = {}
     for name, fn in list(configs.items()):   # warm-up: graph captures, compiles
         try:
@@ -108,12 +149,15 @@ def run(args) -> dict:
             tokens[name] = configs[name]()
             _sync(args.device)
             seconds[name].append(time.perf_counter() - started)
-            stats[name] = getattr(configs[name], "stats", None)
+            fn = configs[name]
+            stats[name] = getattr(getattr(fn, "func", fn), "stats", None)
     base = tokens["target only"]
     rows = []
     for name in names:
         ratios = [t / s for t, s in zip(seconds["target only"], seconds[name])]
-        row = {"config": name, "nodes": len(gens[name].paths) if name in gens else None,
+        nodes = (len(gens[name].paths) if name in gens else
+                 engines[name].nodes if name in engines else None)
+        row = {"config": name, "nodes": nodes,
                "tokens": sum(map(len, tokens[name])),
                "tok_s": sum(map(len, tokens[name])) / statistics.median(seconds[name]),
                "seconds_all": seconds[name], "paired_speedup": statistics.median(ratios),
@@ -131,6 +175,7 @@ def run(args) -> dict:
                 for kind in sorted(set(kinds))}
         rows.append(row)
     return {"model": str(md), "dtype": args.dtype, "heads": args.heads, "failed": failed,
+            "paths": args.paths, "chains": args.chains,
             "heads_training": meta.get("training", {}).get("script"), "prompts": args.prompts,
             "max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows}
 
@@ -148,16 +193,21 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--trees-from", default=None)
     ap.add_argument("--budgets", type=int, nargs="*", default=[8, 16, 32])
+    ap.add_argument("--paths", nargs="+", choices=["engine", "standalone"],
+                    default=["engine", "standalone"])
+    ap.add_argument("--chains", type=int, nargs="+", default=[1, 4],
+                    help="EngineConfig.spec_chain values for the engine path")
     ap.add_argument("--compile-nodes", type=int, nargs="*", default=[],
-                    help="also run the trees of these node counts under torch.compile")
+                    help="also run the standalone trees of these node counts under "
+                         "torch.compile")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    if args.repeats < 1 or args.prompts < 2 or args.max_tokens < 1:
-        ap.error("--repeats >= 1, --prompts >= 2 and --max-tokens >= 1")
+    if args.repeats < 1 or args.prompts < 2 or args.max_tokens < 1 or min(args.chains) < 1:
+        ap.error("--repeats >= 1, --prompts >= 2, --max-tokens >= 1 and --chains >= 1")
     res = run(args)
-    print(f"{'config':>22} | nodes | tok/s | paired (median, mean ± SE) | tau | identical")
+    print(f"{'config':>28} | nodes | tok/s | paired (median, mean ± SE) | tau | identical")
     for r in res["rows"]:
-        print(f"{r['config']:>22} | {str(r['nodes']):>5} | {r['tok_s']:7.1f} | "
+        print(f"{r['config']:>28} | {str(r['nodes']):>5} | {r['tok_s']:7.1f} | "
               f"{r['paired_speedup']:.3f} ({r['paired_mean']:.3f} ± {r['paired_se']:.3f}) | "
               f"{r.get('tau', 1.0):.2f} | {r['identical']}")
     if args.out:

@@ -129,3 +129,11 @@ def load(path, model: OuroForCausalLM, check_hash: bool = True
     param = next(model.parameters())
     return (heads.to(device=param.device, dtype=param.dtype).eval(),
             validate_tree(meta["tree"], meta["depth"]), meta)
+
+
+def load_proposer(path, model: OuroForCausalLM, tree=None, check_hash: bool = True):
+    """A rltlab.engine.TreeProposer from saved heads, with their own tree or `tree`; load it
+    onto the model the engine runs (same dtype and device)."""
+    from rltlab.engine.hooks import TreeProposer
+    heads, own_tree, _ = load(path, model, check_hash=check_hash)
+    return TreeProposer(heads, own_tree if tree is None else tree)

@@ -4,7 +4,7 @@ from rltlab.engine.block_manager import CapacityError
 from rltlab.engine.config import EngineConfig
 from rltlab.engine.exit_policies import (ExitPolicy, RoundInfo, available_exit_policies,
                                          create_exit_policy, register_exit_policy)
-from rltlab.engine.hooks import DraftProposer, RoundEvent
+from rltlab.engine.hooks import DraftProposer, RoundEvent, TreeProposer
 from rltlab.engine.llm import LLM
 from rltlab.engine.llm_engine import LLMEngine
 from rltlab.engine.outputs import CompletionOutput, RequestOutput
@@ -14,6 +14,6 @@ from rltlab.engine.weights import WeightUpdateError
 __all__ = [
     "AsyncLLM", "CapacityError", "CompletionOutput", "DraftProposer", "EngineConfig",
     "ExitPolicy", "LLM", "LLMEngine", "RequestOutput", "RoundEvent", "RoundInfo",
-    "SamplingParams", "WeightUpdateError", "available_exit_policies", "create_exit_policy",
-    "register_exit_policy",
+    "SamplingParams", "TreeProposer", "WeightUpdateError", "available_exit_policies",
+    "create_exit_policy", "register_exit_policy",
 ]

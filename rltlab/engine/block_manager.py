@@ -19,6 +19,9 @@ import torch
 from rltlab.engine.sequence import Sequence
 
 
+RESERVED = -1   # the owner id of reserved blocks (sequence ids are >= 0)
+
+
 class CapacityError(ValueError):
     """A request that can never fit the KV cache (raised at add_request)."""
 
@@ -78,6 +81,18 @@ class BlockManager:
             self.owner[block] = {seq.seq_id}
         seq.block_table = shared + fresh
         seq.block_table_t = torch.tensor(seq.block_table, dtype=torch.long)
+
+    def reserve(self, count: int) -> list[int]:
+        """Take `count` blocks out of the pool for good (scratch space of the engine's own, e.g.
+        rltlab.engine.tree_graph's private blocks); they never return, and requests are
+        checked against the blocks left."""
+        if not 0 < count <= len(self.free_blocks):
+            raise RuntimeError(f"cannot reserve {count} KV blocks, {len(self.free_blocks)} free")
+        blocks = [self.free_blocks.popleft() for _ in range(count)]
+        self.num_blocks -= count
+        for block in blocks:
+            self.owner[block] = {RESERVED}
+        return blocks
 
     def free(self, seq: Sequence) -> None:
         """Let go of seq's blocks; a block returns to the pool when its last holder lets go."""

@@ -94,3 +94,27 @@ class DraftProposer:
     def draft_logits(self, hidden: torch.Tensor, lm_head) -> torch.Tensor:
         """h_d [N, H] -> draft logits [N, V] (fp32)."""
         return (self.head if self.head is not None else lm_head)(hidden).float()
+
+
+class TreeProposer:
+    """Tree speculative decoding for `LLMEngine.set_proposer` (rltlab.engine.tree_graph).
+
+    `heads(h_R [N, H], next_token [N]) -> logits [N, depth, V]` (lookahead heads, e.g.
+    rltlab.draft_heads.lookahead.load_proposer) draft, from the final round's state of the
+    last verified token, candidates for the `depth` positions after the next one; `tree` is a
+    prefix-closed set of rank paths (rltlab.draft_heads.lookahead.validate_tree) picking which
+    of them one full-depth pass verifies. Exact for greedy requests (T = 0, no top-k / top-p,
+    no log-probs) with a full-depth policy; the engine speculates this way while exactly one
+    such sequence runs, and steps normally otherwise.
+    """
+
+    adaptive = False   # the tree's shape is fixed (SpecDecoder's emit path reads this)
+
+    def __init__(self, heads, tree):
+        from rltlab.draft_heads.lookahead import validate_tree
+        depth = getattr(heads, "depth", None)
+        if not callable(heads) or not isinstance(depth, int) or depth < 1:
+            raise TypeError("TreeProposer needs lookahead heads: a callable with an int "
+                            f"`depth` >= 1, got {type(heads).__name__}")
+        self.heads, self.depth = heads, depth
+        self.tree = validate_tree(tree, depth)

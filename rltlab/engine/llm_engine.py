@@ -26,7 +26,8 @@ from rltlab.engine.config import EngineConfig
 from rltlab.engine.exit_decider import ExitDecider
 from rltlab.engine.exit_policies import ExitPolicy, create_exit_policy
 from rltlab.engine.groups import fork_followers
-from rltlab.engine.hooks import DraftProposer, ObserverHandle, RoundEvent, RoundObserver
+from rltlab.engine.hooks import (DraftProposer, ObserverHandle, RoundEvent, RoundObserver,
+                                 TreeProposer)
 from rltlab.engine.model_runner import ModelRunner, StepRows, place_model
 from rltlab.engine.outputs import RequestOutput, build_output
 from rltlab.engine.sampling import SamplingParams, sample
@@ -110,7 +111,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.paused = False
         self.observers: list[ObserverHandle] = []
-        self.proposer: DraftProposer | None = None
+        self.proposer: DraftProposer | TreeProposer | None = None
         self.spec_graphs: dict = {}   # id(proposer) -> its SpecGraph (spec_decode)
         # select_only needs every round's state of a token: no whole-token launches
         self._whole_tokens = (FusedTokenStep(self) if static and config.fused_tokens
@@ -376,9 +377,10 @@ class LLMEngine:
     def remove_round_observer(self, handle: ObserverHandle) -> None:
         self.observers.remove(handle)
 
-    def set_proposer(self, proposer: DraftProposer | None) -> None:
+    def set_proposer(self, proposer: DraftProposer | TreeProposer | None) -> None:
         """Loop-aware speculative decoding (rltlab.engine.spec_decode; docs/engine.md): a
-        DraftProposer(num_draft_tokens, draft_rounds, head) turns it on, None turns it off."""
+        DraftProposer(num_draft_tokens, draft_rounds, head) or a TreeProposer(heads, tree)
+        (rltlab.engine.tree_graph) turns it on, None turns it off."""
         spec = None
         if proposer is not None:
             from rltlab.engine.spec_decode import SpecDecoder

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import torch
 
-from rltlab.engine.hooks import DraftProposer
+from rltlab.engine.hooks import DraftProposer, TreeProposer
 from rltlab.engine.sampling import process_logits
 from rltlab.engine.sequence import Sequence, Span
 from rltlab.engine.speculative import SpecStats
@@ -70,30 +70,45 @@ def load_proposer(path, model, num_draft_tokens: int = 4, check_hash: bool = Tru
 
 
 class SpecDecoder:
-    def __init__(self, engine, proposer: DraftProposer):
+    def __init__(self, engine, proposer: DraftProposer | TreeProposer):
+        self.engine, self.proposer, self.runner = engine, proposer, engine.runner
+        self._graph = self._tree = None   # each iteration as one device program
+        static = engine.config.fused_spec and getattr(engine.runner, "static", None) is not None
+        # Programs are kept per proposer for the engine's life: setting a proposer again
+        # (switching drafters) reuses their captured graphs (and a tree's private blocks). The
+        # program holds the proposer, so the id stays unique.
+        graphs = engine.spec_graphs
+        if isinstance(proposer, TreeProposer):
+            if not static:
+                raise ValueError("a TreeProposer needs the engine's static decode path "
+                                 "(EngineConfig.fused_spec and the fused static decoder)")
+            if id(proposer) not in graphs:
+                from rltlab.engine.tree_graph import TreeGraph
+                graphs[id(proposer)] = TreeGraph(engine, proposer)
+            self._tree = graphs[id(proposer)]
+            return
         if not isinstance(proposer, DraftProposer):
-            raise TypeError(f"set_proposer needs a DraftProposer, got {type(proposer).__name__}")
+            raise TypeError("set_proposer needs a DraftProposer or a TreeProposer, got "
+                            f"{type(proposer).__name__}")
         R = engine.num_rounds
         if not 1 <= proposer.draft_rounds < R:
             raise ValueError(f"DraftProposer.draft_rounds must lie in [1, {R - 1}], "
                              f"got {proposer.draft_rounds}")
-        self.engine, self.proposer, self.runner = engine, proposer, engine.runner
-        self._graph = None   # each iteration as one device program (static path only)
-        if engine.config.fused_spec and getattr(engine.runner, "static", None) is not None:
+        if static:
             from rltlab.engine.spec_graph import SpecGraph
-            # Kept per proposer for the engine's life: setting a proposer again (switching
-            # drafters) reuses its captured graphs. The graph holds the proposer, so the id
-            # stays unique.
-            graphs = engine.spec_graphs
             if id(proposer) not in graphs:
                 graphs[id(proposer)] = SpecGraph(engine.runner, proposer)
             self._graph = graphs[id(proposer)]
 
     # ----------------------------------------------------------------------------- dispatch
     def eligible(self, seq: Sequence) -> bool:
-        """The request's exit policy always runs R rounds (the speculation target)."""
+        """The request's exit policy always runs R rounds (the speculation target); a tree
+        also needs plain greedy decoding without log-probs."""
         p, R = seq.params, self.engine.num_rounds
         if p.max_loops != R:
+            return False
+        if self._tree is not None and (p.temperature > 0 or p.top_k > 0 or p.top_p < 1
+                                       or p.logprobs is not None):
             return False
         if p.exit_policy == "fixed":
             return p.exit_policy_args.get("depth", R) == R
@@ -103,7 +118,7 @@ class SpecDecoder:
         """True if this step should be speculative (see the module docstring)."""
         eng = self.engine
         sch = eng.scheduler
-        if eng.paused or not sch.running:
+        if eng.paused or not sch.running or (self._tree is not None and len(sch.running) > 1):
             return False
         return all(seq.at_token_boundary and self.eligible(seq) for seq in sch.running) \
             and not sch.can_admit()
@@ -141,8 +156,10 @@ class SpecDecoder:
     @torch.no_grad()
     def step(self):
         eng, prop = self.engine, self.proposer
-        R, d, lm_head = eng.num_rounds, prop.draft_rounds, eng.model.lm_head
         seqs = list(eng.scheduler.running)
+        if self._tree is not None:
+            return self._tree_step(seqs[0])
+        R, d, lm_head = eng.num_rounds, prop.draft_rounds, eng.model.lm_head
         k_max = max(0, min(prop.num_draft_tokens,
                            eng.config.max_num_batched_tokens // len(seqs) - 1))
         # each sequence's own K (DraftProposer.adaptive), capped by the batch and by the
@@ -207,6 +224,21 @@ class SpecDecoder:
                     self.engine._finish(seq, "error", "non-finite logits")
                     continue
                 self._emit(seq, seq.num_tokens - 1, drafts, n, nxt, logits[j])
+        return self.engine._drain_outputs()
+
+    def _tree_step(self, seq: Sequence):
+        """Tree iterations as one device program (tree_graph), up to EngineConfig.spec_chain
+        of them (one for a streamed request); tokens after a stop inside a chain are
+        dropped."""
+        chain = 1 if seq.request.stream else self.engine.config.spec_chain
+        for result in self._tree.run(seq, chain):
+            if result is None or seq.is_finished:
+                continue
+            path, nxt, finite = result
+            if not finite:
+                self.engine._finish(seq, "error", "non-finite logits")
+                continue
+            self._emit(seq, seq.num_tokens - 1, path, len(path), nxt, None)
         return self.engine._drain_outputs()
 
     def _draw(self, seqs: list[Sequence], logits: torch.Tensor):

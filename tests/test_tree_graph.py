@@ -1,0 +1,231 @@
+"""Tree speculative decoding inside the paged engine (rltlab.engine.tree_graph) is lossless at
+T = 0: the engine's own target-only tokens, whatever the drafts. An oracle drafter that knows
+the reference continuation forces deep and partial acceptances through ranks > 0, with a block
+size equal to the tree depth so that paths cross block boundaries (both private blocks, the
+prefix copy and the commit are exercised); real heads, EOS, max_tokens caps, ineligible
+requests, the block accounting and bad input are checked too."""
+import itertools
+
+import pytest
+import torch
+
+import rltlab.kernels as kernels
+from rltlab.draft_heads.lookahead import LookaheadHeads
+from rltlab.engine import LLM, SamplingParams, TreeProposer
+from rltlab.engine.block_manager import RESERVED
+from rltlab.engine.static_decode import StaticDecoder
+from rltlab.model.architecture import OuroForCausalLM
+from rltlab.model.config import OuroConfig
+
+torch.set_num_threads(1)
+VOCAB, DEPTH = 64, 4
+TREE = [p for d in (1, 2, 3) for p in itertools.product((0, 1), repeat=d)] + [
+    (0, 0, 0, 0), (1, 0, 0, 0)]
+ENGINE = dict(block_size=DEPTH, decode_path="static", max_num_seqs=1, num_blocks=96,
+              max_model_len=64)
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = OuroConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                     num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                     total_ut_steps=4, max_position_embeddings=512)
+    return OuroForCausalLM(cfg).init_weights(0, std=0.3).eval()
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in (3, 9, 1, 6)]
+
+
+def _greedy(max_tokens, **kw):
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, exit_policy="fixed", **kw)
+
+
+def _tokens(outputs):
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+class _Oracle(torch.nn.Module):
+    """Lookahead 'heads' that know the reference output: after token x (the bonus), head k puts
+    the token that followed x k + 1 places later at rank ranks[k - 1] and distinct wrong tokens
+    around it (a table lookup, so it runs inside the device program). A token the output
+    continues in two ways keeps its first continuation."""
+
+    depth = DEPTH
+
+    def __init__(self, output: list[int], ranks: tuple[int, ...]):
+        super().__init__()
+        table = torch.zeros(VOCAB, DEPTH, VOCAB)
+        seen = set()
+        for q, x in enumerate(output):
+            if x not in seen:
+                seen.add(x)
+                for k in range(DEPTH):
+                    true = output[q + k + 1] if q + k + 1 < len(output) else 1
+                    order = [t for t in range(VOCAB) if t != true]
+                    order.insert(ranks[k], true)
+                    table[x, k, order] = -torch.arange(VOCAB, dtype=torch.float32)
+        self.register_buffer("table", table)
+
+    def forward(self, h, next_token):
+        return self.table[next_token] + 0 * h[:, :1, None]
+
+
+def _engine(model, proposer=None, **kw):
+    llm = LLM(model, **{**ENGINE, **kw})
+    if proposer is not None:
+        llm.set_proposer(proposer)
+    return llm
+
+
+def _expected(oracle: _Oracle, output: list[int], max_tokens: int) -> tuple[int, int]:
+    """(iterations, accepted drafts) by the tree's acceptance rule, recomputed on the host:
+    the pending token output[i] verifies the drafts the oracle made after it, a draft at depth
+    j is accepted while the ranks of output[i + 1..i + j] form a tree path and j <= the cap
+    (the tokens still to emit, less one; 0 in the first iteration, which has no drafts)."""
+    tree, i, steps, accepted, drafted = set(TREE), 0, 0, 0, False
+    while max_tokens - (i + 1) > 0:
+        cap = min(DEPTH, max_tokens - (i + 1) - 1) if drafted else 0
+        path = ()
+        for j in range(1, cap + 1):
+            row = oracle.table[output[i], j - 1]
+            rank = int((row > row[output[i + j]]).sum())
+            if path + (rank,) not in tree:
+                break
+            path += (rank,)
+        steps, accepted, i, drafted = steps + 1, accepted + len(path), i + len(path) + 1, True
+    return steps, accepted
+
+
+@pytest.mark.parametrize("ranks", [(0, 0, 0, 0), (1, 1, 0, 0), (0, 1, 5, 0), (3, 0, 0, 0)])
+@pytest.mark.parametrize("chain", [1, 3])
+@pytest.mark.parametrize("max_tokens", [24, 13])
+def test_oracle_drafts_are_accepted_and_lossless(model, prompts, ranks, chain, max_tokens):
+    """Tokens equal target-only, and every sequence's iterations and accepted drafts equal
+    the host recompute of the acceptance rule."""
+    params = _greedy(max_tokens)
+    target = _tokens(_engine(model).generate(prompts, params))
+    oracles = [_Oracle(out, ranks) for out in target]
+    outs = [_engine(model, TreeProposer(oracle, TREE), spec_chain=chain)
+            .generate([prompt], params)[0] for prompt, oracle in zip(prompts, oracles)]
+    assert _tokens(outs) == target
+    stats = [(o.outputs[0].spec_stats["steps"], o.outputs[0].spec_stats["accepted"])
+             for o in outs]
+    assert stats == [_expected(oracle, out, max_tokens)
+                     for oracle, out in zip(oracles, target)]
+    if ranks == (0, 0, 0, 0):              # deep acceptances happen
+        assert sum(a for _, a in stats) >= sum(s for s, _ in stats)
+
+
+def test_candidates_left_by_another_request_are_not_verified(model, prompts):
+    """The device holds the last request's candidates; a new request's first iteration must
+    verify its root alone, even when those candidates happen to be its true continuation."""
+    params = _greedy(16)
+    first, second = _tokens(_engine(model).generate(prompts[:2], params))
+    oracle = _Oracle(second, (0, 0, 0, 0))
+    llm = _engine(model, TreeProposer(oracle, TREE))
+    llm.generate(prompts[:1], params)
+    tree = llm.llm_engine._spec._tree
+    tree.cand_in[:, 0] = torch.tensor(second[1: 1 + DEPTH])   # all accepted, were they read
+    out = llm.generate(prompts[1:2], _greedy(DEPTH + 2))[0]   # read, they would end it at once
+    assert _tokens([out]) == [second[:DEPTH + 2]]
+    stats = out.outputs[0].spec_stats
+    assert (stats["steps"], stats["accepted"]) == _expected(oracle, second, DEPTH + 2)
+    assert stats["steps"] > 1
+
+
+def test_real_heads_with_eos_and_max_tokens_caps(model, prompts):
+    """Random heads (mostly wrong drafts), every max_tokens remainder modulo the depth, and an
+    EOS that stops inside a chain; the engine serves a plain request afterwards."""
+    torch.manual_seed(0)
+    heads = LookaheadHeads(model, depth=DEPTH, inner=16)
+    for head in heads.heads:
+        torch.nn.init.normal_(head.down.weight, std=0.5)
+    plain, tree = _engine(model), _engine(model, TreeProposer(heads, TREE), spec_chain=3)
+    for max_tokens in (1, 2, 3, 5, 8, 11, 24):
+        assert _tokens(tree.generate(prompts, _greedy(max_tokens))) == \
+            _tokens(plain.generate(prompts, _greedy(max_tokens)))
+    ref = _tokens(plain.generate(prompts, _greedy(24)))
+    for prompt, out in zip(prompts, ref):
+        eos = out[len(out) // 2]
+        params = _greedy(24, stop_token_ids=[eos])
+        assert _tokens(tree.generate([prompt], params)) == _tokens(plain.generate([prompt],
+                                                                                 params))
+    assert _tokens(tree.generate(prompts, _greedy(24))) == ref
+
+
+def test_oracle_eos_inside_an_accepted_path(model, prompts):
+    target = _tokens(_engine(model).generate(prompts, _greedy(24)))
+    plain = _engine(model)
+    for prompt, out in zip(prompts, target):
+        tree = _engine(model, TreeProposer(_Oracle(out, (0, 0, 0, 0)), TREE), spec_chain=2)
+        params = _greedy(24, stop_token_ids=[out[5]])
+        assert _tokens(tree.generate([prompt], params)) == _tokens(plain.generate([prompt],
+                                                                                 params))
+
+
+def test_ineligible_requests_step_normally(model, prompts):
+    """Sampled requests and two greedy ones at once are not speculated on: the engine's own
+    tokens, and no tree step counted."""
+    heads = LookaheadHeads(model, depth=DEPTH, inner=16)
+    sampled = SamplingParams(temperature=1.0, max_tokens=12, seed=3, exit_policy="fixed")
+    plain = _engine(model, max_num_seqs=2)
+    tree = _engine(model, TreeProposer(heads, TREE), max_num_seqs=2)
+    for params in (sampled, _greedy(12, logprobs=0), _greedy(12, top_k=5)):
+        outs = tree.generate(prompts[:1], params)
+        assert _tokens(outs) == _tokens(plain.generate(prompts[:1], params))
+        assert outs[0].outputs[0].spec_stats is None
+    both = tree.generate(prompts[:2], _greedy(12))
+    assert _tokens(both) == _tokens(plain.generate(prompts[:2], _greedy(12)))
+
+
+def test_private_blocks_are_reserved_once_and_refused_when_short(model, prompts):
+    heads = LookaheadHeads(model, depth=DEPTH, inner=16)
+    proposer = TreeProposer(heads, TREE)
+    llm = _engine(model)
+    manager = llm.llm_engine.block_manager
+    total = manager.num_blocks
+    llm.set_proposer(proposer)
+    leaves = llm.llm_engine._spec._tree.shape.num_leaves
+    assert manager.num_blocks == total - 2 * leaves
+    reserved = [b for b, owners in manager.owner.items() if owners == {RESERVED}]
+    assert len(reserved) == 2 * leaves
+    llm.generate(prompts, _greedy(16))
+    llm.set_proposer(None)
+    llm.set_proposer(proposer)              # the same proposer: its program and blocks again
+    assert manager.num_blocks == total - 2 * leaves
+    assert manager.num_free_blocks == manager.num_blocks
+    short = _engine(model, num_blocks=20)
+    with pytest.raises(ValueError, match="num_blocks >= "):
+        short.set_proposer(TreeProposer(heads, TREE))
+    assert short.llm_engine.block_manager.num_free_blocks == 20   # nothing taken
+
+
+def test_bad_proposers_are_refused(model):
+    heads = LookaheadHeads(model, depth=2, inner=8)
+    with pytest.raises(TypeError, match="lookahead heads"):
+        TreeProposer(torch.nn.Linear(2, 2), [(0,)])
+    with pytest.raises(ValueError, match="prefix"):
+        TreeProposer(heads, [(0,), (1, 0), (0, 0)])
+    with pytest.raises(ValueError, match="static decode path"):
+        LLM(model, block_size=4, decode_path="gather").set_proposer(TreeProposer(heads, [(0,)]))
+    with pytest.raises(ValueError, match="block_size"):
+        _engine(model, block_size=1).set_proposer(TreeProposer(heads, [(0,), (0, 0)]))
+
+
+@pytest.mark.skipif(not kernels.triton_available("cpu"), reason="needs TRITON_INTERPRET=1")
+def test_device_program_through_the_triton_kernels(model, prompts):
+    """The program's per-row block tables and slots fed to the Triton RoPE + K/V write and
+    paged attention kernels, interpreted on CPU."""
+    target = _tokens(_engine(model).generate(prompts[:1], _greedy(10)))
+    oracle = _Oracle(target[0], (0, 1, 0, 0))
+    llm = _engine(model)
+    runner = llm.llm_engine.runner
+    runner._static_args = {**runner._static_args, "triton": True}
+    runner.static = StaticDecoder(runner.model, max_batch=4, **runner._static_args)
+    llm.set_proposer(TreeProposer(oracle, TREE))
+    outs = llm.generate(prompts[:1], _greedy(10))
+    assert _tokens(outs) == target
+    assert sum(o.outputs[0].spec_stats["accepted"] for o in outs) > 0
