@@ -157,17 +157,20 @@ def test_save_load_round_trip_and_hash_check(model, tmp_path):
 
 
 def test_bench_on_the_embedded_model_and_its_shipped_heads(tmp_path):
-    """The e2e bench on the embedded model with artifacts/.../lookahead_h4: every config gives
-    the target's own tokens, and the shipped heads' tree accepts drafts (tau > 1.3 where the
-    H200 run measured ~2.5)."""
+    """The e2e bench on the embedded model with artifacts/.../lookahead_h4, both paths: every
+    config gives the target's own tokens, and the shipped heads' tree accepts drafts (tau > 1.3
+    where the H200 runs measured ~2.5)."""
     from rltlab.bench import tree_spec
     out = tmp_path / "b.json"
     res = tree_spec.main(["--device", "cpu", "--prompts", "4", "--max-tokens", "12",
-                          "--repeats", "1", "--budgets", "--out", str(out)])
+                          "--repeats", "1", "--budgets", "--chains", "2", "--out", str(out)])
     rows = {r["config"]: r for r in res["rows"]}
-    assert set(rows) == {"target only", "root only", "chain K=4", "artifact tree B=16"}
+    trees = ["root only", "chain K=4", "artifact tree B=16"]
+    assert set(rows) == {"target only", *trees, *(f"engine {t} M=2" for t in trees)}
     assert all(r["identical"] == "4/4" for r in rows.values()), rows
-    assert rows["root only"]["tau"] == 1.0 and rows["artifact tree B=16"]["tau"] > 1.3
+    for prefix in ("", "engine "):
+        assert rows[prefix + trees[0] + " M=2" * bool(prefix)]["tau"] == 1.0
+        assert rows[prefix + trees[2] + " M=2" * bool(prefix)]["tau"] > 1.3
     assert not res["failed"] and out.is_file()
 
 

@@ -25,6 +25,7 @@ from safetensors.torch import save as safetensors_bytes
 from torch import nn
 
 from rltlab.common.atomic import write_bytes_atomic, write_json_atomic
+from rltlab.engine.hooks import TreeProposer, validate_tree
 from rltlab.model.architecture import OuroForCausalLM, RMSNorm
 
 META_FILE, WEIGHTS_FILE = "lookahead.json", "heads.safetensors"
@@ -60,21 +61,6 @@ class LookaheadHeads(nn.Module):
         model = self._model[0]
         emb = model.model.embed_tokens(next_token).to(h.dtype)
         return torch.stack([model.lm_head(head(h, emb)) for head in self.heads], dim=-2)
-
-
-def validate_tree(tree, depth: int) -> list[tuple[int, ...]]:
-    """Sorted (by depth, then ranks) list of rank paths; raises on a tree that is not
-    prefix-closed, deeper than the heads or with negative ranks."""
-    paths = sorted({tuple(int(r) for r in p) for p in tree}, key=lambda p: (len(p), p))
-    present = set(paths)
-    for p in paths:
-        if not 1 <= len(p) <= depth:
-            raise ValueError(f"tree path {p}: length must lie in 1..{depth}")
-        if min(p) < 0:
-            raise ValueError(f"tree path {p}: ranks must be >= 0")
-        if len(p) > 1 and p[:-1] not in present:
-            raise ValueError(f"tree path {p}: its prefix {p[:-1]} is missing")
-    return paths
 
 
 def tree_from_ranks(ranks: list[torch.Tensor], budget: int, max_rank: int = 64
@@ -134,6 +120,5 @@ def load(path, model: OuroForCausalLM, check_hash: bool = True
 def load_proposer(path, model: OuroForCausalLM, tree=None, check_hash: bool = True):
     """A rltlab.engine.TreeProposer from saved heads, with their own tree or `tree`; load it
     onto the model the engine runs (same dtype and device)."""
-    from rltlab.engine.hooks import TreeProposer
     heads, own_tree, _ = load(path, model, check_hash=check_hash)
     return TreeProposer(heads, own_tree if tree is None else tree)

@@ -96,13 +96,28 @@ class DraftProposer:
         return (self.head if self.head is not None else lm_head)(hidden).float()
 
 
+def validate_tree(tree, depth: int) -> list[tuple[int, ...]]:
+    """Sorted (by depth, then ranks) list of rank paths; raises on a tree that is not
+    prefix-closed, deeper than the heads or with negative ranks."""
+    paths = sorted({tuple(int(r) for r in p) for p in tree}, key=lambda p: (len(p), p))
+    present = set(paths)
+    for p in paths:
+        if not 1 <= len(p) <= depth:
+            raise ValueError(f"tree path {p}: length must lie in 1..{depth}")
+        if min(p) < 0:
+            raise ValueError(f"tree path {p}: ranks must be >= 0")
+        if len(p) > 1 and p[:-1] not in present:
+            raise ValueError(f"tree path {p}: its prefix {p[:-1]} is missing")
+    return paths
+
+
 class TreeProposer:
     """Tree speculative decoding for `LLMEngine.set_proposer` (rltlab.engine.tree_graph).
 
     `heads(h_R [N, H], next_token [N]) -> logits [N, depth, V]` (lookahead heads, e.g.
     rltlab.draft_heads.lookahead.load_proposer) draft, from the final round's state of the
     last verified token, candidates for the `depth` positions after the next one; `tree` is a
-    prefix-closed set of rank paths (rltlab.draft_heads.lookahead.validate_tree) picking which
+    prefix-closed set of rank paths (validate_tree) picking which
     of them one full-depth pass verifies. Exact for greedy requests (T = 0, no top-k / top-p,
     no log-probs) with a full-depth policy; the engine speculates this way while exactly one
     such sequence runs, and steps normally otherwise.
@@ -111,7 +126,6 @@ class TreeProposer:
     adaptive = False   # the tree's shape is fixed (SpecDecoder's emit path reads this)
 
     def __init__(self, heads, tree):
-        from rltlab.draft_heads.lookahead import validate_tree
         depth = getattr(heads, "depth", None)
         if not callable(heads) or not isinstance(depth, int) or depth < 1:
             raise TypeError("TreeProposer needs lookahead heads: a callable with an int "

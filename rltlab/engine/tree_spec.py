@@ -67,7 +67,7 @@ class _TreeContext:
 class TreeSpecGenerator:
     def __init__(self, model: OuroForCausalLM, heads, tree, max_len: int,
                  cuda_graph: bool = True, compile: bool = False):
-        from rltlab.draft_heads.lookahead import validate_tree
+        from rltlab.engine.hooks import validate_tree
         cfg, param = model.config, next(model.parameters())
         self.model, self.heads, self.max_len = model, heads, max_len
         self.depth = heads.depth
