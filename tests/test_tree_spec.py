@@ -128,6 +128,18 @@ def test_tree_from_ranks_is_prefix_closed_and_takes_frequent_paths():
     assert tree_from_ranks(ranks, 1) == [(0,)]   # rank 0 is most frequent at every depth
 
 
+def test_batched_draft_equals_the_heads_one_by_one(model):
+    """LookaheadHeads.draft (the engine's batched drafting) computes forward's logits (fp32,
+    trained-like random weights: every norm, projection and head differs)."""
+    torch.manual_seed(3)
+    heads = LookaheadHeads(model, depth=3, inner=24)
+    for p in heads.parameters():
+        torch.nn.init.normal_(p, mean=0.5 if p.dim() == 1 else 0.0, std=0.3)
+    h = torch.randn(6, model.config.hidden_size)
+    nxt = torch.randint(0, VOCAB, (6,))
+    torch.testing.assert_close(heads.draft(h, nxt), heads(h, nxt), rtol=1e-5, atol=1e-5)
+
+
 def test_heads_shapes_and_start_as_the_lm_head(model):
     heads = LookaheadHeads(model, depth=3, inner=8)
     h = torch.randn(5, model.config.hidden_size)

@@ -131,4 +131,6 @@ class TreeProposer:
             raise TypeError("TreeProposer needs lookahead heads: a callable with an int "
                             f"`depth` >= 1, got {type(heads).__name__}")
         self.heads, self.depth = heads, depth
+        # the heads' batched drafting where they have one (LookaheadHeads.draft), same logits
+        self.draft = getattr(heads, "draft", heads)
         self.tree = validate_tree(tree, depth)

@@ -206,8 +206,7 @@ class _Program:
                      live & (levels <= n))
         bonus = best.index_select(0, last)
         h_last = x.index_select(0, sh.node_row.index_select(0, last))
-        heads = self.tree.proposer.heads
-        cand = heads(h_last, bonus)[0].topk(sh.max_rank, -1).indices
+        cand = self.tree.proposer.draft(h_last, bonus)[0].topk(sh.max_rank, -1).indices
         finite = torch.isfinite(logits).all(-1) | (sh.row_depth > cap)
         out = torch.cat([n, tokens[path[1:]], bonus, finite.all().view(1), live])
         return n, bonus, cand, out
