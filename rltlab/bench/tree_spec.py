@@ -13,8 +13,7 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
     --budgets), each run by
       - the engine (--paths engine): the same paged engine with a TreeProposer
         (rltlab.engine.tree_graph), EngineConfig.spec_chain = M for each M of --chains
-        ("engine <tree> M=<m>"; with --gemv also "engine <tree> gemv M=<m>", the trees of
-        2..16 rows through the Triton GEMV);
+        ("engine <tree> M=<m>");
       - the standalone generator (--paths standalone): rltlab.engine.tree_spec over the
         model's reference modules, and "<tree> compiled" under torch.compile
         (--compile-nodes: which node counts).
@@ -68,21 +67,15 @@ def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
     from rltlab.engine.speculative import SpecStats
     from rltlab.engine.tree_graph import TreeShape
     bs = 16
-    proposers = {}
-    for name, tree in trees.items():
-        proposers[name] = TreeProposer(heads, tree)
-        rows = TreeShape(tree, "cpu").num_rows
-        if args.gemv and 1 < rows <= 16:
-            proposers[name + " gemv"] = TreeProposer(heads, tree, gemv=True)
-    private = sum(2 * TreeShape(p.tree, "cpu").num_leaves for p in proposers.values())
+    private = sum(2 * TreeShape(tree, "cpu").num_leaves for tree in trees.values())
     configs = {}
     for chain in args.chains:
         llm = LLM(model, max_num_seqs=1, block_size=bs, max_model_len=max_len,
                   spec_chain=chain, num_blocks=-(-max_len // bs) + private,
                   decode_path="static")   # auto's choice on CUDA; the tree needs it
-        for name, proposer in proposers.items():
-            configs[f"engine {name} M={chain}"] = _engine_config(llm, proposer, params,
-                                                                 SpecStats)
+        for name, tree in trees.items():
+            configs[f"engine {name} M={chain}"] = _engine_config(llm, TreeProposer(heads, tree),
+                                                                 params, SpecStats)
     return configs
 
 
@@ -182,7 +175,7 @@ def run(args) -> dict:
                 for kind in sorted(set(kinds))}
         rows.append(row)
     return {"model": str(md), "dtype": args.dtype, "heads": args.heads, "failed": failed,
-            "paths": args.paths, "chains": args.chains, "gemv": args.gemv,
+            "paths": args.paths, "chains": args.chains,
             "heads_training": meta.get("training", {}).get("script"), "prompts": args.prompts,
             "max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows}
 
@@ -204,8 +197,6 @@ def main(argv=None) -> dict:
                     default=["engine", "standalone"])
     ap.add_argument("--chains", type=int, nargs="+", default=[1, 4],
                     help="EngineConfig.spec_chain values for the engine path")
-    ap.add_argument("--gemv", action="store_true",
-                    help="also run the engine's trees of 2..16 rows with TreeProposer(gemv=True)")
     ap.add_argument("--compile-nodes", type=int, nargs="*", default=[],
                     help="also run the standalone trees of these node counts under "
                          "torch.compile")

@@ -120,21 +120,17 @@ class TreeProposer:
     prefix-closed set of rank paths (validate_tree) picking which
     of them one full-depth pass verifies. Exact for greedy requests (T = 0, no top-k / top-p,
     no log-probs) with a full-depth policy; the engine speculates this way while exactly one
-    such sequence runs, and steps normally otherwise. gemv=True runs a tree of at most 16 rows
-    (rltlab.engine.tree_graph) through the static decoder's Triton GEMV instead of cuBLAS (the
-    decoder itself does that for one row only).
+    such sequence runs, and steps normally otherwise.
     """
 
     adaptive = False   # the tree's shape is fixed (SpecDecoder's emit path reads this)
 
-    def __init__(self, heads, tree, gemv: bool = False):
-        if not isinstance(gemv, bool):
-            raise TypeError(f"TreeProposer.gemv must be a bool, got {gemv!r}")
+    def __init__(self, heads, tree):
         depth = getattr(heads, "depth", None)
         if not callable(heads) or not isinstance(depth, int) or depth < 1:
             raise TypeError("TreeProposer needs lookahead heads: a callable with an int "
                             f"`depth` >= 1, got {type(heads).__name__}")
-        self.heads, self.depth, self.gemv = heads, depth, gemv
+        self.heads, self.depth = heads, depth
         # the heads' batched drafting where they have one (LookaheadHeads.draft), same logits
         self.draft = getattr(heads, "draft", heads)
         self.tree = validate_tree(tree, depth)

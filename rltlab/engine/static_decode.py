@@ -38,7 +38,6 @@ from rltlab.model.architecture import OuroForCausalLM, apply_rope, rope_cos_sin
 # 1.0 ms: the down projection's long K loop over too few programs), see
 # docs/benchmarks/2026-11-30-engine-h200.md.
 GEMV_ROWS = 1
-MAX_GEMV_ROWS = 16   # kernels.small_m_linear's limit
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
 
 
@@ -300,13 +299,11 @@ class StaticDecoder:
         return capture_graph(fn, self._pool)
 
     @torch.no_grad()
-    def _round(self, n: int, plane: int | None = None, rows: tuple | None = None,
-               gemv: bool = False) -> None:
+    def _round(self, n: int, plane: int | None = None, rows: tuple | None = None) -> None:
         """One round for the first n staged rows; plane: the same plane for every row (whole
         tokens) instead of the staged ones; rows: (positions, slots, context lengths, block
         tables) device tensors of n rows instead of the staged ones (with a plane; the
-        speculative graphs of rltlab.engine.spec_graph build their own); gemv: up to
-        kernels.MAX_ROWS rows through the Triton GEMV too, where one row would take it."""
+        speculative graphs of rltlab.engine.spec_graph build their own)."""
         cfg, model = self.config, self.model.model
         positions, planes, slots, ctx, tables = self._views(self.index)
         if plane is not None:
@@ -321,11 +318,11 @@ class StaticDecoder:
         heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         x = self.hidden_in[:n]
         y = kernels.rmsnorm_ref(x, model.layers[0].input_layernorm.weight, eps)
-        small = n <= self._small_rows or (gemv and self._small_rows > 0 and n <= MAX_GEMV_ROWS)
+        small = n <= self._small_rows
         pdl = {"pdl": True} if small and self.pdl else {}
         for idx, w in enumerate(self.layers):
             fetch = self._prefetch[idx] if small and self._prefetch else {}
-            if small and self._qkv_rope_gemv and n == 1:
+            if small and self._qkv_rope_gemv:
                 q = kernels.rope_kv_linear(y, w["w_qkv"], cos, sin, self.kv_cache, idx, planes,
                                            slots, *heads, **pdl)
             elif small:

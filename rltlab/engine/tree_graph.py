@@ -190,7 +190,7 @@ class _Program:
         x = model.model.embed_tokens(tokens[sh.row_node])
         for r in range(st.config.num_rounds):
             st.hidden_in[: sh.num_rows].copy_(x)
-            st._round(sh.num_rows, plane=r, rows=rows, gemv=self.tree.proposer.gemv)
+            st._round(sh.num_rows, plane=r, rows=rows)
             x = st.hidden_out[: sh.num_rows]
         logits = model.lm_head(x).float()
         best = logits.argmax(-1)[sh.node_row]                                 # [nodes]

@@ -2,7 +2,8 @@
 # For the fifteenth session's third device call (H200): the engine's tree iterations with their
 # rows through the Triton small-M GEMV (TreeProposer(gemv=True): chain K = 4 is 5 rows, the
 # B = 8 tree 16) beside the cuBLAS rows of s15_call1/2, paired against target-only; then
-# the GPU time of one iteration for both.
+# the GPU time of one iteration for both. It ran at commit 9cdb428; the gemv option was
+# removed afterwards (2.2x slower per iteration: docs/experiments/loop_speculation.md).
 set -uo pipefail
 source "$(dirname "$0")/h200_common.sh"
 TREES=docs/experiments/data/2026-12-03-lookahead-tree-probe-h200.json

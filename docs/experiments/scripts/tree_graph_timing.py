@@ -49,7 +49,6 @@ def main():
     ap.add_argument("--chains", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--replays", type=int, default=200)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--gemv", action="store_true", help="also trees of 2..16 rows with gemv")
     args = ap.parse_args()
     model, tok, md = load_model(None, dtype="float32", device=args.device)
     heads, artifact_tree, _ = lookahead.load(HEADS, model)
@@ -66,16 +65,13 @@ def main():
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     result = {"target_only_ms_per_token": 1e3 * (time.perf_counter() - started) / tokens,
               "rows": []}
-    configs = [(name, tree, False) for name, tree in trees.items()]
-    configs += [(name + " gemv", tree, True) for name, tree in trees.items()
-                if args.gemv and 1 < TreeShape(tree, "cpu").num_rows <= 16]
-    private = sum(2 * TreeShape(tree, "cpu").num_leaves for _, tree, _ in configs)
+    private = sum(2 * TreeShape(t, "cpu").num_leaves for t in trees.values())
     for chain in args.chains:
         llm = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len,
                   spec_chain=chain, num_blocks=-(-max_len // 16) + private,
                   decode_path="static")
-        for name, tree, gemv in configs:
-            llm.set_proposer(TreeProposer(heads, tree, gemv=gemv))
+        for name, tree in trees.items():
+            llm.set_proposer(TreeProposer(heads, tree))
             llm.generate(prompts[:2], params)
             program = llm.llm_engine._spec._tree._programs[chain]
             ms = _replay_ms(program, args.replays) / chain
