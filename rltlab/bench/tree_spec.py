@@ -13,7 +13,8 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
     --budgets), each run by
       - the engine (--paths engine): the same paged engine with a TreeProposer
         (rltlab.engine.tree_graph), EngineConfig.spec_chain = M for each M of --chains
-        ("engine <tree> M=<m>");
+        ("engine <tree> M=<m>"), and with --engine-compile on also with EngineConfig.compile
+        ("... compiled", beside a "target only compiled" baseline row);
       - the standalone generator (--paths standalone): rltlab.engine.tree_spec over the
         model's reference modules, and "<tree> compiled" under torch.compile
         (--compile-nodes: which node counts).
@@ -29,6 +30,7 @@ SE and range. identical: prompts whose tokens equal target only's. Last line: JS
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -69,13 +71,14 @@ def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
     bs = 16
     private = sum(2 * TreeShape(tree, "cpu").num_leaves for tree in trees.values())
     configs = {}
-    for chain in args.chains:
+    for compiled, chain in itertools.product(args.engine_compile, args.chains):
         llm = LLM(model, max_num_seqs=1, block_size=bs, max_model_len=max_len,
                   spec_chain=chain, num_blocks=-(-max_len // bs) + private,
-                  decode_path="static")   # auto's choice on CUDA; the tree needs it
+                  decode_path="static", compile=compiled)   # static: auto's choice on CUDA
+        suffix = " compiled" * compiled
         for name, tree in trees.items():
-            configs[f"engine {name} M={chain}"] = _engine_config(llm, TreeProposer(heads, tree),
-                                                                 params, SpecStats)
+            configs[f"engine {name} M={chain}{suffix}"] = _engine_config(
+                llm, TreeProposer(heads, tree), params, SpecStats)
     return configs
 
 
@@ -117,7 +120,7 @@ def run(args) -> dict:
     engines = (_engine_configs(args, model, trees, heads, max_len, params)
                if "engine" in args.paths else {})
 
-    def target_only():
+    def target_only(llm=llm):
         return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
 
     def tree_config(name):
@@ -127,7 +130,11 @@ def run(args) -> dict:
             return [o.token_ids for o in outs]
         return go
 
-    configs = {"target only": target_only, **{name: tree_config(name) for name in gens},
+    compiled_target = ({"target only compiled": partial(target_only, LLM(
+        model, max_num_seqs=1, block_size=16, kv_cache_memory_gib=0.5, max_model_len=max_len,
+        compile=True))} if True in args.engine_compile else {})
+    configs = {"target only": target_only, **compiled_target,
+               **{name: tree_config(name) for name in gens},
                **{name: partial(go, prompts=prompts) for name, go in engines.items()}}
     failed = {}
     for name, fn in list(configs.items()):   # warm-up: graph captures, compiles
@@ -175,7 +182,7 @@ def run(args) -> dict:
                 for kind in sorted(set(kinds))}
         rows.append(row)
     return {"model": str(md), "dtype": args.dtype, "heads": args.heads, "failed": failed,
-            "paths": args.paths, "chains": args.chains,
+            "paths": args.paths, "chains": args.chains, "engine_compile": args.engine_compile,
             "heads_training": meta.get("training", {}).get("script"), "prompts": args.prompts,
             "max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows}
 
@@ -197,17 +204,21 @@ def main(argv=None) -> dict:
                     default=["engine", "standalone"])
     ap.add_argument("--chains", type=int, nargs="+", default=[1, 4],
                     help="EngineConfig.spec_chain values for the engine path")
+    ap.add_argument("--engine-compile", choices=["off", "on"], nargs="+", default=["off"],
+                    help="EngineConfig.compile for the engine path's trees; 'on' also runs "
+                         "'target only compiled'")
     ap.add_argument("--compile-nodes", type=int, nargs="*", default=[],
                     help="also run the standalone trees of these node counts under "
                          "torch.compile")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    args.engine_compile = [c == "on" for c in args.engine_compile]
     if args.repeats < 1 or args.prompts < 2 or args.max_tokens < 1 or min(args.chains) < 1:
         ap.error("--repeats >= 1, --prompts >= 2, --max-tokens >= 1 and --chains >= 1")
     res = run(args)
-    print(f"{'config':>28} | nodes | tok/s | paired (median, mean ± SE) | tau | identical")
+    print(f"{'config':>38} | nodes | tok/s | paired (median, mean ± SE) | tau | identical")
     for r in res["rows"]:
-        print(f"{r['config']:>28} | {str(r['nodes']):>5} | {r['tok_s']:7.1f} | "
+        print(f"{r['config']:>38} | {str(r['nodes']):>5} | {r['tok_s']:7.1f} | "
               f"{r['paired_speedup']:.3f} ({r['paired_mean']:.3f} ± {r['paired_se']:.3f}) | "
               f"{r.get('tau', 1.0):.2f} | {r['identical']}")
     if args.out:
