@@ -1,0 +1,91 @@
+"""Where the wall time of the engine's tree decoding goes, against target-only decoding, on the
+s14/s15 workload (the held-out prompts, 32 new tokens, c = 1, greedy): host timers around
+LLMEngine.step, the speculative step, the program's replay (which ends in the read-back, so it
+holds the program's GPU time), token windows, whole-token steps and the runner's execute
+(prefill), for target-only and for each tree at spec_chain 1.
+
+    python docs/experiments/scripts/tree_engine_profile.py --device cuda
+"""
+import argparse
+import json
+import time
+from collections import defaultdict
+
+import torch
+
+from rltlab.bench.tree_spec import HEADS
+from rltlab.draft_heads import lookahead
+from rltlab.draft_heads.evaluate import eval_prompts
+from rltlab.engine import LLM, SamplingParams, TreeProposer
+from rltlab.engine import llm_engine, model_runner, spec_decode, token_step, token_window
+from rltlab.engine import tree_graph
+from rltlab.engine.tree_graph import TreeShape
+from rltlab.model.checkpoint import load_model
+
+TIMES: dict = defaultdict(float)
+COUNTS: dict = defaultdict(int)
+
+
+def timed(owner, name: str, key: str) -> None:
+    inner = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            TIMES[key] += time.perf_counter() - started
+            COUNTS[key] += 1
+    setattr(owner, name, wrapper)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    args = ap.parse_args()
+    model, tok, md = load_model(None, dtype="float32", device=args.device)
+    heads, tree, _ = lookahead.load(HEADS, model)
+    prompts = eval_prompts(tok, md, args.prompts)
+    max_len = max(map(len, prompts)) + args.max_tokens + 1
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, exit_policy="fixed")
+    timed(llm_engine.LLMEngine, "step", "engine step")
+    timed(spec_decode.SpecDecoder, "step", "tree step")
+    timed(tree_graph._Program, "replay", "program replay (GPU + read-back)")
+    timed(tree_graph._Program, "stage", "program stage")
+    timed(token_window.TokenWindow, "step", "token window step")
+    timed(token_step.FusedTokenStep, "step", "whole-token step")
+    timed(model_runner.ModelRunner, "execute", "runner execute (prefill, round steps)")
+    trees = {"root only": [], "chain K=4": [tuple([0] * j) for j in range(1, 5)],
+             "artifact tree B=16": tree}
+    private = sum(2 * TreeShape(t, "cpu").num_leaves for t in trees.values())
+    base = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len)
+    engine = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len,
+                 num_blocks=-(-max_len // 16) + private, decode_path="static")
+    configs = [("target only", base, None)] + [
+        (name, engine, TreeProposer(heads, t)) for name, t in trees.items()]
+    result = {}
+    for name, llm, proposer in configs:
+        llm.set_proposer(proposer)
+        llm.generate(prompts, params)        # warm-up: graph captures
+        TIMES.clear()
+        COUNTS.clear()
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - started
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        row = {"wall_ms": 1e3 * wall, "tokens": tokens,
+               "ms_per_token": 1e3 * wall / tokens,
+               "ms": {k: 1e3 * v for k, v in TIMES.items()}, "calls": dict(COUNTS)}
+        result[name] = row
+        print(name, json.dumps(row), flush=True)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
