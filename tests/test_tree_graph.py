@@ -156,6 +156,23 @@ def test_real_heads_with_eos_and_max_tokens_caps(model, prompts):
     assert _tokens(tree.generate(prompts, _greedy(24))) == ref
 
 
+def test_compiled_program_makes_the_same_iterations(model, prompts):
+    """EngineConfig.compile: torch.compile'd glue around the rounds; the tokens of target-only
+    and the uncompiled program's iterations and acceptances."""
+    target = _tokens(_engine(model).generate(prompts[:2], _greedy(16)))
+    outs = {}
+    for compiled in (False, True):
+        proposer = TreeProposer(_Oracle(target[0], (0, 1, 0, 0)), TREE)
+        llm = _engine(model, proposer, compile=compiled, spec_chain=2)
+        outs[compiled] = llm.generate(prompts[:2], _greedy(16))
+        assert _tokens(outs[compiled]) == target
+        program = llm.llm_engine._spec._tree._programs[2]
+        assert (program._conclude != program._conclude_eager) == compiled
+    assert [o.outputs[0].spec_stats for o in outs[True]] == \
+        [o.outputs[0].spec_stats for o in outs[False]]
+    assert outs[True][0].outputs[0].spec_stats["accepted"] > 0
+
+
 def test_oracle_eos_inside_an_accepted_path(model, prompts):
     target = _tokens(_engine(model).generate(prompts, _greedy(24)))
     plain = _engine(model)

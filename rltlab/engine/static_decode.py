@@ -108,6 +108,7 @@ class StaticDecoder:
         self.model, self.config, self.kv_cache, self.block_size = model, cfg, kv_cache, block_size
         self.device, self.dtype = kv_cache.device, kv_cache.dtype
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self.compiled = compile
         self.buckets = [b for b in BUCKETS if b < max_batch] + [max_batch]
         self.max_batch, self.max_blocks = max_batch, max_blocks_per_seq
         self.layers = [self._layer_weights(i, layer, fused[i])

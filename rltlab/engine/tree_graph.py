@@ -132,6 +132,12 @@ class _Program:
         # per iteration: [n | path tokens (depth) | bonus | finite | live]
         self.out = torch.zeros(chain * (tree.proposer.depth + 4), dtype=torch.long, device=dev)
         self._graph = None   # captured at the first replay, after stage()
+        # With EngineConfig.compile, torch.compile fuses the ~70 small ops around the rounds
+        # (indices, block copies, the walk, the commit, the heads) as it fuses the rounds' own.
+        self._prepare, self._conclude = self._prepare_eager, self._conclude_eager
+        if static.compiled:
+            self._prepare = torch.compile(self._prepare_eager, dynamic=False)
+            self._conclude = torch.compile(self._conclude_eager, dynamic=False)
 
     def stage(self, token: int, start: int, left: int, cap: int, table: list[int]) -> None:
         buf = self._staging.numpy()
@@ -167,8 +173,20 @@ class _Program:
 
     def _iteration(self, token, base, left, cap, table, cand):
         """One iteration -> (accepted count [1], bonus [1], next candidates, output row)."""
+        st, rows = self.static, self.tree.shape.num_rows
+        x, tokens, pos_p, first, live, index = self._prepare(token, base, left, cap, table, cand)
+        for r in range(st.config.num_rounds):
+            st.hidden_in[:rows].copy_(x)
+            st._round(rows, plane=r, rows=index)
+            x = st.hidden_out[:rows]
+        return self._conclude(x, tokens, pos_p, first, live, cap, table)
+
+    def _prepare_eager(self, token, base, left, cap, table, cand):
+        """The rows' inputs and indices, and the block holding P copied into every leaf's
+        first private block -> (embeddings, node tokens, P, P's table column, live, the rows'
+        (positions, slots, context lengths, block tables))."""
         st, sh, bs = self.static, self.tree.shape, self.tree.block_size
-        model, private = st.model, self.tree.private
+        private = self.tree.private
         live = left > 0
         pos_p = torch.where(live, base, 0)                                    # [1]
         depths = torch.minimum(sh.row_depth, cap)            # rows past the cap: no write
@@ -186,13 +204,15 @@ class _Program:
         sources = table.index_select(0, first.expand(leaves.numel()))
         by_block.index_copy_(3, leaves, by_block.index_select(3, sources))
         tokens = torch.cat([token, cand[sh.node_depth[1:] - 1, sh.node_rank[1:]]])   # [nodes]
-        rows = (positions.int(), slots.int(), positions.int() + 1, tables.int())
-        x = model.model.embed_tokens(tokens[sh.row_node])
-        for r in range(st.config.num_rounds):
-            st.hidden_in[: sh.num_rows].copy_(x)
-            st._round(sh.num_rows, plane=r, rows=rows)
-            x = st.hidden_out[: sh.num_rows]
-        logits = model.lm_head(x).float()
+        index = (positions.int(), slots.int(), positions.int() + 1, tables.int())
+        return (st.model.model.embed_tokens(tokens[sh.row_node]), tokens, pos_p, first, live,
+                index)
+
+    def _conclude_eager(self, x, tokens, pos_p, first, live, cap, table):
+        """h_R of the rows -> the acceptance walk, the commit and the next candidates:
+        (accepted count [1], bonus [1], next candidates, output row)."""
+        sh = self.tree.shape
+        logits = self.static.model.lm_head(x).float()
         best = logits.argmax(-1)[sh.node_row]                                 # [nodes]
         matched = (tokens == best[sh.node_parent]) | (sh.node_depth == 0)
         on_path = ~(sh.ancestors & ~matched[None]).any(-1)
