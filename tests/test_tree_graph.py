@@ -80,14 +80,16 @@ def _engine(model, proposer=None, **kw):
     return llm
 
 
-def _expected(oracle: _Oracle, output: list[int], max_tokens: int) -> tuple[int, int]:
-    """(iterations, accepted drafts) by the tree's acceptance rule, recomputed on the host:
-    the pending token output[i] verifies the drafts the oracle made after it, a draft at depth
-    j is accepted while the ranks of output[i + 1..i + j] form a tree path and j <= the cap
-    (the tokens still to emit, less one; 0 in the first iteration, which has no drafts)."""
-    tree, i, steps, accepted, drafted = set(TREE), 0, 0, 0, False
+def _expected(oracle: _Oracle, output: list[int], max_tokens: int) -> tuple[int, int, int]:
+    """(iterations, accepted drafts, nodes verified) by the tree's acceptance rule, recomputed
+    on the host: the pending token output[i] verifies the drafts the oracle made after it (the
+    nodes no deeper than the cap: the tokens still to emit, less one; 0 in the first iteration,
+    which has no drafts), and a draft at depth j is accepted while the ranks of
+    output[i + 1..i + j] form a tree path."""
+    tree, i, steps, accepted, verified, drafted = set(TREE), 0, 0, 0, 0, False
     while max_tokens - (i + 1) > 0:
         cap = min(DEPTH, max_tokens - (i + 1) - 1) if drafted else 0
+        verified += sum(len(p) <= cap for p in tree)
         path = ()
         for j in range(1, cap + 1):
             row = oracle.table[output[i], j - 1]
@@ -96,7 +98,7 @@ def _expected(oracle: _Oracle, output: list[int], max_tokens: int) -> tuple[int,
                 break
             path += (rank,)
         steps, accepted, i, drafted = steps + 1, accepted + len(path), i + len(path) + 1, True
-    return steps, accepted
+    return steps, accepted, verified
 
 
 @pytest.mark.parametrize("ranks", [(0, 0, 0, 0), (1, 1, 0, 0), (0, 1, 5, 0), (3, 0, 0, 0)])
@@ -111,12 +113,12 @@ def test_oracle_drafts_are_accepted_and_lossless(model, prompts, ranks, chain, m
     outs = [_engine(model, TreeProposer(oracle, TREE), spec_chain=chain)
             .generate([prompt], params)[0] for prompt, oracle in zip(prompts, oracles)]
     assert _tokens(outs) == target
-    stats = [(o.outputs[0].spec_stats["steps"], o.outputs[0].spec_stats["accepted"])
+    stats = [tuple(o.outputs[0].spec_stats[k] for k in ("steps", "accepted", "drafted"))
              for o in outs]
     assert stats == [_expected(oracle, out, max_tokens)
                      for oracle, out in zip(oracles, target)]
     if ranks == (0, 0, 0, 0):              # deep acceptances happen
-        assert sum(a for _, a in stats) >= sum(s for s, _ in stats)
+        assert sum(a for _, a, _ in stats) >= sum(s for s, _, _ in stats)
 
 
 def test_candidates_left_by_another_request_are_not_verified(model, prompts):
@@ -132,7 +134,8 @@ def test_candidates_left_by_another_request_are_not_verified(model, prompts):
     out = llm.generate(prompts[1:2], _greedy(DEPTH + 2))[0]   # read, they would end it at once
     assert _tokens([out]) == [second[:DEPTH + 2]]
     stats = out.outputs[0].spec_stats
-    assert (stats["steps"], stats["accepted"]) == _expected(oracle, second, DEPTH + 2)
+    assert (stats["steps"], stats["accepted"], stats["drafted"]) == \
+        _expected(oracle, second, DEPTH + 2)
     assert stats["steps"] > 1
 
 

@@ -234,11 +234,11 @@ class SpecDecoder:
         for result in self._tree.run(seq, chain):
             if result is None or seq.is_finished:
                 continue
-            path, nxt, finite = result
+            path, nxt, finite, nodes = result
             if not finite:
                 self.engine._finish(seq, "error", "non-finite logits")
                 continue
-            self._emit(seq, seq.num_tokens - 1, path, len(path), nxt, None)
+            self._emit(seq, seq.num_tokens - 1, path, len(path), nxt, None, drafted=nodes)
         return self.engine._drain_outputs()
 
     def _draw(self, seqs: list[Sequence], logits: torch.Tensor):
@@ -278,10 +278,12 @@ class SpecDecoder:
         self._emit(seq, start, drafts, n, nxt, logits, processed)
 
     def _emit(self, seq: Sequence, start: int, drafts: list[int], n: int, nxt: int, logits,
-              processed=None) -> None:
+              processed=None, drafted: int | None = None) -> None:
         """Append drafts[:n] and nxt with their log-probs (logits: the target's [k+1, V] rows,
-        needed only for log-probs), update the stats, stop checks."""
-        eng, p, k = self.engine, seq.params, len(drafts)
+        needed only for log-probs), update the stats (drafted: the tokens verified, if not
+        the drafts: a tree's nodes), stop checks."""
+        eng, p = self.engine, seq.params
+        k = len(drafts) if drafted is None else drafted
         emitted = drafts[:n] + [nxt]
         stats = getattr(seq, "spec_stats", None) or SpecStats()
         seq.spec_stats = stats

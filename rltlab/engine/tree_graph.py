@@ -54,7 +54,7 @@ class TreeShape:
 
         def t(values):
             return torch.tensor(values, dtype=torch.long, device=device)
-        self.num_nodes, self.num_leaves, self.num_rows = len(nodes), len(leaves), len(rows)
+        self.num_leaves, self.num_rows = len(leaves), len(rows)
         self.max_rank = max((p[-1] for p in paths), default=0) + 1
         self.node_depth, self.node_parent = t(list(map(len, nodes))), t(parent)
         self.node_rank = t([p[-1] if p else 0 for p in nodes])
@@ -91,10 +91,10 @@ class TreeGraph:
         self.drafted_for: tuple[int, int] | None = None   # (seq_id, position of x_P)
         self._static, self._programs = None, {}
 
-    def run(self, seq, chain: int) -> list[tuple[list[int], int, bool] | None]:
+    def run(self, seq, chain: int) -> list[tuple[list[int], int, bool, int] | None]:
         """`chain` iterations for `seq` (greedy, pending token at num_tokens - 1) -> per
-        iteration (accepted path tokens, bonus token, finite flag), or None where the sequence
-        had no token left to emit."""
+        iteration (accepted path tokens, bonus token, finite flag, nodes verified: those
+        within the cap), or None where the sequence had no token left to emit."""
         static = self.runner.static_rows(self.shape.num_rows)
         if static is not self._static:            # a new (grown) decoder: new buffers, graphs
             self._static, self._programs = static, {}
@@ -113,8 +113,10 @@ class TreeGraph:
             if not live:
                 results.append(None)
                 continue
-            results.append((path[:n], bonus, bool(finite)))
-            position += n + 1
+            nodes = sum(len(p) <= cap for p in self.proposer.tree)
+            results.append((path[:n], bonus, bool(finite), nodes))
+            position, left = position + n + 1, left - n - 1
+            cap = max(0, min(depth, left - 1))     # the program's cap for the next iteration
         self.drafted_for = (seq.seq_id, position)
         return results
 
