@@ -23,9 +23,9 @@ Every config runs --repeats times, interleaved (the order rotates each repeat); 
 speedup is the median of its per-repeat time ratios against target only (paired), with mean,
 SE and range. identical: prompts whose tokens equal target only's. Last line: JSON.
 
-    python -m rltlab.bench.tree_spec --device cuda --trees-from \\
-        docs/experiments/data/2026-12-03-lookahead-tree-probe-h200.json --budgets 8 32 \\
-        --compile-nodes 0 16 32
+    python -m rltlab.bench.tree_spec --device cuda --paths engine --trees-from \\
+        docs/experiments/data/2026-12-03-lookahead-tree-probe-h200.json --budgets 8 \\
+        --engine-compile off on
 """
 from __future__ import annotations
 
@@ -63,8 +63,8 @@ def _trees(args, artifact_tree) -> dict:
 
 
 def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
-    """One engine per --chains value, holding a TreeProposer per tree (their private blocks
-    reserved beside one max_len sequence's) -> {name: generate function}."""
+    """One engine per (--engine-compile, --chains) pair, holding a TreeProposer per tree (their
+    private blocks reserved beside one max_len sequence's) -> {name: generate function}."""
     from rltlab.engine import LLM, TreeProposer
     from rltlab.engine.speculative import SpecStats
     from rltlab.engine.tree_graph import TreeShape
@@ -202,7 +202,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--budgets", type=int, nargs="*", default=[8, 16, 32])
     ap.add_argument("--paths", nargs="+", choices=["engine", "standalone"],
                     default=["engine", "standalone"])
-    ap.add_argument("--chains", type=int, nargs="+", default=[1, 4],
+    ap.add_argument("--chains", type=int, nargs="+", default=[1],
                     help="EngineConfig.spec_chain values for the engine path")
     ap.add_argument("--engine-compile", choices=["off", "on"], nargs="+", default=["off"],
                     help="EngineConfig.compile for the engine path's trees; 'on' also runs "

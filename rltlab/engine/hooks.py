@@ -117,10 +117,10 @@ class TreeProposer:
     `heads(h_R [N, H], next_token [N]) -> logits [N, depth, V]` (lookahead heads, e.g.
     rltlab.draft_heads.lookahead.load_proposer) draft, from the final round's state of the
     last verified token, candidates for the `depth` positions after the next one; `tree` is a
-    prefix-closed set of rank paths (validate_tree) picking which
-    of them one full-depth pass verifies. Exact for greedy requests (T = 0, no top-k / top-p,
-    no log-probs) with a full-depth policy; the engine speculates this way while exactly one
-    such sequence runs, and steps normally otherwise.
+    prefix-closed set of rank paths (validate_tree) picking which of them one full-depth pass
+    verifies. Exact for greedy requests (T = 0, no top-k / top-p, no log-probs) with a
+    full-depth policy; the engine speculates this way while exactly one such sequence runs,
+    and steps normally otherwise.
     """
 
     adaptive = False   # the tree's shape is fixed (SpecDecoder's emit path reads this)

@@ -35,6 +35,10 @@ except on the static path (EngineConfig.fused_spec): there drafts chain on the d
 whole iteration, acceptance and rejection sampling included, is one program with one read-back
 (rltlab.engine.spec_graph).
 Round observers are not called for speculative steps.
+
+A TreeProposer (lookahead heads and a tree of their candidates) instead hands each step to
+rltlab.engine.tree_graph: one full-depth pass verifies the whole tree, for plain greedy requests
+while exactly one runs (docs/engine.md section 7.3).
 """
 from __future__ import annotations
 
