@@ -21,7 +21,8 @@ count, the path's tokens and the bonus. The verification pass reuses the model's
 (OuroDecoderLayer) over a dense LoopedKVCache, so it is the reference math with a tree mask.
 
 Scope: one request at a time, T = 0 (lossless = the target's own greedy tokens), fixed depth
-R; a standalone generator beside the paged engine, not yet one of its step paths.
+R; a standalone reference generator beside the paged engine, whose own path is
+rltlab.engine.tree_graph.
 """
 from __future__ import annotations
 
