@@ -18,27 +18,7 @@ from rltlab.bench.__main__ import add_model_arguments, build_model, prompts_for
 from rltlab.draft_heads.lookahead import LookaheadHeads
 from rltlab.engine import LLM, SamplingParams, TreeProposer
 from rltlab.engine.tree_graph import TreeShape
-
-
-def _sync(device):
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _replay_ms(program, replays: int) -> float:
-    if program._graph is None:
-        started = time.perf_counter()
-        for _ in range(replays):
-            program._program()
-        return 1e3 * (time.perf_counter() - started) / replays
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(replays):
-        program._graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / replays
+from tree_graph_timing import _replay_ms, _sync   # this script's folder is on sys.path
 
 
 def main():
