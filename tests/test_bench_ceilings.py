@@ -109,7 +109,10 @@ def test_bench_groups_and_decode_heavy_pair_run_tiny(capsys):
     # three paired rounds: the speedup is their median, with their mean and SE; the loops
     # reported are the last round's
     ratios = w5["round_speedups"]
-    assert len(ratios) == 3 and w5["group_speedup"] == round(statistics.median(ratios), 3)
+    # round_speedups carry 4 decimals and group_speedup 3 of the unrounded median: compare
+    # within both roundings (re-rounding 1.1495 gives 1.149 where the median gave 1.150)
+    assert len(ratios) == 3
+    assert w5["group_speedup"] == pytest.approx(statistics.median(ratios), abs=5.5e-4)
     assert w5["group_speedup_mean"] == pytest.approx(statistics.fmean(ratios), abs=1e-4)
     assert w5["group_speedup_se"] == pytest.approx(statistics.stdev(ratios) / 3 ** 0.5,
                                                    abs=1e-4)
