@@ -95,7 +95,26 @@ class SpecGraph:
                           for j, k in enumerate(ks)])
 
 
-class _Program:
+class GraphProgram:
+    """A device program on the static decoder: `_program()` writes `out`; on CUDA it is
+    captured as a graph at the first replay (after the first stage(), so that the capture's
+    warm-up writes the real rows' K/V) and replayed after that."""
+
+    static: object
+    out: torch.Tensor
+    _graph = None
+
+    def replay(self) -> list[int]:
+        if not self.static.cuda_graphs:
+            self._program()
+        else:
+            if self._graph is None:
+                self._graph = self.static._capture(self._program)
+            self._graph.replay()
+        return self.out.tolist()
+
+
+class _Program(GraphProgram):
     """Buffers and (on CUDA) the captured graph of one (bucket, K, sampled, filtering, chain)."""
 
     def __init__(self, static, proposer: DraftProposer, bucket: int, k: int, sampled: bool,
@@ -120,8 +139,6 @@ class _Program:
         self.out = torch.zeros(chain * (k + 5) * b, dtype=torch.int64, device=dev)
         self.verify_hidden = torch.zeros(b * (k + 1), static.config.hidden_size,
                                          dtype=static.dtype, device=dev)
-        self._graph = None   # captured at the first replay, after stage(): the capture's
-        # warm-up runs write K/V at the staged rows' slots, which must be the real ones
 
     def _views(self, buf):
         ends = np.cumsum(self._sizes)
@@ -155,15 +172,6 @@ class _Program:
         self.params.copy_(self._param_staging, non_blocking=True)
         if self.sampled:
             self.uniforms[:c].copy_(torch.stack(draws))
-
-    def replay(self) -> list[int]:
-        if not self.static.cuda_graphs:
-            self._program()
-        else:
-            if self._graph is None:
-                self._graph = self.static._capture(self._program)
-            self._graph.replay()
-        return self.out.tolist()
 
     @torch.no_grad()
     def _program(self) -> None:

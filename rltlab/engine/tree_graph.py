@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import torch
 
+from rltlab.engine.spec_graph import GraphProgram
+
 
 class TreeShape:
     """Index tensors of a tree: nodes (root first, parents before children) and the expanded
@@ -121,7 +123,7 @@ class TreeGraph:
         return results
 
 
-class _Program:
+class _Program(GraphProgram):
     """Buffers and (on CUDA) the captured graph of `chain` iterations."""
 
     def __init__(self, tree: TreeGraph, static, chain: int):
@@ -133,7 +135,6 @@ class _Program:
         self._staging = torch.zeros(4 + nb, dtype=torch.long, pin_memory=pin)
         # per iteration: [n | path tokens (depth) | bonus | finite | live]
         self.out = torch.zeros(chain * (tree.proposer.depth + 4), dtype=torch.long, device=dev)
-        self._graph = None   # captured at the first replay, after stage()
         # With EngineConfig.compile, torch.compile fuses the ~70 small ops around the rounds
         # (indices, block copies, the walk, the commit, the heads) as it fuses the rounds' own.
         self._prepare, self._conclude = self._prepare_eager, self._conclude_eager
@@ -147,15 +148,6 @@ class _Program:
         buf[4: 4 + len(table)] = table
         buf[4 + len(table):] = table[-1]   # never read: positions stay inside the reservation
         self.index.copy_(self._staging, non_blocking=True)
-
-    def replay(self) -> list[int]:
-        if not self.static.cuda_graphs:
-            self._program()
-        else:
-            if self._graph is None:
-                self._graph = self.static._capture(self._program)
-            self._graph.replay()
-        return self.out.tolist()
 
     @torch.no_grad()
     def _program(self) -> None:
