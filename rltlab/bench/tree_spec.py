@@ -67,9 +67,9 @@ def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
     private blocks reserved beside one max_len sequence's) -> {name: generate function}."""
     from rltlab.engine import LLM, TreeProposer
     from rltlab.engine.speculative import SpecStats
-    from rltlab.engine.tree_graph import TreeShape
+    from rltlab.engine.tree_graph import private_blocks
     bs = 16
-    private = sum(2 * TreeShape(tree, "cpu").num_leaves for tree in trees.values())
+    private = sum(private_blocks(tree) for tree in trees.values())
     configs = {}
     for compiled, chain in itertools.product(args.engine_compile, args.chains):
         llm = LLM(model, max_num_seqs=1, block_size=bs, max_model_len=max_len,

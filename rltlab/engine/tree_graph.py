@@ -66,6 +66,11 @@ class TreeShape:
         self.node_leaf = self.row_leaf[self.node_row]    # a leaf whose path holds the node
 
 
+def private_blocks(tree) -> int:
+    """KV blocks a TreeProposer with this tree takes out of the engine's pool (two per leaf)."""
+    return 2 * TreeShape(list(tree), "cpu").num_leaves
+
+
 class TreeGraph:
     """The device program of one TreeProposer on one engine (see the module docstring)."""
 
@@ -76,7 +81,7 @@ class TreeGraph:
             raise ValueError(f"a tree {depth} deep needs block_size >= {depth}")
         self.shape = TreeShape(proposer.tree, runner.device)
         manager = engine.block_manager
-        blocks = 2 * self.shape.num_leaves
+        blocks = private_blocks(proposer.tree)
         one_sequence = manager.blocks_needed(engine.max_model_len)
         if manager.num_free_blocks < blocks + one_sequence:
             raise ValueError(
@@ -91,6 +96,9 @@ class TreeGraph:
         self.cand_in = torch.zeros(depth, rank, dtype=torch.long, device=dev)
         self.cand_out = torch.zeros_like(self.cand_in)
         self.drafted_for: tuple[int, int] | None = None   # (seq_id, position of x_P)
+        # nodes an iteration verifies, by its cap (spec_stats.drafted)
+        self._nodes_within = [sum(len(p) <= cap for p in proposer.tree)
+                              for cap in range(depth + 1)]
         self._static, self._programs = None, {}
 
     def run(self, seq, chain: int) -> list[tuple[list[int], int, bool, int] | None]:
@@ -115,8 +123,7 @@ class TreeGraph:
             if not live:
                 results.append(None)
                 continue
-            nodes = sum(len(p) <= cap for p in self.proposer.tree)
-            results.append((path[:n], bonus, bool(finite), nodes))
+            results.append((path[:n], bonus, bool(finite), self._nodes_within[cap]))
             position, left = position + n + 1, left - n - 1
             cap = max(0, min(depth, left - 1))     # the program's cap for the next iteration
         self.drafted_for = (seq.seq_id, position)

@@ -19,7 +19,7 @@ from rltlab.draft_heads.evaluate import eval_prompts
 from rltlab.engine import LLM, SamplingParams, TreeProposer
 from rltlab.engine import llm_engine, model_runner, spec_decode, token_step, token_window
 from rltlab.engine import tree_graph
-from rltlab.engine.tree_graph import TreeShape
+from rltlab.engine.tree_graph import private_blocks
 from rltlab.model.checkpoint import load_model
 
 TIMES: dict = defaultdict(float)
@@ -59,7 +59,7 @@ def main():
     timed(model_runner.ModelRunner, "execute", "runner execute (prefill, round steps)")
     trees = {"root only": [], "chain K=4": [tuple([0] * j) for j in range(1, 5)],
              "artifact tree B=16": tree}
-    private = sum(2 * TreeShape(t, "cpu").num_leaves for t in trees.values())
+    private = sum(private_blocks(t) for t in trees.values())
     base = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len)
     engine = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len,
                  num_blocks=-(-max_len // 16) + private, decode_path="static")

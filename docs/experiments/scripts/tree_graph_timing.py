@@ -16,7 +16,7 @@ from rltlab.bench.tree_spec import HEADS, _trees
 from rltlab.draft_heads import lookahead
 from rltlab.draft_heads.evaluate import eval_prompts
 from rltlab.engine import LLM, SamplingParams, TreeProposer
-from rltlab.engine.tree_graph import TreeShape
+from rltlab.engine.tree_graph import TreeShape, private_blocks
 from rltlab.model.checkpoint import load_model
 
 
@@ -65,7 +65,7 @@ def main():
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     result = {"target_only_ms_per_token": 1e3 * (time.perf_counter() - started) / tokens,
               "rows": []}
-    private = sum(2 * TreeShape(t, "cpu").num_leaves for t in trees.values())
+    private = sum(private_blocks(t) for t in trees.values())
     for chain in args.chains:
         llm = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len,
                   spec_chain=chain, num_blocks=-(-max_len // 16) + private,

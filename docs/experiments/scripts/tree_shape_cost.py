@@ -17,7 +17,7 @@ import torch
 from rltlab.bench.__main__ import add_model_arguments, build_model, prompts_for
 from rltlab.draft_heads.lookahead import LookaheadHeads
 from rltlab.engine import LLM, SamplingParams, TreeProposer
-from rltlab.engine.tree_graph import TreeShape
+from rltlab.engine.tree_graph import TreeShape, private_blocks
 from tree_graph_timing import _replay_ms, _sync   # this script's folder is on sys.path
 
 
@@ -52,7 +52,7 @@ def main():
     token_ms = 1e3 * (seconds[257] - seconds[1]) / 256
     heads = LookaheadHeads(model, depth=4).to(device=args.device,
                                               dtype=getattr(torch, args.dtype)).eval()
-    private = sum(2 * TreeShape(t, "cpu").num_leaves for t in trees.values())
+    private = sum(private_blocks(t) for t in trees.values())
     llm = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len,
               num_blocks=-(-max_len // 16) + private, decode_path="static")
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True,

@@ -4,7 +4,6 @@ sequence of events on the GPU, one at a time, and prints the tree decoder's tau 
 the model loaded straight to the GPU, an engine built on it, the engine generating, a
 torch.compile'd decoder compiled and run. Last line: JSON."""
 import json
-import torch
 from rltlab.draft_heads import lookahead
 from rltlab.draft_heads.evaluate import eval_prompts
 from rltlab.engine import LLM, SamplingParams

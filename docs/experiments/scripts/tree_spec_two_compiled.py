@@ -3,7 +3,7 @@ config; s14_call7 (one compiled tree, no B = 64) and s14_call6 gave the CPU's ta
 call 4's set of decoders - root only, the shipped tree compiled, B = 32 compiled, B = 64, the
 shipped tree - and prints each one's tau on 12 held-out prompts, twice (CPU: 1.0 / 2.842 /
 2.978 / 3.244 / 2.842). Last line: JSON."""
-import json, torch
+import json
 from rltlab.draft_heads import lookahead
 from rltlab.draft_heads.evaluate import eval_prompts
 from rltlab.engine.tree_spec import TreeSpecGenerator
