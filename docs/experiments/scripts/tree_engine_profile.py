@@ -13,7 +13,7 @@ from collections import defaultdict
 
 import torch
 
-from rltlab.bench.tree_spec import HEADS
+from rltlab.bench.tree_spec import HEADS, _trees
 from rltlab.draft_heads import lookahead
 from rltlab.draft_heads.evaluate import eval_prompts
 from rltlab.engine import LLM, SamplingParams, TreeProposer
@@ -57,8 +57,7 @@ def main():
     timed(token_window.TokenWindow, "step", "token window step")
     timed(token_step.FusedTokenStep, "step", "whole-token step")
     timed(model_runner.ModelRunner, "execute", "runner execute (prefill, round steps)")
-    trees = {"root only": [], "chain K=4": [tuple([0] * j) for j in range(1, 5)],
-             "artifact tree B=16": tree}
+    trees = _trees(argparse.Namespace(trees_from=None), tree)   # root, chain, the artifact's
     private = sum(private_blocks(t) for t in trees.values())
     base = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len)
     engine = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len,
