@@ -36,6 +36,7 @@ else:
     from .pdl import INTERPRETED, pdl_available
     from .rope_gemv import rope_kv_linear, rope_kv_linear_ref
     from .shared_prefix import MAX_MEMBERS, SharedPrefix, shared_prefix_plan
+    from .small_batch import MAX_ROWS as MAX_GEMV_ROWS
     from .small_batch import rope_write_kv, rope_write_kv_ref, small_m_linear, small_m_linear_ref
 
     __all__ = [
@@ -45,7 +46,7 @@ else:
         "paged_decode_attention", "paged_decode_attention_ref", "paged_decode_attention_torch",
         "paged_prefill_attention", "paged_prefill_attention_ref", "pdl_available",
         "rope_kv_linear", "rope_kv_linear_ref", "rope_write_kv", "rope_write_kv_ref",
-        "MAX_MEMBERS", "SharedPrefix", "shared_prefix_plan", "silu_mul",
+        "MAX_GEMV_ROWS", "MAX_MEMBERS", "SharedPrefix", "shared_prefix_plan", "silu_mul",
         "silu_mul_ref", "small_m_linear", "small_m_linear_ref", "triton_available",
     ]
 

@@ -1,4 +1,4 @@
-"""One-row q/k/v projection with RoPE and the K/V write in the GEMV's epilogue.
+"""The q/k/v projection of a few rows with RoPE and the K/V write in the GEMV's epilogue.
 
 A one-row decode round used to compute qkv = y @ w_qkv.T with the weight-streaming GEMV
 (kernels/small_batch.py) and then run rope_write_kv: one program that reads qkv back, rotates q
@@ -12,9 +12,14 @@ head-local dims j and j + D/2, which rotate-half RoPE mixes. It streams the weig
 halves (the same bytes as the plain GEMV's BLOCK_N rows), so once its dot products are done it
 holds both members of every pair and can rotate them in registers. Then it stores:
 
-  * a q head: the rotated pair into q [1, Hq, D];
+  * a q head: the rotated pair into q [M, Hq, D];
   * a k head: the rotated pair into the cache at (plane, slot), unless slot < 0 (padding);
   * a v head: the pair unrotated into the cache, unless slot < 0.
+
+Several rows (tree and chain verification, small batches) share each loaded weight tile: a
+program computes the [BLOCK_M, PAIRS] dot products of up to 16 rows as FMA products (the
+arithmetic of one row, per row), each row with its own position, plane and slot; more rows
+add row blocks on the grid's second axis.
 
 Accumulation is fp32, as in small_m_linear; the rotation is applied to the fp32 dot products,
 and the result is rounded once, where the unfused path rounds qkv first and the rotation again
@@ -27,38 +32,46 @@ import triton.language as tl
 
 from .l2_prefetch import prefetch_args, prefetch_l2
 from .pdl import await_previous_kernel, launch_options
-from .small_batch import rope_write_kv_ref, small_m_linear_ref, tiles_for
+from .small_batch import (MAX_ROWS, block_rows, rope_write_kv_ref, small_m_linear_ref,
+                          tiles_for)
 
 
 def rope_kv_linear_ref(x, w_qkv, cos, sin, kv_cache, layer, planes, slots, num_heads,
                        num_kv_heads, head_dim):
-    """rope_write_kv_ref(x @ w_qkv.T, ...): q/k/v of one row, RoPE'd q returned [1, Hq, D],
-    k and v written to kv_cache[layer, :, planes[0], slots[0]] (slot < 0: skipped)."""
+    """rope_write_kv_ref(x @ w_qkv.T, ...): q/k/v of M rows, RoPE'd q returned [M, Hq, D],
+    row m's k and v written to kv_cache[layer, :, planes[m], slots[m]] (slot < 0: skipped)."""
     return rope_write_kv_ref(small_m_linear_ref(x, w_qkv), cos, sin, kv_cache, layer, planes,
                              slots, num_heads, num_kv_heads, head_dim)
 
 
 @triton.jit
-def _weight_tile(w_ptr, rows, ks, K, stride_wn):
-    """w[rows, ks]: one [PAIRS, BLOCK_K] weight tile (zeros past K)."""
-    return tl.load(w_ptr + rows[:, None] * stride_wn + ks[None, :], mask=(ks < K)[None, :],
+def _weight_tile(w_ptr, feats, ks, K, stride_wn):
+    """w[feats, ks]: one [PAIRS, BLOCK_K] weight tile (zeros past K)."""
+    return tl.load(w_ptr + feats[:, None] * stride_wn + ks[None, :], mask=(ks < K)[None, :],
                    other=0.0)
 
 
 @triton.jit
-def _accumulate(acc_lo, acc_hi, w_lo, w_hi, x_ptr, ks, K):
-    """Both halves' tiles times x[ks] (loaded once), added in fp32."""
-    x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
-    return (acc_lo + tl.sum(w_lo.to(tl.float32) * x[None, :], axis=1),
-            acc_hi + tl.sum(w_hi.to(tl.float32) * x[None, :], axis=1))
+def _accumulate(acc_lo, acc_hi, w_lo, w_hi, x_ptr, rows, row_ok, ks, K, stride_x,
+                BLOCK_M: tl.constexpr):
+    """Both halves' tiles times the rows' x[:, ks] (loaded once), added in fp32 ([BLOCK_M,
+    PAIRS]): one row as a broadcast multiply and row sum, several as [M, PAIRS, K] products."""
+    x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :],
+                mask=row_ok[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
+    if BLOCK_M == 1:
+        return (acc_lo + tl.sum(w_lo.to(tl.float32) * x, axis=1)[None, :],
+                acc_hi + tl.sum(w_hi.to(tl.float32) * x, axis=1)[None, :])
+    return (acc_lo + tl.sum(w_lo.to(tl.float32)[None, :, :] * x[:, None, :], axis=2),
+            acc_hi + tl.sum(w_hi.to(tl.float32)[None, :, :] * x[:, None, :], axis=2))
 
 
 @triton.jit
 def _rope_kv_linear_kernel(
-    x_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, kv_ptr, planes_ptr, slots_ptr, K, stride_wn,
-    block_size, stride_kv, stride_p, stride_b, stride_s, stride_h, pf_ptr, pf_bytes,
+    x_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, kv_ptr, planes_ptr, slots_ptr, M, K, stride_x,
+    stride_wn, stride_cos, stride_q, block_size, stride_kv, stride_p, stride_b, stride_s,
+    stride_h, pf_ptr, pf_bytes,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, GDC: tl.constexpr,
+    PAIRS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GDC: tl.constexpr,
     PREFETCH: tl.constexpr, PF_CHUNK: tl.constexpr, PF_LANES: tl.constexpr,
 ):
     HALF: tl.constexpr = HEAD_DIM // 2
@@ -66,45 +79,56 @@ def _rope_kv_linear_kernel(
     head = tl.program_id(0) // blocks_per_head           # of the Hq + 2 Hkv heads of q|k|v
     lo = (tl.program_id(0) % blocks_per_head) * PAIRS + tl.arange(0, PAIRS)   # dims j < D/2
     hi = lo + HALF                                                           # their partners
-    rows_lo, rows_hi = head * HEAD_DIM + lo, head * HEAD_DIM + hi
-    acc_lo = tl.zeros([PAIRS], tl.float32)
-    acc_hi = tl.zeros([PAIRS], tl.float32)
+    feat_lo, feat_hi = head * HEAD_DIM + lo, head * HEAD_DIM + hi      # weight rows
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)   # this program's block of rows
+    row_ok = rows < M
+    acc_lo = tl.zeros([BLOCK_M, PAIRS], tl.float32)
+    acc_hi = tl.zeros([BLOCK_M, PAIRS], tl.float32)
     # Weights are read before the wait (under PDL the stream starts while the previous kernel
     # drains), as in small_m_linear; x only after it.
     ks = tl.arange(0, BLOCK_K)
-    w_lo = _weight_tile(w_ptr, rows_lo, ks, K, stride_wn)
-    w_hi = _weight_tile(w_ptr, rows_hi, ks, K, stride_wn)
+    w_lo = _weight_tile(w_ptr, feat_lo, ks, K, stride_wn)
+    w_hi = _weight_tile(w_ptr, feat_hi, ks, K, stride_wn)
     prefetch_l2(pf_ptr, pf_bytes, PREFETCH, PF_CHUNK, PF_LANES)   # the next kernel's weights
     await_previous_kernel(GDC)
-    acc_lo, acc_hi = _accumulate(acc_lo, acc_hi, w_lo, w_hi, x_ptr, ks, K)
+    acc_lo, acc_hi = _accumulate(acc_lo, acc_hi, w_lo, w_hi, x_ptr, rows, row_ok, ks, K,
+                                 stride_x, BLOCK_M)
     for k0 in range(BLOCK_K, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        acc_lo, acc_hi = _accumulate(acc_lo, acc_hi, _weight_tile(w_ptr, rows_lo, ks, K, stride_wn),
-                                     _weight_tile(w_ptr, rows_hi, ks, K, stride_wn), x_ptr, ks, K)
+        acc_lo, acc_hi = _accumulate(acc_lo, acc_hi, _weight_tile(w_ptr, feat_lo, ks, K, stride_wn),
+                                     _weight_tile(w_ptr, feat_hi, ks, K, stride_wn), x_ptr, rows,
+                                     row_ok, ks, K, stride_x, BLOCK_M)
 
+    ok = row_ok[:, None]
     if head < NUM_HEADS + NUM_KV_HEADS:
         # rotate-half RoPE: out[j] = x[j] cos[j] - x[j + D/2] sin[j],
         #                   out[j + D/2] = x[j + D/2] cos[j + D/2] + x[j] sin[j + D/2]
-        out_lo = (acc_lo * tl.load(cos_ptr + lo).to(tl.float32)
-                  - acc_hi * tl.load(sin_ptr + lo).to(tl.float32))
-        out_hi = (acc_hi * tl.load(cos_ptr + hi).to(tl.float32)
-                  + acc_lo * tl.load(sin_ptr + hi).to(tl.float32))
+        at = rows[:, None] * stride_cos
+        cos_lo = tl.load(cos_ptr + at + lo[None, :], mask=ok, other=0.0).to(tl.float32)
+        sin_lo = tl.load(sin_ptr + at + lo[None, :], mask=ok, other=0.0).to(tl.float32)
+        cos_hi = tl.load(cos_ptr + at + hi[None, :], mask=ok, other=0.0).to(tl.float32)
+        sin_hi = tl.load(sin_ptr + at + hi[None, :], mask=ok, other=0.0).to(tl.float32)
+        out_lo = acc_lo * cos_lo - acc_hi * sin_lo
+        out_hi = acc_hi * cos_hi + acc_lo * sin_hi
     else:
         out_lo, out_hi = acc_lo, acc_hi
     if head < NUM_HEADS:
-        tl.store(q_ptr + head * HEAD_DIM + lo, out_lo.to(q_ptr.dtype.element_ty))
-        tl.store(q_ptr + head * HEAD_DIM + hi, out_hi.to(q_ptr.dtype.element_ty))
+        q_at = q_ptr + rows[:, None] * stride_q + head * HEAD_DIM
+        tl.store(q_at + lo[None, :], out_lo.to(q_ptr.dtype.element_ty), mask=ok)
+        tl.store(q_at + hi[None, :], out_hi.to(q_ptr.dtype.element_ty), mask=ok)
     else:
-        slot = tl.load(slots_ptr).to(tl.int64)
-        if slot >= 0:
-            dst = (kv_ptr + tl.load(planes_ptr).to(tl.int64) * stride_p
-                   + (slot // block_size) * stride_b + (slot % block_size) * stride_s)
-            if head < NUM_HEADS + NUM_KV_HEADS:
-                dst += (head - NUM_HEADS) * stride_h
-            else:
-                dst += stride_kv + (head - NUM_HEADS - NUM_KV_HEADS) * stride_h
-            tl.store(dst + lo, out_lo.to(kv_ptr.dtype.element_ty))
-            tl.store(dst + hi, out_hi.to(kv_ptr.dtype.element_ty))
+        slot = tl.load(slots_ptr + rows, mask=row_ok, other=-1).to(tl.int64)
+        plane = tl.load(planes_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+        write = (slot >= 0)[:, None]                        # padding rows write nothing
+        slot = tl.maximum(slot, 0)
+        dst = kv_ptr + plane * stride_p + (slot // block_size) * stride_b \
+            + (slot % block_size) * stride_s
+        if head < NUM_HEADS + NUM_KV_HEADS:
+            dst += (head - NUM_HEADS) * stride_h
+        else:
+            dst += stride_kv + (head - NUM_HEADS - NUM_KV_HEADS) * stride_h
+        tl.store(dst[:, None] + lo[None, :], out_lo.to(kv_ptr.dtype.element_ty), mask=write)
+        tl.store(dst[:, None] + hi[None, :], out_hi.to(kv_ptr.dtype.element_ty), mask=write)
 
 
 def check_pairs(tiles, head_dim: int) -> tuple[int, int, int, int]:
@@ -122,37 +146,43 @@ def check_pairs(tiles, head_dim: int) -> tuple[int, int, int, int]:
 
 def rope_kv_linear(x, w_qkv, cos, sin, kv_cache, layer, planes, slots, num_heads, num_kv_heads,
                    head_dim, tiles=None, *, pdl=False, prefetch=None):
-    """Triton version of rope_kv_linear_ref for one row: x [1, K], w_qkv [(Hq + 2 Hkv) D, K],
-    cos/sin [1, D], planes int32 [1], slots int [1] (tiles: one-row GEMV tiles, see
-    small_batch.TILES; pdl: kernels/pdl.py; prefetch: (weight, nbytes), kernels/l2_prefetch.py).
-    -> q [1, Hq, D]."""
+    """Triton version of rope_kv_linear_ref for 1 <= M <= MAX_ROWS rows: x [M, K],
+    w_qkv [(Hq + 2 Hkv) D, K], cos/sin [M, D], planes int32 [M], slots int [M] (tiles: GEMV
+    tiles, see small_batch.TILES, the FMA ones for M > 1; pdl: kernels/pdl.py; prefetch:
+    (weight, nbytes), kernels/l2_prefetch.py). -> q [M, Hq, D]."""
     n_out, k = w_qkv.shape
-    if x.shape != (1, k):
-        raise ValueError(f"rope_kv_linear takes one row x [1, {k}], got {tuple(x.shape)}")
+    m = x.shape[0]
+    if x.dim() != 2 or x.shape[1] != k or not 1 <= m <= MAX_ROWS:
+        raise ValueError(f"rope_kv_linear takes 1..{MAX_ROWS} rows x [M, {k}], "
+                         f"got {tuple(x.shape)}")
     if n_out != (num_heads + 2 * num_kv_heads) * head_dim:
         raise ValueError(f"w_qkv has {n_out} rows, not (Hq + 2 Hkv) * D = "
                          f"{(num_heads + 2 * num_kv_heads) * head_dim}")
     if x.dtype != w_qkv.dtype or not (x.is_contiguous() and w_qkv.stride(-1) == 1):
         raise ValueError("x and w_qkv must share one dtype and be contiguous in their last dim")
-    if cos.shape != (1, head_dim) or sin.shape != cos.shape or not (
-            cos.is_contiguous() and sin.is_contiguous()):
-        raise ValueError(f"cos/sin must be contiguous [1, D] = [1, {head_dim}]")
+    if cos.shape != (m, head_dim) or sin.shape != cos.shape or cos.stride() != sin.stride() \
+            or cos.stride(-1) != 1:
+        raise ValueError(f"cos/sin must be [M, D] = [{m}, {head_dim}], contiguous in D, with "
+                         f"one layout")
     if kv_cache.shape[-1] != head_dim or kv_cache.stride(-1) != 1:
         raise ValueError("the cache's head_dim must match and be contiguous")
     if kv_cache.shape[-2] != num_kv_heads or not 0 <= layer < kv_cache.shape[0]:
         raise ValueError(f"the cache has {kv_cache.shape[-2]} KV heads and "
                          f"{kv_cache.shape[0]} layers; asked for {num_kv_heads} and layer {layer}")
-    if planes.numel() != 1 or slots.numel() != 1:
-        raise ValueError("planes and slots must hold one entry each (one row)")
-    pairs, block_k, warps, stages = check_pairs(tiles or tiles_for(1, n_out, k), head_dim)
+    if planes.numel() != m or slots.numel() != m:
+        raise ValueError(f"planes and slots must hold one entry per row ({m})")
+    pairs, block_k, warps, stages = check_pairs(tiles or tiles_for(m, n_out, k, fma=True),
+                                                head_dim)
+    block_m = block_rows(m, fma=True)
     launch = launch_options(pdl, x.device)
     pf_args, pf_meta = prefetch_args(prefetch, placeholder=w_qkv)
-    q = torch.empty(1, num_heads, head_dim, dtype=x.dtype, device=x.device)
+    q = torch.empty(m, num_heads, head_dim, dtype=x.dtype, device=x.device)
     layer_cache = kv_cache[layer]   # [2, P, NB, BS, Hkv, D]
-    _rope_kv_linear_kernel[(n_out // (2 * pairs),)](
-        x, w_qkv, cos, sin, q, layer_cache, planes, slots, k, w_qkv.stride(0),
-        kv_cache.shape[4], *layer_cache.stride()[:5], *pf_args,
+    _rope_kv_linear_kernel[(n_out // (2 * pairs), triton.cdiv(m, block_m))](
+        x, w_qkv, cos, sin, q, layer_cache, planes, slots, m, k, x.stride(0), w_qkv.stride(0),
+        cos.stride(0), q.stride(0), kv_cache.shape[4], *layer_cache.stride()[:5], *pf_args,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, PAIRS=pairs,
-        BLOCK_K=block_k, num_warps=warps, num_stages=stages, **pf_meta, **launch,
+        BLOCK_M=block_m, BLOCK_K=block_k, num_warps=warps, num_stages=stages, **pf_meta,
+        **launch,
     )
     return q

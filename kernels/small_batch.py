@@ -1,4 +1,4 @@
-"""Kernels for decode rounds of a few rows (M <= 16): weight-streaming GEMV and fused RoPE + K/V.
+"""Kernels for decode rounds of a few rows (M <= 64): weight-streaming GEMV and fused RoPE + K/V.
 
 At batch 1-16 a decode round is a stream of weight reads: every linear layer reads its whole
 weight matrix for a handful of rows. cuBLAS reaches ~62% of the H200's copy bandwidth on these
@@ -8,7 +8,9 @@ RoPE + K/V write run as separate small kernels. Here:
   * small_m_linear(x, w, act) = act(x) @ w.T, one program per BLOCK_N output features, streaming
     w in [BLOCK_N, BLOCK_K] tiles. act="silu_mul" reads x = [gate | up] and applies
     silu(gate) * up on the fly (SwiGLU's down projection), so the activation never hits memory.
-    Accumulation in fp32; one rounding to x's dtype at the end.
+    Accumulation in fp32; one rounding to x's dtype at the end. Several rows share each loaded
+    weight tile: bf16 through tl.dot (tensor cores, 16-row blocks), fp32 as broadcast FMAs (the
+    one-row arithmetic per row, blocks of up to 16 rows); more rows add row blocks (grid axis 1).
   * Split-K (one row, tiles with SPLIT_K > 1): a narrow weight (N = 2048: o and down) gives
     only N / BLOCK_N = 256-512 programs, each walking all of K, too few loads in flight to
     stream HBM (~50% of copy bandwidth vs ~85% for the wide q/k/v and gate/up). The grid becomes
@@ -39,7 +41,10 @@ from .kv_copy import write_kv_ref
 from .l2_prefetch import prefetch_args, prefetch_l2
 from .pdl import await_previous_kernel, launch_options
 
-MAX_ROWS = 16
+MAX_ROWS = 64
+# Rows per program of the few-row paths: tl.dot's minimum (bf16), and for FMA products
+# [BLOCK_M, BLOCK_N, BLOCK_K] (fp32) at most 16 rows (registers); more rows, more row blocks.
+DOT_ROWS, FMA_ROWS = 16, 16
 ACTIVATIONS = (None, "silu_mul")
 # Split-K workspace per device: fp32 partials [SPLIT_K, N] and one int32 arrival counter per
 # column block, zero between calls. Fixed sizes (far above Ouro-1.4B's 8 x 11264 partials) so
@@ -73,7 +78,9 @@ def _accumulate_tile(acc, w, x_ptr, rows, ks, row_ok, K, stride_xm, SILU_MUL: tl
         # One row: a broadcast multiply and a row sum keep every loaded weight in fp32 FMAs.
         acc += tl.sum(w.to(tl.float32) * x, axis=1)[None, :]
     elif IEEE:
-        acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
+        # fp32 rows: the same FMAs per row on the weight tile loaded once ([M, N, K] products).
+        # An IEEE tl.dot takes no tensor cores either and needs BLOCK_N >= 16 (few programs).
+        acc += tl.sum(w.to(tl.float32)[None, :, :] * x[:, None, :], axis=2)
     else:
         acc += tl.dot(x.to(w.dtype), tl.trans(w))
     return acc
@@ -111,7 +118,8 @@ def _small_m_linear_kernel(
     PREFETCH: tl.constexpr, PF_CHUNK: tl.constexpr, PF_LANES: tl.constexpr,
 ):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = tl.arange(0, BLOCK_M)
+    # Without split-K the grid's second axis is the block of BLOCK_M rows (one row: one block).
+    rows = (tl.program_id(1) * BLOCK_M if SPLIT_K == 1 else 0) + tl.arange(0, BLOCK_M)
     col_ok, row_ok = cols < N, rows < M
     if SPLIT_K == 1:
         k_begin, k_end = 0, K
@@ -144,11 +152,13 @@ def _small_m_linear_kernel(
         _reduce_split_k(acc, partials_ptr, counters_ptr, out_ptr, cols, col_ok, N, SPLIT_K)
 
 
-# Tile shapes (BLOCK_N, BLOCK_K, num_warps, num_stages) for one row and for 2..16 rows, by
-# default and per (N, K) weight shape; a fifth entry SPLIT_K (one row only) splits K over that
-# many programs per column block (module docstring), and 4 entries mean SPLIT_K = 1. One row
-# needs many programs in flight to saturate HBM (N / BLOCK_N * SPLIT_K of them); 2..16 rows use
-# tensor cores (tl.dot needs BLOCK_N >= 16). The per-shape entries are the Ouro-1.4B layer's,
+# Tile shapes (BLOCK_N, BLOCK_K, num_warps, num_stages) for one row and for more rows (bf16 /
+# fp32), by default and per (N, K) weight shape; a fifth entry SPLIT_K (one row only) splits K
+# over that many programs per column block (module docstring), and 4 entries mean SPLIT_K = 1.
+# One row needs many programs in flight to saturate HBM (N / BLOCK_N * SPLIT_K of them); bf16
+# rows use tensor cores (tl.dot needs BLOCK_N >= 16); fp32 rows keep one row's narrow blocks,
+# BLOCK_K bounded by the [BLOCK_M, BLOCK_N, BLOCK_K] products' registers. The per-shape
+# entries are the Ouro-1.4B layer's,
 # measured by `python -m rltlab.bench.gemv --sweep` on the H200
 # (docs/benchmarks/2026-11-30-engine-h200.md). Under PDL the same tiles serve: the ones a
 # --sweep --pdl picked per shape made the engine's interleaved one-row round 4% slower
@@ -161,7 +171,7 @@ def _small_m_linear_kernel(
 # 1.031-1.034 with the entries before, o (4, 1024, 4, 3) and gate/up (4, 512, 2, 2)
 # (docs/experiments/scripts/w1_tiles_h200.py, docs/benchmarks/2026-12-02-s6-h200.md).
 TILES = {
-    "one_row": (4, 1024, 4, 2), "few_rows": (16, 256, 4, 3),
+    "one_row": (4, 1024, 4, 2), "few_rows": (16, 256, 4, 3), "few_rows_fma": (4, 128, 4, 2),
     ("one_row", 6144, 2048): (4, 1024, 4, 2), ("one_row", 2048, 2048): (4, 2048, 4, 2),
     ("one_row", 11264, 2048): (4, 1024, 4, 2), ("one_row", 2048, 5632): (8, 512, 2, 5, 4),
     ("few_rows", 6144, 2048): (64, 256, 4, 4), ("few_rows", 2048, 2048): (16, 256, 4, 4),
@@ -169,9 +179,19 @@ TILES = {
 }
 
 
-def tiles_for(rows: int, n: int, k: int) -> tuple[int, ...]:
-    kind = "one_row" if rows == 1 else "few_rows"
+def tiles_for(rows: int, n: int, k: int, fma: bool = False) -> tuple[int, ...]:
+    """The tiles of a [rows, K] x [N, K]^T product; fma: several rows as FMA products (fp32)
+    rather than tl.dot."""
+    kind = "one_row" if rows == 1 else "few_rows_fma" if fma else "few_rows"
     return TILES.get((kind, n, k), TILES[kind])
+
+
+def block_rows(rows: int, fma: bool) -> int:
+    """BLOCK_M of a [rows, K] product: 1, tl.dot's 16, or FMA products' rows rounded up to a
+    power of two, at most FMA_ROWS."""
+    if rows == 1:
+        return 1
+    return min(FMA_ROWS, triton.next_power_of_2(rows)) if fma else DOT_ROWS
 
 
 def check_tiles(tiles, rows: int, n: int, k: int) -> tuple[int, int, int, int, int]:
@@ -214,9 +234,9 @@ def split_k_workspace(device) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def small_m_linear(x, w, act=None, tiles=None, *, pdl=False, prefetch=None):
-    """Triton version of small_m_linear_ref for 1 <= M <= 16 rows (pdl: kernels/pdl.py; tiles:
-    see TILES; prefetch: (weight, nbytes) to bring into L2 for the next kernel,
-    kernels/l2_prefetch.py)."""
+    """Triton version of small_m_linear_ref for 1 <= M <= MAX_ROWS rows, in blocks of
+    block_rows(M) (pdl: kernels/pdl.py; tiles: see TILES; prefetch: (weight, nbytes) to bring
+    into L2 for the next kernel, kernels/l2_prefetch.py)."""
     if act not in ACTIVATIONS:
         raise ValueError(f"act must be one of {ACTIVATIONS}, got {act!r}")
     m, n, k = x.shape[0], w.shape[0], w.shape[1]
@@ -228,15 +248,18 @@ def small_m_linear(x, w, act=None, tiles=None, *, pdl=False, prefetch=None):
     if x.dtype != w.dtype or x.stride(-1) != 1 or w.stride(-1) != 1:
         raise ValueError("x and w must share one dtype and be contiguous in their last dim")
     launch = launch_options(pdl, x.device)
-    block_n, block_k, warps, stages, split_k = check_tiles(tiles or tiles_for(m, n, k), m, n, k)
+    fp32 = w.dtype == torch.float32
+    block_n, block_k, warps, stages, split_k = check_tiles(tiles or tiles_for(m, n, k, fp32), m,
+                                                           n, k)   # fp32 rows: FMA products
+    block_m = block_rows(m, fp32)
     pf_args, pf_meta = prefetch_args(prefetch, placeholder=w)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     # SPLIT_K = 1 never touches the workspace: out stands in for its pointers.
     partials, counters = split_k_workspace(x.device) if split_k > 1 else (out, out)
-    _small_m_linear_kernel[(triton.cdiv(n, block_n), split_k)](
+    _small_m_linear_kernel[(triton.cdiv(n, block_n), max(split_k, triton.cdiv(m, block_m)))](
         x, w, out, partials, counters, m, n, k, x.stride(0), w.stride(0), out.stride(0),
-        *pf_args, SILU_MUL=act == "silu_mul", BLOCK_M=1 if m == 1 else 16, BLOCK_N=block_n,
-        BLOCK_K=block_k, SPLIT_K=split_k, IEEE=w.dtype == torch.float32, num_warps=warps,
+        *pf_args, SILU_MUL=act == "silu_mul", BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_K=block_k, SPLIT_K=split_k, IEEE=fp32, num_warps=warps,
         num_stages=stages, **pf_meta, **launch,
     )
     return out

@@ -1,6 +1,7 @@
-"""The one-row q/k/v GEMV with RoPE and the K/V write in its epilogue (kernels/rope_gemv.py) under
+"""The q/k/v GEMV with RoPE and the K/V write in its epilogue (kernels/rope_gemv.py) under
 TRITON_INTERPRET=1, against its torch reference (the unfused GEMV + rope_write_kv references) and
-the model's RoPE. fp32: atol/rtol 1e-5. bf16: one bf16 step."""
+the model's RoPE: one row, and several rows with their own positions, planes and slots. fp32:
+atol/rtol 1e-5. bf16: one bf16 step."""
 
 import os
 
@@ -97,7 +98,8 @@ def test_bad_input_is_refused_before_anything_is_written():
     x, w, cos, sin, cache, planes, slots = _case(12, seed=7)
     before = cache.clone()
     bad = {
-        "one row": dict(x=x.expand(2, -1).contiguous()),
+        "1..64 rows": dict(x=x.expand(65, -1).contiguous()),
+        "cos/sin must": dict(x=x.expand(2, -1).contiguous()),    # one row's cos/sin
         "rows, not": dict(w=w[:-1]),
         "cos/sin": dict(cos=cos[:, :-1]),
         "KV heads": dict(kv_heads=1, w=w[: (HEADS + 2) * 12]),   # the cache has 2
@@ -112,3 +114,34 @@ def test_bad_input_is_refused_before_anything_is_written():
             rope_kv_linear(args["x"], args["w"], args["cos"], sin, cache, 1, planes,
                            args["slots"], HEADS, args["kv_heads"], 12, tiles=args["tiles"])
     assert torch.equal(cache, before)
+
+
+@pytest.mark.parametrize("rows,tiles", [(2, None), (5, None), (16, (4, 32, 4, 2)),
+                                        (21, None), (37, (8, 32, 4, 2))])
+def test_rows_each_at_their_own_position_plane_and_slot_fp32(rows, tiles):
+    """Rows in one or more blocks (21, 37: partial last block), a padding row (slot -1), K not a
+    multiple of BLOCK_K: q and the cache equal the reference, and row m's own RoPE."""
+    head_dim, k = 16, 72
+    x = _randn(rows, k, seed=rows)
+    w = _randn((HEADS + 2 * KV_HEADS) * head_dim, k, seed=rows + 1) / k ** 0.5
+    positions = torch.randperm(60, generator=torch.Generator().manual_seed(rows))[:rows]
+    cos, sin = rope_cos_sin(positions.to(DEVICE), head_dim, 10000.0, torch.float32)
+    cache = _randn(2, 2, 3, 12, BLOCK_SIZE, KV_HEADS, head_dim, seed=rows + 2)
+    planes = torch.randint(0, 3, (rows,), generator=torch.Generator().manual_seed(rows),
+                           dtype=torch.int32).to(DEVICE)
+    slots = torch.randperm(12 * BLOCK_SIZE, generator=torch.Generator().manual_seed(rows + 3))
+    slots = slots[:rows].to(DEVICE)
+    slots[rows // 2] = -1
+    ref_cache = cache.clone()
+    q = rope_kv_linear(x, w, cos, sin, cache, 1, planes, slots, HEADS, KV_HEADS, head_dim,
+                       tiles=tiles)
+    q_ref = rope_kv_linear_ref(x, w, cos, sin, ref_cache, 1, planes, slots, HEADS, KV_HEADS,
+                               head_dim)
+    torch.testing.assert_close(q, q_ref, **FP32)
+    torch.testing.assert_close(cache, ref_cache, **FP32)
+    assert not torch.equal(cache, _randn(2, 2, 3, 12, BLOCK_SIZE, KV_HEADS, head_dim,
+                                         seed=rows + 2))          # rows were written
+    qkv = (x.double() @ w.double().T).float()
+    torch.testing.assert_close(
+        q, apply_rope(qkv[:, : HEADS * head_dim].view(rows, HEADS, head_dim), cos[:, None],
+                      sin[:, None]), **FP32)

@@ -1,8 +1,9 @@
 """Small-batch decode kernels (kernels/small_batch.py) under TRITON_INTERPRET=1 vs their torch
 references and float64 math. fp32: atol/rtol 1e-5. bf16 (one-row GEMV, RoPE): one bf16 step.
 
-The interpreter's tl.dot on bf16 inputs is not faithful, so the 2..16-row GEMV path is checked
-here in fp32 (IEEE dot) and in bf16 on the GPU by `python -m rltlab.bench.gemv`. The interpreter
+The interpreter's tl.dot on bf16 inputs is not faithful, so the several-row GEMV path is checked
+here in fp32 (FMA products, blocks of up to 16 rows) and in bf16 (tl.dot) on the GPU by
+`python -m rltlab.bench.gemv`. The interpreter
 runs a grid's programs one after another, so it checks split-K's arithmetic and its order of
 summation, not the memory ordering between programs on a GPU.
 """
@@ -34,9 +35,9 @@ def _randn(*shape, seed, dtype=torch.float32):
     return torch.randn(*shape, generator=g).to(dtype).to(DEVICE)
 
 
-# (rows, tiles): tl.dot (2..16 rows) needs BLOCK_N >= 16; None = the tuned default tiles.
+# (rows, tiles): None = the tuned default tiles; 17 and 37 rows take 2 and 3 row blocks.
 SHAPES = [(1, None), (1, (8, 64, 4, 2)), (1, (16, 32, 2, 3)), (2, None), (2, (16, 32, 2, 2)),
-          (5, (16, 64, 4, 3)), (16, None), (16, (32, 32, 4, 4))]
+          (5, (16, 64, 4, 3)), (16, None), (16, (8, 32, 4, 4)), (17, None), (37, (4, 64, 4, 2))]
 
 
 @pytest.mark.parametrize("rows,tiles", SHAPES)
@@ -66,8 +67,8 @@ def test_small_m_linear_one_row_bf16(act):
 
 def test_small_m_linear_rejects_bad_input():
     w = _randn(8, 16, seed=0)
-    with pytest.raises(ValueError, match="1..16 rows"):
-        small_m_linear(_randn(17, 16, seed=1), w)
+    with pytest.raises(ValueError, match="1..64 rows"):
+        small_m_linear(_randn(65, 16, seed=1), w)
     with pytest.raises(ValueError, match="needs 32"):
         small_m_linear(_randn(2, 16, seed=1), w, "silu_mul")
     with pytest.raises(ValueError, match="act must be"):
