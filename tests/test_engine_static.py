@@ -119,21 +119,30 @@ def test_engine_benchmark_reports_every_mode_and_the_w4_gain():
 
 @pytest.mark.skipif(not kernels.triton_available("cpu"), reason="needs TRITON_INTERPRET=1")
 @pytest.mark.parametrize("fused_qkv_rope", [True, False])
-def test_triton_small_batch_rounds_equal_the_reference_rounds(fused_qkv_rope):
+@pytest.mark.parametrize("gemv_rows", [GEMV_ROWS, 3])
+def test_triton_small_batch_rounds_equal_the_reference_rounds(fused_qkv_rope, gemv_rows,
+                                                              monkeypatch):
     """The small-batch kernels (Triton GEMVs, RoPE + K/V write in the q/k/v GEMV or after it,
     paged attention) wired into the static decoder, interpreted on CPU in fp32, against the
-    torch-reference decoder (every norm weight distinct)."""
+    torch-reference decoder (every norm weight distinct); with gemv_rows = 3, rounds of 2..3
+    rows (padding rows included) take them too."""
     model = with_distinct_norms(tiny_engine_model(6))
-    prompts = random_prompts(2, seed=8)
+    prompts = random_prompts(3, seed=8)
     params = params_list(prompts, POLICIES["q_exit"], seed0=20)
-    one_row = {**MIXED, "max_num_seqs": 1}   # the GEMV takes rounds of GEMV_ROWS = 1 row
-    reference = LLM(model, decode_path="static", **one_row).generate(prompts, params)
-    llm = LLM(model, decode_path="static", **one_row)
+    engine_args = {**MIXED, "max_num_seqs": gemv_rows}
+    reference = LLM(model, decode_path="static", **engine_args).generate(prompts, params)
+    llm = LLM(model, decode_path="static", **engine_args)
     runner = llm.llm_engine.runner
     runner.static = StaticDecoder(runner.model, max_batch=runner.static.max_batch, triton=True,
-                                  **{**runner._static_args, "fused_qkv_rope": fused_qkv_rope})
-    assert runner.static._small_rows == GEMV_ROWS == 1
+                                  **{**runner._static_args, "fused_qkv_rope": fused_qkv_rope,
+                                     "gemv_rows": gemv_rows})
+    rows = []
+    for name in ("small_m_linear", "rope_kv_linear"):
+        kernel = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, lambda x, *a, _k=kernel, **kw:
+                            rows.append(x.shape[0]) or _k(x, *a, **kw))
     assert_same_rollouts(reference, llm.generate(prompts, params))
+    assert set(rows) == ({1} if gemv_rows == 1 else {1, 2, 3})
 
 
 IN_PHASE = dict(block_size=4, prefill_chunk=64, max_num_seqs=8, max_num_batched_tokens=256)

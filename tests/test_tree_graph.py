@@ -14,6 +14,7 @@ from rltlab.draft_heads.lookahead import LookaheadHeads
 from rltlab.engine import LLM, SamplingParams, TreeProposer
 from rltlab.engine.block_manager import RESERVED
 from rltlab.engine.static_decode import StaticDecoder
+from rltlab.engine.tree_graph import TreeShape
 from rltlab.model.architecture import OuroForCausalLM
 from rltlab.model.config import OuroConfig
 
@@ -236,16 +237,23 @@ def test_bad_proposers_are_refused(model):
 
 
 @pytest.mark.skipif(not kernels.triton_available("cpu"), reason="needs TRITON_INTERPRET=1")
-def test_device_program_through_the_triton_kernels(model, prompts):
+@pytest.mark.parametrize("gemv_rows", [1, 64])
+def test_device_program_through_the_triton_kernels(model, prompts, gemv_rows, monkeypatch):
     """The program's per-row block tables and slots fed to the Triton RoPE + K/V write and
-    paged attention kernels, interpreted on CPU."""
+    paged attention kernels, interpreted on CPU; with gemv_rows = 64 the tree's rows go through
+    the several-row q/k/v + RoPE + K/V-write GEMV and the GEMVs too."""
     target = _tokens(_engine(model).generate(prompts[:1], _greedy(10)))
     oracle = _Oracle(target[0], (0, 1, 0, 0))
     llm = _engine(model)
     runner = llm.llm_engine.runner
-    runner._static_args = {**runner._static_args, "triton": True}
+    runner._static_args = {**runner._static_args, "triton": True, "gemv_rows": gemv_rows}
     runner.static = StaticDecoder(runner.model, max_batch=4, **runner._static_args)
     llm.set_proposer(TreeProposer(oracle, TREE))
+    rows, rope_kv_linear = [], kernels.rope_kv_linear
+    monkeypatch.setattr(kernels, "rope_kv_linear",
+                        lambda x, *a, **k: rows.append(x.shape[0]) or rope_kv_linear(x, *a, **k))
     outs = llm.generate(prompts[:1], _greedy(10))
     assert _tokens(outs) == target
     assert sum(o.outputs[0].spec_stats["accepted"] for o in outs) > 0
+    tree_rows = TreeShape(TREE, "cpu").num_rows
+    assert (tree_rows in rows) == (gemv_rows > 1) and tree_rows > 1

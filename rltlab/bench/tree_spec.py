@@ -14,7 +14,9 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
       - the engine (--paths engine): the same paged engine with a TreeProposer
         (rltlab.engine.tree_graph), EngineConfig.spec_chain = M for each M of --chains
         ("engine <tree> M=<m>"), and with --engine-compile on also with EngineConfig.compile
-        ("... compiled", beside a "target only compiled" baseline row);
+        ("... compiled", beside a "target only compiled" baseline row); --gemv-rows G > 1
+        also with EngineConfig.gemv_rows = G ("... gemv<=G": trees of at most G rows through
+        the Triton GEMV path, kernels/small_batch.py);
       - the standalone generator (--paths standalone): rltlab.engine.tree_spec over the
         model's reference modules, and "<tree> compiled" under torch.compile
         (--compile-nodes: which node counts).
@@ -63,19 +65,22 @@ def _trees(args, artifact_tree) -> dict:
 
 
 def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
-    """One engine per (--engine-compile, --chains) pair, holding a TreeProposer per tree (their
-    private blocks reserved beside one max_len sequence's) -> {name: generate function}."""
+    """One engine per (--engine-compile, --chains, --gemv-rows) triple, holding a TreeProposer
+    per tree (their private blocks reserved beside one max_len sequence's) -> {name: generate
+    function}."""
     from rltlab.engine import LLM, TreeProposer
     from rltlab.engine.speculative import SpecStats
     from rltlab.engine.tree_graph import private_blocks
     bs = 16
     private = sum(private_blocks(tree) for tree in trees.values())
     configs = {}
-    for compiled, chain in itertools.product(args.engine_compile, args.chains):
+    for compiled, chain, gemv in itertools.product(args.engine_compile, args.chains,
+                                                   args.gemv_rows):
         llm = LLM(model, max_num_seqs=1, block_size=bs, max_model_len=max_len,
                   spec_chain=chain, num_blocks=-(-max_len // bs) + private,
-                  decode_path="static", compile=compiled)   # static: auto's choice on CUDA
-        suffix = " compiled" * compiled
+                  decode_path="static", compile=compiled,   # static: auto's choice on CUDA
+                  gemv_rows=gemv)
+        suffix = " compiled" * compiled + (f" gemv<={gemv}" if gemv > 1 else "")
         for name, tree in trees.items():
             configs[f"engine {name} M={chain}{suffix}"] = _engine_config(
                 llm, TreeProposer(heads, tree), params, SpecStats)
@@ -183,6 +188,7 @@ def run(args) -> dict:
         rows.append(row)
     return {"model": str(md), "dtype": args.dtype, "heads": args.heads, "failed": failed,
             "paths": args.paths, "chains": args.chains, "engine_compile": args.engine_compile,
+            "gemv_rows": args.gemv_rows,
             "heads_training": meta.get("training", {}).get("script"), "prompts": args.prompts,
             "max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows}
 
@@ -207,14 +213,19 @@ def main(argv=None) -> dict:
     ap.add_argument("--engine-compile", choices=["off", "on"], nargs="+", default=["off"],
                     help="EngineConfig.compile for the engine path's trees; 'on' also runs "
                          "'target only compiled'")
+    ap.add_argument("--gemv-rows", type=int, nargs="+", default=[1],
+                    help="EngineConfig.gemv_rows values for the engine path (1: one-row "
+                         "rounds only; trees of up to G rows through the Triton GEMV path)")
     ap.add_argument("--compile-nodes", type=int, nargs="*", default=[],
                     help="also run the standalone trees of these node counts under "
                          "torch.compile")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     args.engine_compile = [c == "on" for c in args.engine_compile]
-    if args.repeats < 1 or args.prompts < 2 or args.max_tokens < 1 or min(args.chains) < 1:
-        ap.error("--repeats >= 1, --prompts >= 2, --max-tokens >= 1 and --chains >= 1")
+    if args.repeats < 1 or args.prompts < 2 or args.max_tokens < 1 or min(args.chains) < 1 \
+            or not all(1 <= g <= 64 for g in args.gemv_rows):
+        ap.error("--repeats >= 1, --prompts >= 2, --max-tokens >= 1, --chains >= 1 and "
+                 "--gemv-rows in 1..64")
     res = run(args)
     print(f"{'config':>38} | nodes | tok/s | paired (median, mean ± SE) | tau | identical")
     for r in res["rows"]:

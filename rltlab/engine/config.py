@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from rltlab import kernels
 from rltlab.model.architecture import EXIT_SEMANTICS, SELECT_ONLY
 
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
@@ -47,6 +48,10 @@ class EngineConfig:
     functions (fuses norms, RoPE and SwiGLU; costs a one-off compile). small_batch_kernels: on
     CUDA, static rounds of <= 16 rows run every matmul as a weight-streaming Triton GEMV with
     SiLU * up and RoPE + K/V write fused (rltlab.kernels.small_batch); False = cuBLAS.
+    gemv_rows: with small_batch_kernels, static rounds of at most this many rows (1..64) take
+    the Triton GEMV path (and PDL, the fused q/k/v + RoPE, the L2 prefetch); more rows take
+    cuBLAS. 1 = one-row rounds only, the measured best in bf16 at the Ouro-1.4B shape
+    (rltlab.engine.static_decode.GEMV_ROWS); fp32 rows of 2..64 run as FMA products.
     pdl: on Hopper or newer GPUs, one-row static rounds launch their Triton kernels with
     programmatic dependent launch, so each kernel starts while the one before drains
     (rltlab.kernels.pdl); ignored where unavailable (CPU, older GPUs, the interpreter).
@@ -122,6 +127,7 @@ class EngineConfig:
     cuda_graphs: bool = True
     compile: bool = False
     small_batch_kernels: bool = True
+    gemv_rows: int = 1
     pdl: bool = True
     fused_qkv_rope: bool = True
     l2_prefetch_mb: float = 4.0
@@ -190,6 +196,10 @@ class EngineConfig:
                      "pad_prefill_attention", "shared_prefix_attention"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        if isinstance(self.gemv_rows, bool) or not isinstance(self.gemv_rows, int) or \
+                not 1 <= self.gemv_rows <= kernels.MAX_GEMV_ROWS:
+            raise ValueError(f"EngineConfig.gemv_rows must be an int in "
+                             f"1..{kernels.MAX_GEMV_ROWS}, got {self.gemv_rows!r}")
         self.dtype = parse_dtype(self.dtype)
         if self.device is not None:
             self.device = torch.device(self.device)

@@ -88,6 +88,7 @@ class LLMEngine:
                                   max_model_len=self.max_model_len,
                                   cuda_graphs=config.cuda_graphs, compile=config.compile,
                                   small_batch_kernels=config.small_batch_kernels,
+                                  gemv_rows=config.gemv_rows,
                                   pdl=config.pdl, fused_qkv_rope=config.fused_qkv_rope,
                                   l2_prefetch_mb=config.l2_prefetch_mb,
                                   fused_prefill=config.fused_prefill,

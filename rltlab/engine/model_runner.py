@@ -98,7 +98,7 @@ class ModelRunner:
     def __init__(self, model: OuroForCausalLM, num_blocks: int, block_size: int, *,
                  static_decode: bool = False, max_batch: int = 1, max_model_len: int = 0,
                  cuda_graphs: bool = True, compile: bool = False,
-                 small_batch_kernels: bool = True, pdl: bool = True,
+                 small_batch_kernels: bool = True, gemv_rows: int = 1, pdl: bool = True,
                  fused_qkv_rope: bool = True, l2_prefetch_mb: float = 4.0,
                  fused_prefill: bool = True, cudnn_prefill_after: int | None = 16,
                  pad_prefill_attention: bool = False, shared_prefix_attention: bool = True,
@@ -121,7 +121,8 @@ class ModelRunner:
                                      block_size=block_size,
                                      max_blocks_per_seq=-(-max_model_len // block_size),
                                      cuda_graphs=cuda_graphs, compile=compile,
-                                     small_batch_kernels=small_batch_kernels, pdl=pdl,
+                                     small_batch_kernels=small_batch_kernels,
+                                     gemv_rows=gemv_rows, pdl=pdl,
                                      fused_qkv_rope=fused_qkv_rope,
                                      l2_prefetch_mb=l2_prefetch_mb,
                                      shared_prefix=shared_prefix_attention)

@@ -101,7 +101,8 @@ class StaticDecoder:
 
     def __init__(self, model: OuroForCausalLM, *, fused, kv_cache: torch.Tensor,
                  block_size: int, max_batch: int, max_blocks_per_seq: int, cuda_graphs: bool,
-                 compile: bool, small_batch_kernels: bool = True, pdl: bool = False,
+                 compile: bool, small_batch_kernels: bool = True,
+                 gemv_rows: int = GEMV_ROWS, pdl: bool = False,
                  fused_qkv_rope: bool = True, l2_prefetch_mb: float = 4.0,
                  triton: bool | None = None, shared_prefix: bool = True):
         cfg = model.config
@@ -132,9 +133,10 @@ class StaticDecoder:
         self._norm = kernels.add_rmsnorm if use_triton and not compile else kernels.add_rmsnorm_ref
         # Under torch.compile inductor fuses SiLU * up itself.
         self._silu_mul = kernels.silu_mul if use_triton and not compile else kernels.silu_mul_ref
-        self._small_rows = GEMV_ROWS if use_triton and small_batch_kernels else 0
-        # One-row rounds are chains of small Triton kernels: launched with PDL (Hopper+), each
-        # starts streaming its weights while the previous one drains (rltlab.kernels.pdl).
+        self._small_rows = gemv_rows if use_triton and small_batch_kernels else 0
+        # GEMV rounds (one row, or up to gemv_rows) are chains of small Triton kernels: launched
+        # with PDL (Hopper+), each starts streaming its weights while the previous one drains
+        # (rltlab.kernels.pdl).
         self.pdl = pdl and self._small_rows > 0 and kernels.pdl_available(self.device)
         # Where the fused RoPE + K/V write kernel replaces qkv_rope's RoPE and write_kv: every
         # Triton round except compiled ones (inductor already fuses RoPE into its neighbours).

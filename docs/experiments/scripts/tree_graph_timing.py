@@ -1,12 +1,15 @@
 """GPU time of one tree iteration inside the engine (rltlab.engine.tree_graph), by CUDA events
 over replays of its captured graph (a replay reads only staged inputs, so it can be repeated),
-for each tree and chain length; and the same engine's target-only decoding per token (wall
-time of LLM.generate over the tokens it produced, host included), in the same process.
+for each tree, chain length and EngineConfig.gemv_rows (--gemv-rows: 1 = multi-row rounds
+through cuBLAS, G > 1 = trees of up to G rows through the Triton GEMV path); and the same
+engine's target-only decoding per token (wall time of LLM.generate over the tokens it
+produced, host included), in the same process.
 
     python docs/experiments/scripts/tree_graph_timing.py --trees-from \\
         docs/experiments/data/2026-12-03-lookahead-tree-probe-h200.json --budgets 8 32
 """
 import argparse
+import itertools
 import json
 import time
 
@@ -47,6 +50,7 @@ def main():
     ap.add_argument("--trees-from", default=None)
     ap.add_argument("--budgets", type=int, nargs="*", default=[])
     ap.add_argument("--chains", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--gemv-rows", type=int, nargs="+", default=[1])
     ap.add_argument("--replays", type=int, default=200)
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
@@ -66,18 +70,18 @@ def main():
     result = {"target_only_ms_per_token": 1e3 * (time.perf_counter() - started) / tokens,
               "rows": []}
     private = sum(private_blocks(t) for t in trees.values())
-    for chain in args.chains:
+    for chain, gemv in itertools.product(args.chains, args.gemv_rows):
         llm = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len,
                   spec_chain=chain, num_blocks=-(-max_len // 16) + private,
-                  decode_path="static")
+                  decode_path="static", gemv_rows=gemv)
         for name, tree in trees.items():
             llm.set_proposer(TreeProposer(heads, tree))
             llm.generate(prompts[:2], params)
             program = llm.llm_engine._spec._tree._programs[chain]
             ms = _replay_ms(program, args.replays) / chain
             shape = TreeShape(tree, "cpu")
-            row = {"tree": name, "chain": chain, "nodes": len(tree), "rows": shape.num_rows,
-                   "ms_per_iteration": ms}
+            row = {"tree": name, "chain": chain, "gemv_rows": gemv, "nodes": len(tree),
+                   "rows": shape.num_rows, "ms_per_iteration": ms}
             result["rows"].append(row)
             print(json.dumps(row), flush=True)
     print(json.dumps(result))
