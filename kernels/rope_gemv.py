@@ -45,10 +45,14 @@ def rope_kv_linear_ref(x, w_qkv, cos, sin, kv_cache, layer, planes, slots, num_h
 
 
 @triton.jit
-def _weight_tile(w_ptr, feats, ks, K, stride_wn):
-    """w[feats, ks]: one [PAIRS, BLOCK_K] weight tile (zeros past K)."""
-    return tl.load(w_ptr + feats[:, None] * stride_wn + ks[None, :], mask=(ks < K)[None, :],
-                   other=0.0)
+def _weight_tile(w_ptr, feats, ks, K, stride_wn, BLOCK_M: tl.constexpr):
+    """w[feats, ks]: one [PAIRS, BLOCK_K] weight tile (zeros past K); for several rows
+    [1, PAIRS, BLOCK_K], in the layout of the [BLOCK_M, PAIRS, BLOCK_K] products."""
+    if BLOCK_M == 1:
+        return tl.load(w_ptr + feats[:, None] * stride_wn + ks[None, :], mask=(ks < K)[None, :],
+                       other=0.0)
+    return tl.load(w_ptr + feats[None, :, None] * stride_wn + ks[None, None, :],
+                   mask=(ks < K)[None, None, :], other=0.0)
 
 
 @triton.jit
@@ -56,13 +60,15 @@ def _accumulate(acc_lo, acc_hi, w_lo, w_hi, x_ptr, rows, row_ok, ks, K, stride_x
                 BLOCK_M: tl.constexpr):
     """Both halves' tiles times the rows' x[:, ks] (loaded once), added in fp32 ([BLOCK_M,
     PAIRS]): one row as a broadcast multiply and row sum, several as [M, PAIRS, K] products."""
-    x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :],
-                mask=row_ok[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
     if BLOCK_M == 1:
+        x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :],
+                    mask=row_ok[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
         return (acc_lo + tl.sum(w_lo.to(tl.float32) * x, axis=1)[None, :],
                 acc_hi + tl.sum(w_hi.to(tl.float32) * x, axis=1)[None, :])
-    return (acc_lo + tl.sum(w_lo.to(tl.float32)[None, :, :] * x[:, None, :], axis=2),
-            acc_hi + tl.sum(w_hi.to(tl.float32)[None, :, :] * x[:, None, :], axis=2))
+    x = tl.load(x_ptr + rows[:, None, None] * stride_x + ks[None, None, :],
+                mask=row_ok[:, None, None] & (ks < K)[None, None, :], other=0.0).to(tl.float32)
+    return (acc_lo + tl.sum(w_lo.to(tl.float32) * x, axis=2),
+            acc_hi + tl.sum(w_hi.to(tl.float32) * x, axis=2))
 
 
 @triton.jit
@@ -87,17 +93,18 @@ def _rope_kv_linear_kernel(
     # Weights are read before the wait (under PDL the stream starts while the previous kernel
     # drains), as in small_m_linear; x only after it.
     ks = tl.arange(0, BLOCK_K)
-    w_lo = _weight_tile(w_ptr, feat_lo, ks, K, stride_wn)
-    w_hi = _weight_tile(w_ptr, feat_hi, ks, K, stride_wn)
+    w_lo = _weight_tile(w_ptr, feat_lo, ks, K, stride_wn, BLOCK_M)
+    w_hi = _weight_tile(w_ptr, feat_hi, ks, K, stride_wn, BLOCK_M)
     prefetch_l2(pf_ptr, pf_bytes, PREFETCH, PF_CHUNK, PF_LANES)   # the next kernel's weights
     await_previous_kernel(GDC)
     acc_lo, acc_hi = _accumulate(acc_lo, acc_hi, w_lo, w_hi, x_ptr, rows, row_ok, ks, K,
                                  stride_x, BLOCK_M)
     for k0 in range(BLOCK_K, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        acc_lo, acc_hi = _accumulate(acc_lo, acc_hi, _weight_tile(w_ptr, feat_lo, ks, K, stride_wn),
-                                     _weight_tile(w_ptr, feat_hi, ks, K, stride_wn), x_ptr, rows,
-                                     row_ok, ks, K, stride_x, BLOCK_M)
+        acc_lo, acc_hi = _accumulate(
+            acc_lo, acc_hi, _weight_tile(w_ptr, feat_lo, ks, K, stride_wn, BLOCK_M),
+            _weight_tile(w_ptr, feat_hi, ks, K, stride_wn, BLOCK_M), x_ptr, rows, row_ok, ks, K,
+            stride_x, BLOCK_M)
 
     ok = row_ok[:, None]
     if head < NUM_HEADS + NUM_KV_HEADS:

@@ -63,11 +63,27 @@ def small_m_linear_ref(x, w, act=None):
 
 
 @triton.jit
+def _weight_tile(w_ptr, cols, col_ok, ks, K, stride_wn, FMA: tl.constexpr):
+    """w[cols, ks]: a [BLOCK_N, BLOCK_K] tile, or with FMA [1, BLOCK_N, BLOCK_K], loaded straight
+    into the layout of the [BLOCK_M, BLOCK_N, BLOCK_K] products (a 2-D tile broadcast to 3-D
+    would be shuffled through shared memory on every K step)."""
+    if FMA:
+        return tl.load(w_ptr + cols[None, :, None] * stride_wn + ks[None, None, :],
+                       mask=col_ok[None, :, None] & (ks < K)[None, None, :], other=0.0)
+    return tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :],
+                   mask=col_ok[:, None] & (ks < K)[None, :], other=0.0)
+
+
+@triton.jit
 def _accumulate_tile(acc, w, x_ptr, rows, ks, row_ok, K, stride_xm, SILU_MUL: tl.constexpr,
-                     BLOCK_M: tl.constexpr, IEEE: tl.constexpr):
-    """acc + act(x[:, ks]) @ w.T for one [BLOCK_N, BLOCK_K] weight tile w."""
-    x_at = x_ptr + rows[:, None] * stride_xm + ks[None, :]
-    x_ok = row_ok[:, None] & (ks < K)[None, :]
+                     BLOCK_M: tl.constexpr, FMA: tl.constexpr):
+    """acc + act(x[:, ks]) @ w.T for one weight tile w (_weight_tile's)."""
+    if FMA:   # x as [BLOCK_M, 1, BLOCK_K], in the products' layout as w
+        x_at = x_ptr + rows[:, None, None] * stride_xm + ks[None, None, :]
+        x_ok = row_ok[:, None, None] & (ks < K)[None, None, :]
+    else:
+        x_at = x_ptr + rows[:, None] * stride_xm + ks[None, :]
+        x_ok = row_ok[:, None] & (ks < K)[None, :]
     if SILU_MUL:
         gate = tl.load(x_at, mask=x_ok, other=0.0).to(tl.float32)
         up = tl.load(x_at + K, mask=x_ok, other=0.0).to(tl.float32)
@@ -77,10 +93,10 @@ def _accumulate_tile(acc, w, x_ptr, rows, ks, row_ok, K, stride_xm, SILU_MUL: tl
     if BLOCK_M == 1:
         # One row: a broadcast multiply and a row sum keep every loaded weight in fp32 FMAs.
         acc += tl.sum(w.to(tl.float32) * x, axis=1)[None, :]
-    elif IEEE:
+    elif FMA:
         # fp32 rows: the same FMAs per row on the weight tile loaded once ([M, N, K] products).
         # An IEEE tl.dot takes no tensor cores either and needs BLOCK_N >= 16 (few programs).
-        acc += tl.sum(w.to(tl.float32)[None, :, :] * x[:, None, :], axis=2)
+        acc += tl.sum(w.to(tl.float32) * x, axis=2)
     else:
         acc += tl.dot(x.to(w.dtype), tl.trans(w))
     return acc
@@ -130,21 +146,20 @@ def _small_m_linear_kernel(
         k_tiles = tl.cdiv(K, BLOCK_K)
         k_begin = tl.program_id(1) * k_tiles // SPLIT_K * BLOCK_K
         k_end = (tl.program_id(1) + 1) * k_tiles // SPLIT_K * BLOCK_K
+    FMA: tl.constexpr = IEEE and BLOCK_M > 1
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # The first weight tile is loaded before waiting for the previous kernel (under PDL the
     # weight stream starts while it drains); the loop takes the rest. Same order either way.
     ks = k_begin + tl.arange(0, BLOCK_K)
-    w = tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :],
-                mask=col_ok[:, None] & (ks < K)[None, :], other=0.0)
+    w = _weight_tile(w_ptr, cols, col_ok, ks, K, stride_wn, FMA)
     prefetch_l2(pf_ptr, pf_bytes, PREFETCH, PF_CHUNK, PF_LANES)   # the next kernel's weights
     await_previous_kernel(GDC)
-    acc = _accumulate_tile(acc, w, x_ptr, rows, ks, row_ok, K, stride_xm, SILU_MUL, BLOCK_M, IEEE)
+    acc = _accumulate_tile(acc, w, x_ptr, rows, ks, row_ok, K, stride_xm, SILU_MUL, BLOCK_M, FMA)
     for k0 in range(k_begin + BLOCK_K, k_end, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        w = tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :],
-                    mask=col_ok[:, None] & (ks < K)[None, :], other=0.0)
+        w = _weight_tile(w_ptr, cols, col_ok, ks, K, stride_wn, FMA)
         acc = _accumulate_tile(acc, w, x_ptr, rows, ks, row_ok, K, stride_xm, SILU_MUL, BLOCK_M,
-                               IEEE)
+                               FMA)
     if SPLIT_K == 1:
         tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :],
                  acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])

@@ -2,6 +2,8 @@
 
     python -m rltlab.bench.gemv --preset ouro-1.4b [--rows 1 2 4 8 16] [--sweep] [--pdl]
                                 [--shapes o down] [--out FILE]
+    python -m rltlab.bench.gemv --config artifacts/ouro-tiny/config.json --dtype float32 \
+                                --rows 1 5 16 37 --sweep
 
 For a model shape, the four matmuls of a layer (q/k/v fused, o, gate/up fused, down with
 SiLU * up) with L distinct weight copies each (L = num_hidden_layers, so the weights stream
@@ -15,6 +17,9 @@ num_stages, SPLIT_K); one row also tries split-K (kernels/small_batch.py), for t
 down projections.
 --pdl launches the Triton kernels with programmatic dependent launch (rltlab.kernels.pdl), as the
 engine's one-row rounds do on Hopper; its sweep then covers the one-row tiles only.
+--config takes the shape from a config.json instead of --preset; --dtype float32 times the fp32
+paths (several rows as FMA products, kernels/small_batch.py); its sweep covers only the FMA
+tiles, at each --rows count above one.
 Last line: JSON.
 """
 from __future__ import annotations
@@ -41,6 +46,9 @@ ONE_ROW = ([(bn, bk, w, 3, 1) for bn, bk, w in itertools.product((4, 8, 16, 32),
                                                                         (2, 4, 8), (2, 4, 8))])
 FEW_ROWS = [(bn, bk, w, 3, 1) for bn, bk, w in itertools.product((16, 32, 64), (64, 128, 256),
                                                                   (4, 8))]
+# fp32 rows as FMA products: [BLOCK_M, BLOCK_N, BLOCK_K] in registers, so narrow and short tiles.
+FEW_ROWS_FMA = [(bn, bk, w, 3, 1)
+                for bn, bk, w in itertools.product((1, 2, 4, 8), (32, 64, 128, 256), (1, 2, 4))]
 
 
 def layer_shapes(cfg) -> dict[str, tuple[int, int, str | None]]:
@@ -86,6 +94,8 @@ def cublas(x, w, act):
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="ouro-1.4b", help="a preset of rltlab.bench (shape only)")
+    ap.add_argument("--config", default=None, help="a config.json to take the shape from instead")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--sweep", action="store_true", help="tune tiles per shape first")
     ap.add_argument("--pdl", action="store_true",
@@ -100,14 +110,17 @@ def main(argv=None) -> dict:
         raise SystemExit("rltlab.bench.gemv times CUDA graphs: it needs a GPU")
     from rltlab.bench.__main__ import PRESETS
     from rltlab.model.architecture import OuroConfig
-    cfg = OuroConfig(**PRESETS[args.preset])
-    layers, dev, dtype = cfg.num_hidden_layers, "cuda", torch.bfloat16
+    cfg = (OuroConfig.from_json_file(args.config) if args.config
+           else OuroConfig(**PRESETS[args.preset]))
+    layers, dev, dtype = cfg.num_hidden_layers, "cuda", getattr(torch, args.dtype)
+    fma = dtype == torch.float32
     gen = torch.Generator(device=dev).manual_seed(0)
     shapes = layer_shapes(cfg)
     weights = {name: [torch.randn(n, k, device=dev, dtype=dtype, generator=gen) * k ** -0.5
                       for _ in range(layers)] for name, (n, k, _) in shapes.items()}
     round_bytes = sum(w.numel() * w.element_size() for ws in weights.values() for w in ws)
-    result = {"preset": args.preset, "dtype": "bfloat16", "device": torch.cuda.get_device_name(),
+    result = {"preset": args.config or args.preset, "dtype": args.dtype,
+              "device": torch.cuda.get_device_name(),
               "pdl": args.pdl,
               "copy_bandwidth_gb_s": copy_bandwidth(dev), "round_weight_bytes": round_bytes,
               "tiles": {}, "rows": {}}
@@ -119,13 +132,16 @@ def main(argv=None) -> dict:
                 for name, (n, k, act) in shapes.items()}
 
     if args.sweep:
-        kinds = (("one_row", 1, ONE_ROW),) + (() if args.pdl else (("few_rows", 16, FEW_ROWS),))
+        if fma:
+            kinds = [("few_rows_fma", m, FEW_ROWS_FMA) for m in args.rows if m > 1]
+        else:
+            kinds = [("one_row", 1, ONE_ROW)] + ([] if args.pdl else [("few_rows", 16, FEW_ROWS)])
         for kind, m, configs in kinds:
             xs = inputs(m)
             for name, (n, k, act) in shapes.items():
                 if args.shapes and name not in args.shapes:
                     continue
-                default = check_tiles(tiles_for(m, n, k), m, n, k)
+                default = check_tiles(tiles_for(m, n, k, fma), m, n, k)
                 timed = {}
                 candidates = [t for t in configs if fits(t, m, n, k)]
                 for tiles in candidates + ([default] if default not in candidates else []):
@@ -140,10 +156,10 @@ def main(argv=None) -> dict:
                                                for w in weights[name]], args.repeats)
                           for s, tiles in with_stages.items()}
                 best = with_stages[min(stages, key=stages.get)]
-                result["tiles"][f"{kind} {name} N={n} K={k}"] = {
-                    "best": best, "ms": round(min(stages.values()), 4),
-                    "default_ms": round(timed.get(default, float("nan")), 4)}
-                print(kind, name, result["tiles"][f"{kind} {name} N={n} K={k}"], flush=True)
+                key = f"{kind} M={m} {name} N={n} K={k}"
+                result["tiles"][key] = {"best": best, "ms": round(min(stages.values()), 4),
+                                        "default_ms": round(timed.get(default, float("nan")), 4)}
+                print(key, result["tiles"][key], flush=True)
 
     for m in args.rows:
         xs = inputs(m)
