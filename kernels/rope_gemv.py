@@ -48,11 +48,13 @@ def rope_kv_linear_ref(x, w_qkv, cos, sin, kv_cache, layer, planes, slots, num_h
 def _weight_tile(w_ptr, feats, ks, K, stride_wn, BLOCK_M: tl.constexpr):
     """w[feats, ks]: one [PAIRS, BLOCK_K] weight tile (zeros past K); for several rows
     [1, PAIRS, BLOCK_K], in the layout of the [BLOCK_M, PAIRS, BLOCK_K] products."""
-    if BLOCK_M == 1:
-        return tl.load(w_ptr + feats[:, None] * stride_wn + ks[None, :], mask=(ks < K)[None, :],
+    if BLOCK_M == 1:   # one return statement: Triton requires one return type across them
+        tile = tl.load(w_ptr + feats[:, None] * stride_wn + ks[None, :], mask=(ks < K)[None, :],
                        other=0.0)
-    return tl.load(w_ptr + feats[None, :, None] * stride_wn + ks[None, None, :],
-                   mask=(ks < K)[None, None, :], other=0.0)
+    else:
+        tile = tl.load(w_ptr + feats[None, :, None] * stride_wn + ks[None, None, :],
+                       mask=(ks < K)[None, None, :], other=0.0)
+    return tile
 
 
 @triton.jit
@@ -63,12 +65,14 @@ def _accumulate(acc_lo, acc_hi, w_lo, w_hi, x_ptr, rows, row_ok, ks, K, stride_x
     if BLOCK_M == 1:
         x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :],
                     mask=row_ok[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
-        return (acc_lo + tl.sum(w_lo.to(tl.float32) * x, axis=1)[None, :],
-                acc_hi + tl.sum(w_hi.to(tl.float32) * x, axis=1)[None, :])
-    x = tl.load(x_ptr + rows[:, None, None] * stride_x + ks[None, None, :],
-                mask=row_ok[:, None, None] & (ks < K)[None, None, :], other=0.0).to(tl.float32)
-    return (acc_lo + tl.sum(w_lo.to(tl.float32) * x, axis=2),
-            acc_hi + tl.sum(w_hi.to(tl.float32) * x, axis=2))
+        acc_lo += tl.sum(w_lo.to(tl.float32) * x, axis=1)[None, :]
+        acc_hi += tl.sum(w_hi.to(tl.float32) * x, axis=1)[None, :]
+    else:
+        x = tl.load(x_ptr + rows[:, None, None] * stride_x + ks[None, None, :],
+                    mask=row_ok[:, None, None] & (ks < K)[None, None, :], other=0.0)
+        acc_lo += tl.sum(w_lo.to(tl.float32) * x.to(tl.float32), axis=2)
+        acc_hi += tl.sum(w_hi.to(tl.float32) * x.to(tl.float32), axis=2)
+    return acc_lo, acc_hi
 
 
 @triton.jit

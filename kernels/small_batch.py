@@ -67,11 +67,13 @@ def _weight_tile(w_ptr, cols, col_ok, ks, K, stride_wn, FMA: tl.constexpr):
     """w[cols, ks]: a [BLOCK_N, BLOCK_K] tile, or with FMA [1, BLOCK_N, BLOCK_K], loaded straight
     into the layout of the [BLOCK_M, BLOCK_N, BLOCK_K] products (a 2-D tile broadcast to 3-D
     would be shuffled through shared memory on every K step)."""
-    if FMA:
-        return tl.load(w_ptr + cols[None, :, None] * stride_wn + ks[None, None, :],
+    if FMA:   # one return statement: Triton requires one return type across them
+        tile = tl.load(w_ptr + cols[None, :, None] * stride_wn + ks[None, None, :],
                        mask=col_ok[None, :, None] & (ks < K)[None, None, :], other=0.0)
-    return tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :],
-                   mask=col_ok[:, None] & (ks < K)[None, :], other=0.0)
+    else:
+        tile = tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :],
+                       mask=col_ok[:, None] & (ks < K)[None, :], other=0.0)
+    return tile
 
 
 @triton.jit
