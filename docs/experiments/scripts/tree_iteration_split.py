@@ -1,0 +1,107 @@
+"""Where a tree iteration's GPU time goes (rltlab.engine.tree_graph): the whole iteration (its
+captured graph, as tree_graph_timing.py) against its rounds alone (the R static-decoder rounds
+over the tree's rows, captured as a graph of their own on the same staged rows), so glue =
+iteration - rounds: the indices, the prefix-block copies, the embedding, the LM head, the walk,
+the commit and the heads. Then the glue's kernels: _prepare and _conclude run eagerly under
+torch.profiler, their CUDA kernels counted and summed (device time), the costliest listed.
+
+    python docs/experiments/scripts/tree_iteration_split.py --trees-from \\
+        docs/experiments/data/2026-12-03-lookahead-tree-probe-h200.json --budgets 8
+"""
+import argparse
+import itertools
+import json
+
+import torch
+
+from rltlab.bench.tree_spec import HEADS, _trees
+from rltlab.draft_heads import lookahead
+from rltlab.draft_heads.evaluate import eval_prompts
+from rltlab.engine import LLM, SamplingParams, TreeProposer
+from rltlab.engine.static_decode import capture_graph
+from rltlab.engine.tree_graph import TreeShape, private_blocks
+from rltlab.model.checkpoint import load_model
+
+
+def _graph_ms(graph, replays: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / replays
+
+
+def _glue_inputs(program):
+    token, base, left, cap = (program.index[i: i + 1] for i in range(4))
+    return token, base, left, cap, program.index[4:], program.tree.cand_in
+
+
+def _rounds_graph(program):
+    """The iteration's R rounds over its rows, on the indices its _prepare makes now."""
+    st, rows = program.static, program.tree.shape.num_rows
+    x, *_, index = program._prepare(*_glue_inputs(program))
+
+    def rounds():
+        for r in range(st.config.num_rounds):
+            st.hidden_in[:rows].copy_(x if r == 0 else st.hidden_out[:rows])
+            st._round(rows, plane=r, rows=index)
+    return capture_graph(rounds, None)
+
+
+def _glue_kernels(program, calls: int = 5) -> dict:
+    """CUDA kernels of _prepare + _conclude per call (eager): count, device us, the top 8."""
+    args = _glue_inputs(program)
+    st, rows = program.static, program.tree.shape.num_rows
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(calls):
+            x, tokens, pos_p, first, live, _ = program._prepare(*args)
+            program._conclude(st.hidden_out[:rows], tokens, pos_p, first, live, args[3], args[4])
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name = {}
+    for e in kernels:
+        by_name[e.name] = by_name.get(e.name, 0.0) + e.device_time / calls
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
+    return {"kernels_per_iteration": len(kernels) / calls,
+            "device_us_per_iteration": sum(by_name.values()),
+            "top": [(name[:70], round(us, 2)) for name, us in top]}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trees-from", default=None)
+    ap.add_argument("--budgets", type=int, nargs="*", default=[])
+    ap.add_argument("--gemv-rows", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--replays", type=int, default=200)
+    args = ap.parse_args()
+    model, tok, md = load_model(None, dtype="float32", device="cuda")
+    heads, artifact_tree, _ = lookahead.load(HEADS, model)
+    prompts = eval_prompts(tok, md, 4)
+    max_len = max(map(len, prompts)) + 33
+    params = SamplingParams(temperature=0.0, max_tokens=32, exit_policy="fixed")
+    trees = _trees(args, artifact_tree)
+    private = sum(private_blocks(t) for t in trees.values())
+    rows = []
+    for gemv, (name, tree) in itertools.product(args.gemv_rows, trees.items()):
+        llm = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len,
+                  num_blocks=-(-max_len // 16) + private, decode_path="static",
+                  gemv_rows=gemv)
+        llm.set_proposer(TreeProposer(heads, tree))
+        llm.generate(prompts[:2], params)
+        program = llm.llm_engine._spec._tree._programs[1]
+        iteration = _graph_ms(program._graph, args.replays)
+        rounds = _graph_ms(_rounds_graph(program), args.replays)
+        row = {"tree": name, "gemv_rows": gemv, "rows": TreeShape(tree, "cpu").num_rows,
+               "iteration_ms": iteration, "rounds_ms": rounds, "glue_ms": iteration - rounds,
+               "glue_eager": _glue_kernels(program)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(json.dumps({"rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
