@@ -10,7 +10,7 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
     baseline every speedup is paired against;
   - the trees: root only (no drafts), chain K = 4, the artifact's own tree, and with
     --trees-from the trees of a lookahead_tree_probe.py result (their "tree B=<b>" entries,
-    --budgets), each run by
+    --budgets); --only keeps the named ones. Each is run by
       - the engine (--paths engine): the same paged engine with a TreeProposer
         (rltlab.engine.tree_graph), EngineConfig.spec_chain = M for each M of --chains
         ("engine <tree> M=<m>"), and with --engine-compile on also with EngineConfig.compile
@@ -61,6 +61,12 @@ def _trees(args, artifact_tree) -> dict:
             if key not in found:
                 raise SystemExit(f"{args.trees_from} has no {key!r} (has {sorted(found)})")
             trees[key] = [tuple(p) for p in found[key]]
+    only = getattr(args, "only", None)
+    if only:
+        if set(only) - set(trees):
+            raise SystemExit(f"--only {sorted(set(only) - set(trees))}: no such tree "
+                             f"(have {sorted(trees)})")
+        trees = {name: tree for name, tree in trees.items() if name in only}
     return trees
 
 
@@ -206,6 +212,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--trees-from", default=None)
     ap.add_argument("--budgets", type=int, nargs="*", default=[8, 16, 32])
+    ap.add_argument("--only", nargs="+", default=None,
+                    help="run only these trees (names as in the table, e.g. 'chain K=4')")
     ap.add_argument("--paths", nargs="+", choices=["engine", "standalone"],
                     default=["engine", "standalone"])
     ap.add_argument("--chains", type=int, nargs="+", default=[1],

@@ -6,7 +6,8 @@ the commit and the heads. Then the glue's kernels: _prepare and _conclude run ea
 torch.profiler, their CUDA kernels counted and summed (device time), the costliest listed.
 
     python docs/experiments/scripts/tree_iteration_split.py --trees-from \\
-        docs/experiments/data/2026-12-03-lookahead-tree-probe-h200.json --budgets 8
+        docs/experiments/data/2026-12-03-lookahead-tree-probe-h200.json --budgets 8 \\
+        [--compile off on] [--only 'chain K=4']
 """
 import argparse
 import itertools
@@ -75,7 +76,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--trees-from", default=None)
     ap.add_argument("--budgets", type=int, nargs="*", default=[])
+    ap.add_argument("--only", nargs="+", default=None, help="only these trees")
     ap.add_argument("--gemv-rows", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--compile", choices=["off", "on"], nargs="+", default=["off"],
+                    help="EngineConfig.compile (on: the glue is torch.compile'd)")
     ap.add_argument("--replays", type=int, default=200)
     args = ap.parse_args()
     model, tok, md = load_model(None, dtype="float32", device="cuda")
@@ -86,16 +90,18 @@ def main():
     trees = _trees(args, artifact_tree)
     private = sum(private_blocks(t) for t in trees.values())
     rows = []
-    for gemv, (name, tree) in itertools.product(args.gemv_rows, trees.items()):
+    for compiled, gemv, (name, tree) in itertools.product(args.compile, args.gemv_rows,
+                                                          trees.items()):
         llm = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len,
                   num_blocks=-(-max_len // 16) + private, decode_path="static",
-                  gemv_rows=gemv)
+                  gemv_rows=gemv, compile=compiled == "on")
         llm.set_proposer(TreeProposer(heads, tree))
         llm.generate(prompts[:2], params)
         program = llm.llm_engine._spec._tree._programs[1]
         iteration = _graph_ms(program._graph, args.replays)
         rounds = _graph_ms(_rounds_graph(program), args.replays)
-        row = {"tree": name, "gemv_rows": gemv, "rows": TreeShape(tree, "cpu").num_rows,
+        row = {"tree": name, "gemv_rows": gemv, "compile": compiled,
+               "rows": TreeShape(tree, "cpu").num_rows,
                "iteration_ms": iteration, "rounds_ms": rounds, "glue_ms": iteration - rounds,
                "glue_eager": _glue_kernels(program)}
         rows.append(row)
