@@ -17,7 +17,8 @@ tensor, so in-place weight updates reach the fused matmuls and the captured grap
 Triton rounds write K/V with one fused RoPE + K/V-write kernel (kernels/small_batch.py); rounds
 of one row (batch-1 decode, speculative drafts) also run every matmul as a weight-streaming
 Triton GEMV with SiLU * up fused into the down projection's loads (small_batch_kernels=True, the
-default). Larger buckets keep cuBLAS matmuls (optionally torch.compile'd).
+default); gemv_rows = G sends rounds of up to G rows the same way (fp32 rows as FMA products on
+each loaded weight tile). Larger buckets keep cuBLAS matmuls (optionally torch.compile'd).
 
 Padding rows (a bucket larger than the batch) carry slot -1 (their K/V write is skipped) and
 context length 1; their outputs are never read.
@@ -33,10 +34,11 @@ from rltlab import kernels
 from rltlab.engine.prefix_groups import PrefixGroups
 from rltlab.model.architecture import OuroForCausalLM, apply_rope, rope_cos_sin
 
-# Rounds of at most this many rows use the Triton GEMV instead of cuBLAS. On the H200 it beats
-# cuBLAS at one row (0.91 vs 0.98 ms for a round's matmuls) but not at 2..16 rows (3.1 vs
-# 1.0 ms: the down projection's long K loop over too few programs), see
-# docs/benchmarks/2026-11-30-engine-h200.md.
+# Rounds of at most this many rows use the Triton GEMV instead of cuBLAS, by default
+# (EngineConfig.gemv_rows). On the H200 in bf16 it beats cuBLAS at one row (0.91 vs 0.98 ms for
+# a round's matmuls) but not at 2..16 rows (3.1 vs 1.0 ms: the down projection's long K loop
+# over too few programs), see docs/benchmarks/2026-11-30-engine-h200.md. In fp32 the FMA rows
+# beat cuBLAS at 5-37 rows (docs/benchmarks/2026-12-04-s16-h200.md).
 GEMV_ROWS = 1
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
 
