@@ -145,6 +145,20 @@ def test_triton_small_batch_rounds_equal_the_reference_rounds(fused_qkv_rope, ge
     assert set(rows) == ({1} if gemv_rows == 1 else {1, 2, 3})
 
 
+def test_gemv_rows_is_validated_and_reaches_the_decoder():
+    for bad in (0, 65, True, 2.0):
+        with pytest.raises(ValueError, match="gemv_rows must be an int in 1..64"):
+            LLM(tiny_engine_model(1), decode_path="static", gemv_rows=bad)
+    llm = LLM(tiny_engine_model(1), decode_path="static", max_num_seqs=2, gemv_rows=5)
+    runner = llm.llm_engine.runner
+    # with the Triton kernels (CUDA, or forced as here) rounds of up to 5 rows take the GEMVs
+    decoder = StaticDecoder(runner.model, max_batch=8, **{**runner._static_args, "triton": True})
+    assert decoder._small_rows == 5
+    off = StaticDecoder(runner.model, max_batch=8, **{**runner._static_args, "triton": True,
+                                                      "small_batch_kernels": False})
+    assert off._small_rows == 0
+
+
 IN_PHASE = dict(block_size=4, prefill_chunk=64, max_num_seqs=8, max_num_batched_tokens=256)
 
 
