@@ -65,6 +65,19 @@ def test_small_m_linear_one_row_bf16(act):
     torch.testing.assert_close(out.float(), expected, **BF16)
 
 
+@pytest.mark.skipif(INTERPRETED, reason="the interpreter's bf16 tl.dot is not faithful")
+@pytest.mark.parametrize("rows", [5, 16, 20, 37])
+@pytest.mark.parametrize("act", [None, "silu_mul"])
+def test_small_m_linear_rows_bf16_on_the_gpu(rows, act):
+    """bf16 rows through tl.dot in 16-row blocks (20, 37: a partial last block) on a GPU."""
+    n, k = 48, 256
+    x = _randn(rows, 2 * k if act else k, seed=rows, dtype=torch.bfloat16)
+    w = (_randn(n, k, seed=rows + 1) / k ** 0.5).to(torch.bfloat16)
+    out = small_m_linear(x, w, act)
+    expected = small_m_linear_ref(x.float(), w.float(), act)
+    torch.testing.assert_close(out.float(), expected, **BF16)
+
+
 def test_small_m_linear_rejects_bad_input():
     w = _randn(8, 16, seed=0)
     with pytest.raises(ValueError, match="1..64 rows"):
