@@ -2,9 +2,14 @@
 s14/s15 workload (the held-out prompts, 32 new tokens, c = 1, greedy): host timers around
 LLMEngine.step, the speculative step, the program's replay (which ends in the read-back, so it
 holds the program's GPU time), token windows, whole-token steps and the runner's execute
-(prefill), for target-only and for each tree at spec_chain 1.
+(prefill), for target-only and for each tree at spec_chain 1. --gemv-rows / --compile build
+the tree engine (and a second target-only engine, with --compile) as EngineConfig.gemv_rows /
+.compile; --trees-from / --budgets / --only pick the trees as in rltlab.bench.tree_spec.
 
     python docs/experiments/scripts/tree_engine_profile.py --device cuda
+    python docs/experiments/scripts/tree_engine_profile.py --device cuda --gemv-rows 64 \
+        --compile --trees-from docs/experiments/data/2026-12-03-lookahead-tree-probe-h200.json \
+        --budgets 8 --only "chain K=4" "tree B=8" --prompts 16 --max-tokens 128
 """
 import argparse
 import json
@@ -44,6 +49,11 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--gemv-rows", type=int, default=1)
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--trees-from", default=None)
+    ap.add_argument("--budgets", type=int, nargs="*", default=[])
+    ap.add_argument("--only", nargs="+", default=None)
     args = ap.parse_args()
     model, tok, md = load_model(None, dtype="float32", device=args.device)
     heads, tree, _ = lookahead.load(HEADS, model)
@@ -57,13 +67,16 @@ def main():
     timed(token_window.TokenWindow, "step", "token window step")
     timed(token_step.FusedTokenStep, "step", "whole-token step")
     timed(model_runner.ModelRunner, "execute", "runner execute (prefill, round steps)")
-    trees = _trees(argparse.Namespace(trees_from=None), tree)   # root, chain, the artifact's
+    trees = _trees(args, tree)   # root, chain, the artifact's (and --trees-from's), --only
     private = sum(private_blocks(t) for t in trees.values())
     base = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len)
     engine = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len,
-                 num_blocks=-(-max_len // 16) + private, decode_path="static")
+                 num_blocks=-(-max_len // 16) + private, decode_path="static",
+                 gemv_rows=args.gemv_rows, compile=args.compile)
     configs = [("target only", base, None)] + [
-        (name, engine, TreeProposer(heads, t)) for name, t in trees.items()]
+        ("target only compiled", LLM(model, max_num_seqs=1, block_size=16,
+                                     max_model_len=max_len, compile=True), None)] * args.compile
+    configs += [(name, engine, TreeProposer(heads, t)) for name, t in trees.items()]
     result = {}
     for name, llm, proposer in configs:
         llm.set_proposer(proposer)
