@@ -170,23 +170,22 @@ def _small_m_linear_kernel(
 
 
 # Tile shapes (BLOCK_N, BLOCK_K, num_warps, num_stages) for one row and for more rows (bf16 /
-# fp32), by default and per (N, K) weight shape; a fifth entry SPLIT_K (one row only) splits K
-# over that many programs per column block (module docstring), and 4 entries mean SPLIT_K = 1.
-# One row needs many programs in flight to saturate HBM (N / BLOCK_N * SPLIT_K of them); bf16
-# rows use tensor cores (tl.dot needs BLOCK_N >= 16); fp32 rows keep one row's narrow blocks,
-# BLOCK_K bounded by the [BLOCK_M, BLOCK_N, BLOCK_K] products' registers. The per-shape
-# entries are the Ouro-1.4B layer's,
-# measured by `python -m rltlab.bench.gemv --sweep` on the H200
-# (docs/benchmarks/2026-11-30-engine-h200.md). Under PDL the same tiles serve: the ones a
-# --sweep --pdl picked per shape made the engine's interleaved one-row round 4% slower
-# (docs/benchmarks/2026-12-02-h200.md). The narrow o and down entries are from
-# docs/experiments/scripts/gemv_split_k_h200.py under PDL (o: 0.108 -> 0.093 ms per 24;
-# down, split-K 4: 0.313 -> 0.202 ms), checked in the interleaved round of 96 GEMVs: 0.873 ->
-# 0.819 ms (docs/benchmarks/2026-12-02-s3-h200.md). The one-row o and gate/up entries were
-# then re-tuned inside the engine's PDL + L2-prefetch round, which chains of one shape
-# mispredict: a round took 0.981 ms with the new gate/up entry, 0.962-0.964 with both, against
-# 1.031-1.034 with the entries before, o (4, 1024, 4, 3) and gate/up (4, 512, 2, 2)
-# (docs/experiments/scripts/w1_tiles_h200.py, docs/benchmarks/2026-12-02-s6-h200.md).
+# fp32), by default and per (N, K) weight shape; a fifth entry SPLIT_K (one row only) splits K over
+# that many programs per column block (module docstring), and 4 entries mean SPLIT_K = 1. One row
+# needs many programs in flight to saturate HBM (N / BLOCK_N * SPLIT_K of them); bf16 rows use
+# tensor cores (tl.dot needs BLOCK_N >= 16); fp32 rows keep one row's narrow blocks, BLOCK_K
+# bounded by the [BLOCK_M, BLOCK_N, BLOCK_K] products' registers. The per-shape entries are the
+# Ouro-1.4B layer's, measured by `python -m rltlab.bench.gemv --sweep` on the H200
+# (docs/benchmarks/2026-11-30-engine-h200.md), except the few_rows_fma ones (below). Under PDL the
+# same tiles serve: the ones a --sweep --pdl picked per shape made the engine's interleaved one-row
+# round 4% slower (docs/benchmarks/2026-12-02-h200.md). The narrow o and down entries are from
+# docs/experiments/scripts/gemv_split_k_h200.py under PDL (o: 0.108 -> 0.093 ms per 24; down,
+# split-K 4: 0.313 -> 0.202 ms), checked in the interleaved round of 96 GEMVs: 0.873 -> 0.819 ms
+# (docs/benchmarks/2026-12-02-s3-h200.md). The one-row o and gate/up entries were then re-tuned
+# inside the engine's PDL + L2-prefetch round, which chains of one shape mispredict: a round took
+# 0.981 ms with the new gate/up entry, 0.962-0.964 with both, against 1.031-1.034 with the entries
+# before, o (4, 1024, 4, 3) and gate/up (4, 512, 2, 2) (docs/experiments/scripts/w1_tiles_h200.py,
+# docs/benchmarks/2026-12-02-s6-h200.md).
 TILES = {
     "one_row": (4, 1024, 4, 2), "few_rows": (16, 256, 4, 3), "few_rows_fma": (4, 128, 4, 2),
     ("one_row", 6144, 2048): (4, 1024, 4, 2), ("one_row", 2048, 2048): (4, 2048, 4, 2),

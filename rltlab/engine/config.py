@@ -46,8 +46,8 @@ class EngineConfig:
     CUDA, gather elsewhere. cuda_graphs: capture the static path's round per batch bucket (CUDA
     only; False = the engine's eager mode). compile: torch.compile the static path's per-layer
     functions (fuses norms, RoPE and SwiGLU; costs a one-off compile). small_batch_kernels: on
-    CUDA, static rounds of <= 16 rows run every matmul as a weight-streaming Triton GEMV with
-    SiLU * up and RoPE + K/V write fused (rltlab.kernels.small_batch); False = cuBLAS.
+    CUDA, static rounds of up to gemv_rows rows run every matmul as a weight-streaming Triton
+    GEMV with SiLU * up and RoPE + K/V write fused (rltlab.kernels.small_batch); False = cuBLAS.
     gemv_rows: with small_batch_kernels, static rounds of at most this many rows (1..64) take
     the Triton GEMV path (and PDL, the fused q/k/v + RoPE, the L2 prefetch); more rows take
     cuBLAS. 1 = one-row rounds only, the measured best in bf16 at the Ouro-1.4B shape
