@@ -3,7 +3,9 @@ T = 0: the engine's own target-only tokens, whatever the drafts. An oracle draft
 the reference continuation forces deep and partial acceptances through ranks > 0, with a block
 size equal to the tree depth so that paths cross block boundaries (both private blocks, the
 prefix copy and the commit are exercised); real heads, EOS, max_tokens caps, ineligible
-requests, the block accounting and bad input are checked too."""
+requests, the block accounting and bad input are checked too. A prompt-lookup chain beside the
+tree (TreeProposer(lookup=L)) is held to the same host recompute, the lookup's drafts from
+rltlab.engine.prompt_lookup's rule."""
 import itertools
 
 import pytest
@@ -13,6 +15,7 @@ import rltlab.kernels as kernels
 from rltlab.draft_heads.lookahead import LookaheadHeads
 from rltlab.engine import LLM, SamplingParams, TreeProposer
 from rltlab.engine.block_manager import RESERVED
+from rltlab.engine.prompt_lookup import prompt_lookup_ref
 from rltlab.engine.static_decode import StaticDecoder
 from rltlab.engine.tree_graph import TreeShape
 from rltlab.model.architecture import OuroForCausalLM
@@ -81,24 +84,30 @@ def _engine(model, proposer=None, **kw):
     return llm
 
 
-def _expected(oracle: _Oracle, output: list[int], max_tokens: int) -> tuple[int, int, int]:
+def _expected(oracle: _Oracle, output: list[int], max_tokens: int, tree=TREE, prompt=(),
+              lookup: int = 0, ngram: int = 3) -> tuple[int, int, int]:
     """(iterations, accepted drafts, nodes verified) by the tree's acceptance rule, recomputed
     on the host: the pending token output[i] verifies the drafts the oracle made after it (the
     nodes no deeper than the cap: the tokens still to emit, less one; 0 in the first iteration,
-    which has no drafts), and a draft at depth j is accepted while the ranks of
-    output[i + 1..i + j] form a tree path."""
-    tree, i, steps, accepted, verified, drafted = set(TREE), 0, 0, 0, 0, False
+    which has no drafts unless a lookup chain supplies them), and a draft at depth j is
+    accepted while the ranks of output[i + 1..i + j] form a tree path, or while the lookup
+    chain's drafts from prompt + output[:i + 1] match output[i + 1..i + j]."""
+    tree, i, steps, accepted, verified, drafted = set(tree), 0, 0, 0, 0, False
     while max_tokens - (i + 1) > 0:
-        cap = min(DEPTH, max_tokens - (i + 1) - 1) if drafted else 0
-        verified += sum(len(p) <= cap for p in tree)
+        cap = min(max(DEPTH, lookup), max_tokens - (i + 1) - 1) if drafted or lookup else 0
+        verified += sum(len(p) <= cap for p in tree) * drafted + min(lookup, cap)
         path = ()
-        for j in range(1, cap + 1):
+        for j in range(1, min(cap, DEPTH) + 1) if drafted else ():
             row = oracle.table[output[i], j - 1]
             rank = int((row > row[output[i + j]]).sum())
             if path + (rank,) not in tree:
                 break
             path += (rank,)
-        steps, accepted, i, drafted = steps + 1, accepted + len(path), i + len(path) + 1, True
+        drafts = prompt_lookup_ref(list(prompt) + output[:i + 1], lookup, ngram)
+        found = next((j for j in range(min(lookup, cap)) if drafts[j] != output[i + 1 + j]),
+                     min(lookup, cap))
+        n = max(len(path), found)
+        steps, accepted, i, drafted = steps + 1, accepted + n, i + n + 1, True
     return steps, accepted, verified
 
 
@@ -122,13 +131,43 @@ def test_oracle_drafts_are_accepted_and_lossless(model, prompts, ranks, chain, m
         assert sum(a for _, a, _ in stats) >= sum(s for s, _, _ in stats)
 
 
-def test_candidates_left_by_another_request_are_not_verified(model, prompts):
+@pytest.mark.parametrize("lookup, ngram, tree", [(3, 2, TREE), (6, 3, TREE), (4, 1, [])])
+@pytest.mark.parametrize("ranks", [(0, 0, 0, 0), (9, 9, 9, 9)])
+@pytest.mark.parametrize("chain", [1, 3])
+def test_lookup_chain_beside_the_tree_is_lossless_and_follows_the_rule(
+        model, prompts, lookup, ngram, tree, ranks, chain):
+    """A lookup chain beside the oracle tree (its drafts always wrong with ranks 9, so every
+    acceptance is the lookup's; and with no tree at all): tokens equal target-only, iterations,
+    acceptances and verified nodes equal the host recompute, lookup acceptances happen, and a
+    chain 6 deep (block_size 6) crosses block boundaries."""
+    max_tokens = 32
+    params = _greedy(max_tokens)
+    bs = max(DEPTH, lookup)
+    target = _tokens(_engine(model, block_size=bs).generate(prompts, params))
+    oracles = [_Oracle(out, ranks) for out in target]
+    outs = [_engine(model, TreeProposer(oracle, tree, lookup=lookup, ngram=ngram),
+                    spec_chain=chain, block_size=bs).generate([prompt], params)[0]
+            for prompt, oracle in zip(prompts, oracles)]
+    assert _tokens(outs) == target
+    stats = [tuple(o.outputs[0].spec_stats[k] for k in ("steps", "accepted", "drafted"))
+             for o in outs]
+    expected = [_expected(oracle, out, max_tokens, tree, prompt, lookup, ngram)
+                for oracle, out, prompt in zip(oracles, target, prompts)]
+    assert stats == expected
+    lookup_alone = [_expected(oracle, out, max_tokens, [], prompt, lookup, ngram)
+                    for oracle, out, prompt in zip(oracles, target, prompts)]
+    assert sum(a for _, a, _ in lookup_alone) > 0
+
+
+@pytest.mark.parametrize("lookup", [0, 2])
+def test_candidates_left_by_another_request_are_not_verified(model, prompts, lookup):
     """The device holds the last request's candidates; a new request's first iteration must
-    verify its root alone, even when those candidates happen to be its true continuation."""
+    not accept them, even when they happen to be its true continuation: it verifies the root
+    alone, or the root and the lookup chain."""
     params = _greedy(16)
     first, second = _tokens(_engine(model).generate(prompts[:2], params))
     oracle = _Oracle(second, (0, 0, 0, 0))
-    llm = _engine(model, TreeProposer(oracle, TREE))
+    llm = _engine(model, TreeProposer(oracle, TREE, lookup=lookup))
     llm.generate(prompts[:1], params)
     tree = llm.llm_engine._spec._tree
     tree.cand_in[:, 0] = torch.tensor(second[1: 1 + DEPTH])   # all accepted, were they read
@@ -136,7 +175,7 @@ def test_candidates_left_by_another_request_are_not_verified(model, prompts):
     assert _tokens([out]) == [second[:DEPTH + 2]]
     stats = out.outputs[0].spec_stats
     assert (stats["steps"], stats["accepted"], stats["drafted"]) == \
-        _expected(oracle, second, DEPTH + 2)
+        _expected(oracle, second, DEPTH + 2, TREE, prompts[1], lookup)
     assert stats["steps"] > 1
 
 
@@ -160,13 +199,15 @@ def test_real_heads_with_eos_and_max_tokens_caps(model, prompts):
     assert _tokens(tree.generate(prompts, _greedy(24))) == ref
 
 
-def test_compiled_program_makes_the_same_iterations(model, prompts):
-    """EngineConfig.compile: torch.compile'd glue around the rounds; the tokens of target-only
-    and the uncompiled program's iterations and acceptances."""
+@pytest.mark.parametrize("lookup", [0, 3])
+def test_compiled_program_makes_the_same_iterations(model, prompts, lookup):
+    """EngineConfig.compile: torch.compile'd glue around the rounds (the lookup's drafts
+    too); the tokens of target-only and the uncompiled program's iterations and
+    acceptances."""
     target = _tokens(_engine(model).generate(prompts[:2], _greedy(16)))
     outs = {}
     for compiled in (False, True):
-        proposer = TreeProposer(_Oracle(target[0], (0, 1, 0, 0)), TREE)
+        proposer = TreeProposer(_Oracle(target[0], (0, 1, 0, 0)), TREE, lookup=lookup)
         llm = _engine(model, proposer, compile=compiled, spec_chain=2)
         outs[compiled] = llm.generate(prompts[:2], _greedy(16))
         assert _tokens(outs[compiled]) == target
@@ -234,6 +275,15 @@ def test_bad_proposers_are_refused(model):
         LLM(model, block_size=4, decode_path="gather").set_proposer(TreeProposer(heads, [(0,)]))
     with pytest.raises(ValueError, match="block_size"):
         _engine(model, block_size=1).set_proposer(TreeProposer(heads, [(0,), (0, 0)]))
+    for bad in (-1, True, 2.0):
+        with pytest.raises(ValueError, match="lookup"):
+            TreeProposer(heads, [(0,)], lookup=bad)
+    with pytest.raises(ValueError, match="ngram"):
+        TreeProposer(heads, [(0,)], lookup=2, ngram=0)
+    llm = _engine(model)                       # block_size 4 < the lookup chain's 5
+    with pytest.raises(ValueError, match="block_size >= 5"):
+        llm.set_proposer(TreeProposer(heads, [(0,)], lookup=5))
+    assert llm.llm_engine.block_manager.num_free_blocks == ENGINE["num_blocks"]
 
 
 @pytest.mark.skipif(not kernels.triton_available("cpu"), reason="needs TRITON_INTERPRET=1")

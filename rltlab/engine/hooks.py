@@ -121,11 +121,17 @@ class TreeProposer:
     verifies. Exact for greedy requests (T = 0, no top-k / top-p, no log-probs) with a
     full-depth policy; the engine speculates this way while exactly one such sequence runs,
     and steps normally otherwise.
+
+    lookup = L > 0 adds a prompt-lookup chain of L nodes beside the tree (n-gram drafting, as
+    vLLM's "ngram" speculator): the continuation, in the sequence's own tokens, of the latest
+    earlier occurrence of its last `ngram` tokens (fewer where that finds none), read
+    periodically past the present. It costs no model, and a looping continuation is accepted
+    far deeper than the heads reach; the tree is then max(depth, L) deep.
     """
 
     adaptive = False   # the tree's shape is fixed (SpecDecoder's emit path reads this)
 
-    def __init__(self, heads, tree):
+    def __init__(self, heads, tree, lookup: int = 0, ngram: int = 3):
         depth = getattr(heads, "depth", None)
         if not callable(heads) or not isinstance(depth, int) or depth < 1:
             raise TypeError("TreeProposer needs lookahead heads: a callable with an int "
@@ -134,3 +140,13 @@ class TreeProposer:
         # the heads' batched drafting where they have one (LookaheadHeads.draft), same logits
         self.draft = getattr(heads, "draft", heads)
         self.tree = validate_tree(tree, depth)
+        if not isinstance(lookup, int) or isinstance(lookup, bool) or lookup < 0:
+            raise ValueError(f"lookup is a chain length >= 0, got {lookup!r}")
+        if not isinstance(ngram, int) or isinstance(ngram, bool) or ngram < 1:
+            raise ValueError(f"ngram must be an int >= 1, got {ngram!r}")
+        self.lookup, self.ngram = lookup, ngram
+        # head candidates per position (top-`ranks`); the lookup chain's nodes take rank
+        # `ranks`, one column past them, so one rank path names every node
+        self.ranks = max((p[-1] for p in self.tree), default=0) + 1
+        self.paths = self.tree + [(self.ranks,) * j for j in range(1, lookup + 1)]
+        self.span = max(depth, lookup)   # the deepest node: positions P + 1..P + span

@@ -20,18 +20,26 @@ paged KV cache) instead of the model's reference modules:
            accepted node is the bonus token, the next pending token;
   commit:  the accepted nodes' K/V (every layer and plane) is copied from one leaf's private
            slots to the sequence's own slots P..P + n; rejected branches leave no trace;
-  draft:   the heads read h_R of the last accepted node and the bonus -> the next candidates.
+  draft:   the heads read h_R of the last accepted node and the bonus -> the next candidates;
+  lookup:  with TreeProposer(lookup=L), a chain of L more nodes from the root carries
+           prompt-lookup drafts (rltlab.engine.prompt_lookup) of the sequence's own tokens,
+           staged with the indices and extended on the device between chained iterations.
+           The tree is then span = max(depth, L) deep. Sibling nodes may carry the same
+           token: all of them match, and any accepted path names the same tokens.
 
 Up to EngineConfig.spec_chain iterations run back to back in one program (each starting from
 the last one's bonus at the position after its path) and are read back once. The candidates
 live on the device between programs; they stay valid while the sequence's pending token is
-the one they were drafted for, and otherwise the first iteration verifies the root alone.
+the one they were drafted for. Otherwise the first iteration accepts none of the heads' nodes:
+it verifies the root alone, or the root and the lookup chain, which needs no earlier draft.
 Writes to the sequence's own slots never pass position P + cap <= its last reserved one.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
+from rltlab.engine.prompt_lookup import prompt_lookup
 from rltlab.engine.spec_graph import GraphProgram
 
 
@@ -39,7 +47,9 @@ class TreeShape:
     """Index tensors of a tree: nodes (root first, parents before children) and the expanded
     rows (each leaf's path from the root)."""
 
-    def __init__(self, paths: list[tuple[int, ...]], device):
+    def __init__(self, paths: list[tuple[int, ...]], device, heads=None):
+        """heads: the paths whose candidates the heads draft (default: all of them)."""
+        heads = set(paths if heads is None else heads)
         index = {(): 0, **{p: i + 1 for i, p in enumerate(paths)}}
         nodes = [()] + list(paths)
         parent = [0] + [index[p[:-1]] for p in paths]
@@ -57,8 +67,9 @@ class TreeShape:
         def t(values):
             return torch.tensor(values, dtype=torch.long, device=device)
         self.num_leaves, self.num_rows = len(leaves), len(rows)
-        self.max_rank = max((p[-1] for p in paths), default=0) + 1
         self.node_depth, self.node_parent = t(list(map(len, nodes))), t(parent)
+        # nodes that only valid candidates may accept: the heads' (a lookup chain's need none)
+        self.needs_heads = t([0] + [p in heads for p in paths]).bool()
         self.node_rank = t([p[-1] if p else 0 for p in nodes])
         self.ancestors = ancestors.to(device)            # [N, N]: j is i or an ancestor of i
         self.row_node, self.row_leaf, self.row_depth = (t(list(col)) for col in zip(*rows))
@@ -66,22 +77,22 @@ class TreeShape:
         self.node_leaf = self.row_leaf[self.node_row]    # a leaf whose path holds the node
 
 
-def private_blocks(tree) -> int:
-    """KV blocks a TreeProposer with this tree takes out of the engine's pool (two per leaf)."""
-    return 2 * TreeShape(list(tree), "cpu").num_leaves
+def private_blocks(proposer) -> int:
+    """KV blocks a TreeProposer takes out of the engine's pool (two per leaf)."""
+    return 2 * TreeShape(proposer.paths, "cpu").num_leaves
 
 
 class TreeGraph:
     """The device program of one TreeProposer on one engine (see the module docstring)."""
 
     def __init__(self, engine, proposer):
-        runner, depth = engine.runner, proposer.depth
+        runner, span = engine.runner, proposer.span
         self.runner, self.proposer, self.block_size = runner, proposer, runner.block_size
-        if depth > self.block_size:
-            raise ValueError(f"a tree {depth} deep needs block_size >= {depth}")
-        self.shape = TreeShape(proposer.tree, runner.device)
+        if span > self.block_size:
+            raise ValueError(f"a tree {span} deep needs block_size >= {span}")
+        self.shape = TreeShape(proposer.paths, runner.device, proposer.tree)
         manager = engine.block_manager
-        blocks = private_blocks(proposer.tree)
+        blocks = private_blocks(proposer)
         one_sequence = manager.blocks_needed(engine.max_model_len)
         if manager.num_free_blocks < blocks + one_sequence:
             raise ValueError(
@@ -91,14 +102,17 @@ class TreeGraph:
                 f"{manager.num_blocks + blocks + one_sequence - manager.num_free_blocks}")
         self.private = torch.tensor(manager.reserve(blocks), dtype=torch.long,
                                     device=runner.device).view(-1, 2)     # [leaves, 2]
-        dev, rank = runner.device, self.shape.max_rank
-        # the candidates: [depth, max_rank] token ids, drafted for `drafted_for`
-        self.cand_in = torch.zeros(depth, rank, dtype=torch.long, device=dev)
+        # the heads' candidates: [span, ranks] token ids (rows past their depth unused),
+        # drafted for `drafted_for`
+        self.cand_in = torch.zeros(span, proposer.ranks, dtype=torch.long, device=runner.device)
         self.cand_out = torch.zeros_like(self.cand_in)
         self.drafted_for: tuple[int, int] | None = None   # (seq_id, position of x_P)
-        # nodes an iteration verifies, by its cap (spec_stats.drafted)
-        self._nodes_within = [sum(len(p) <= cap for p in proposer.tree)
-                              for cap in range(depth + 1)]
+        # nodes an iteration verifies, by its cap (spec_stats.drafted): all of them, or with
+        # no valid candidates the lookup chain's
+        self._nodes_within = {valid: [sum(len(p) <= cap for p in
+                                          (proposer.paths if valid else proposer.paths[
+                                              len(proposer.tree):]))
+                                      for cap in range(span + 1)] for valid in (False, True)}
         self._static, self._programs = None, {}
 
     def run(self, seq, chain: int) -> list[tuple[list[int], int, bool, int] | None]:
@@ -113,19 +127,21 @@ class TreeGraph:
         program = self._programs[chain]
         start, left = seq.num_tokens - 1, seq.max_output_tokens - seq.num_output_tokens
         valid = self.drafted_for == (seq.seq_id, start)
-        cap = min(self.proposer.depth, left - 1) if valid else 0
-        program.stage(seq.output_token_ids[-1], start, left, cap, seq.block_table)
+        cap = min(self.proposer.span, left - 1) if valid or self.proposer.lookup else 0
+        program.stage(seq.output_token_ids[-1], start, left, cap, valid, seq.block_table,
+                      seq.token_ids(0, seq.num_tokens) if self.proposer.lookup else None)
         flat = program.replay()
         self.cand_in.copy_(self.cand_out)
-        depth, results, position = self.proposer.depth, [], start
+        depth, results, position = self.proposer.span, [], start
         for m in range(chain):
             n, *path, bonus, finite, live = flat[m * (depth + 4): (m + 1) * (depth + 4)]
             if not live:
                 results.append(None)
                 continue
-            results.append((path[:n], bonus, bool(finite), self._nodes_within[cap]))
+            results.append((path[:n], bonus, bool(finite), self._nodes_within[valid][cap]))
             position, left = position + n + 1, left - n - 1
             cap = max(0, min(depth, left - 1))     # the program's cap for the next iteration
+            valid = True                           # and its candidates, drafted by this one
         self.drafted_for = (seq.seq_id, position)
         return results
 
@@ -137,11 +153,15 @@ class _Program(GraphProgram):
         self.tree, self.static, self.chain = tree, static, chain
         dev, nb = static.device, static.max_blocks
         pin = dev.type == "cuda"
-        # int64: [pending token, P, tokens left to emit, first cap | block table]
-        self.index = torch.zeros(4 + nb, dtype=torch.long, device=dev)
-        self._staging = torch.zeros(4 + nb, dtype=torch.long, pin_memory=pin)
-        # per iteration: [n | path tokens (depth) | bonus | finite | live]
-        self.out = torch.zeros(chain * (tree.proposer.depth + 4), dtype=torch.long, device=dev)
+        # int64: [pending token, P, tokens left to emit, first cap, candidates valid | block
+        # table | with a lookup chain, the sequence's tokens by position (nb * block_size) and
+        # a slot that takes the writes no position needs]
+        self._history_at = 5 + nb
+        size = 5 + nb + (nb * tree.block_size + 1 if tree.proposer.lookup else 0)
+        self.index = torch.zeros(size, dtype=torch.long, device=dev)
+        self._staging = torch.zeros(size, dtype=torch.long, pin_memory=pin)
+        # per iteration: [n | path tokens (span) | bonus | finite | live]
+        self.out = torch.zeros(chain * (tree.proposer.span + 4), dtype=torch.long, device=dev)
         # With EngineConfig.compile, torch.compile fuses the ~70 small ops around the rounds
         # (indices, block copies, the walk, the commit, the heads) as it fuses the rounds' own.
         self._prepare, self._conclude = self._prepare_eager, self._conclude_eager
@@ -149,44 +169,56 @@ class _Program(GraphProgram):
             self._prepare = torch.compile(self._prepare_eager, dynamic=False)
             self._conclude = torch.compile(self._conclude_eager, dynamic=False)
 
-    def stage(self, token: int, start: int, left: int, cap: int, table: list[int]) -> None:
+    def stage(self, token: int, start: int, left: int, cap: int, valid: bool,
+              table: list[int], history: list[int] | None) -> None:
         buf = self._staging.numpy()
-        buf[:4] = token, start, left, cap
-        buf[4: 4 + len(table)] = table
-        buf[4 + len(table):] = table[-1]   # never read: positions stay inside the reservation
+        buf[:5] = token, start, left, cap, valid
+        buf[5: 5 + len(table)] = table
+        buf[5 + len(table): self._history_at] = table[-1]   # never read: positions stay
+        if history is not None:                             # inside the reservation
+            buf[self._history_at: self._history_at + len(history)] = history
         self.index.copy_(self._staging, non_blocking=True)
 
     @torch.no_grad()
     def _program(self) -> None:
         """Reads only the staged inputs and cand_in, so running it twice (the capture's
         warm-up) rewrites the same K/V and candidates."""
-        token, base, left, cap = (self.index[i: i + 1] for i in range(4))
-        table = self.index[4:]
-        cand, width = self.tree.cand_in, self.tree.proposer.depth + 4
+        token, base, left, cap, valid = (self.index[i: i + 1] for i in range(5))
+        table = self.index[5: self._history_at]
+        history = self.index[self._history_at:] if self.tree.proposer.lookup else None
+        span = self.tree.proposer.span
+        cand, width = self.tree.cand_in, span + 4
         for m in range(self.chain):
-            n, bonus, cand, out = self._iteration(token, base, left, cap, table, cand)
+            n, bonus, cand, out = self._iteration(token, base, left, cap, valid, table, cand,
+                                                  history)
             self.out[m * width: (m + 1) * width].copy_(out)
+            if history is not None and m + 1 < self.chain:
+                # the next iteration's lookup reads positions up to its P, written here: a
+                # re-run (the capture's warm-up) writes them again, identically
+                _extend(history, base, n, out[1: 1 + span], bonus, left > 0)
             emitted = torch.where(left > 0, n + 1, 0)
             token, base, left = bonus, base + emitted, left - emitted
-            cap = torch.minimum(left - 1, torch.full_like(left, self.tree.proposer.depth))
-            cap = cap.clamp(min=0)
+            cap = torch.minimum(left - 1, torch.full_like(left, span))
+            cap, valid = cap.clamp(min=0), torch.ones_like(valid)
         self.tree.cand_out.copy_(cand)
 
-    def _iteration(self, token, base, left, cap, table, cand):
+    def _iteration(self, token, base, left, cap, valid, table, cand, history):
         """One iteration -> (accepted count [1], bonus [1], next candidates, output row)."""
         st, rows = self.static, self.tree.shape.num_rows
-        x, tokens, pos_p, first, live, index = self._prepare(token, base, left, cap, table, cand)
+        x, tokens, pos_p, first, live, index = self._prepare(token, base, left, cap, table, cand,
+                                                             history)
         for r in range(st.config.num_rounds):
             st.hidden_in[:rows].copy_(x)
             st._round(rows, plane=r, rows=index)
             x = st.hidden_out[:rows]
-        return self._conclude(x, tokens, pos_p, first, live, cap, table)
+        return self._conclude(x, tokens, pos_p, first, live, cap, valid, table)
 
-    def _prepare_eager(self, token, base, left, cap, table, cand):
+    def _prepare_eager(self, token, base, left, cap, table, cand, history):
         """The rows' inputs and indices, and the block holding P copied into every leaf's
         first private block -> (embeddings, node tokens, P, P's table column, live, the rows'
         (positions, slots, context lengths, block tables))."""
         st, sh, bs = self.static, self.tree.shape, self.tree.block_size
+        proposer = self.tree.proposer
         private = self.tree.private
         live = left > 0
         pos_p = torch.where(live, base, 0)                                    # [1]
@@ -204,22 +236,25 @@ class _Program(GraphProgram):
         leaves = private[:, 0]
         sources = table.index_select(0, first.expand(leaves.numel()))
         by_block.index_copy_(3, leaves, by_block.index_select(3, sources))
+        if proposer.lookup:   # the lookup chain's column, rank `ranks`
+            drafts = prompt_lookup(history, pos_p, proposer.span, proposer.ngram)
+            cand = torch.cat([cand, drafts[:, None]], 1)
         tokens = torch.cat([token, cand[sh.node_depth[1:] - 1, sh.node_rank[1:]]])   # [nodes]
         index = (positions.int(), slots.int(), positions.int() + 1, tables.int())
         return (st.model.model.embed_tokens(tokens[sh.row_node]), tokens, pos_p, first, live,
                 index)
 
-    def _conclude_eager(self, x, tokens, pos_p, first, live, cap, table):
+    def _conclude_eager(self, x, tokens, pos_p, first, live, cap, valid, table):
         """h_R of the rows -> the acceptance walk, the commit and the next candidates:
         (accepted count [1], bonus [1], next candidates, output row)."""
-        sh = self.tree.shape
+        sh, proposer = self.tree.shape, self.tree.proposer
         logits = self.static.model.lm_head(x).float()
         best = logits.argmax(-1)[sh.node_row]                                 # [nodes]
         matched = (tokens == best[sh.node_parent]) | (sh.node_depth == 0)
         on_path = ~(sh.ancestors & ~matched[None]).any(-1)
-        accepted = on_path & (sh.node_depth <= cap)
+        accepted = on_path & (sh.node_depth <= cap) & ~(sh.needs_heads & (valid == 0))
         n = (sh.node_depth * accepted).max().view(1)
-        levels = torch.arange(self.tree.proposer.depth + 1, device=n.device)
+        levels = torch.arange(proposer.span + 1, device=n.device)
         path = (accepted[None] & (sh.node_depth[None] == levels[:, None])).float().argmax(-1)
         last = path.index_select(0, n)                         # the deepest accepted node
         path = torch.where(levels <= n, path, last)
@@ -227,7 +262,11 @@ class _Program(GraphProgram):
                      live & (levels <= n))
         bonus = best.index_select(0, last)
         h_last = x.index_select(0, sh.node_row.index_select(0, last))
-        cand = self.tree.proposer.draft(h_last, bonus)[0].topk(sh.max_rank, -1).indices
+        if proposer.tree:
+            cand = proposer.draft(h_last, bonus)[0].topk(proposer.ranks, -1).indices
+            cand = F.pad(cand, (0, 0, 0, proposer.span - proposer.depth))   # [span, ranks]
+        else:                 # a lookup chain alone: nothing for the heads to draft
+            cand = self.tree.cand_in
         finite = torch.isfinite(logits).all(-1) | (sh.row_depth > cap)
         out = torch.cat([n, tokens[path[1:]], bonus, finite.all().view(1), live])
         return n, bonus, cand, out
@@ -244,3 +283,14 @@ class _Program(GraphProgram):
         target = torch.where(keep, own, source)
         by_slot = st.kv_cache.flatten(3, 4)                 # [layers, 2, planes, slots, Hkv, D]
         by_slot.index_copy_(3, target, by_slot.index_select(3, source))
+
+
+def _extend(history, base, n, path, bonus, live) -> None:
+    """Write an iteration's accepted tokens (path [span]: levels 1..span, valid to n) and its
+    bonus at positions base + 1..base + n + 1 of history; the other levels go to its last slot,
+    which no position reads."""
+    span = path.numel()
+    levels = torch.arange(1, span + 2, device=path.device)
+    values = torch.where(levels == n + 1, bonus, torch.cat([path, bonus]))
+    at = torch.where(live & (levels <= n + 1), base + levels, history.numel() - 1)
+    history.index_copy_(0, at, values)
