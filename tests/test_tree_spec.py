@@ -186,15 +186,18 @@ def test_bench_on_the_embedded_model_and_its_shipped_heads(tmp_path):
     assert not res["failed"] and out.is_file()
 
 
-def test_bench_keeps_only_the_named_trees_and_adds_a_config_per_gemv_rows():
+def test_bench_keeps_only_the_named_trees_and_adds_a_config_per_gemv_rows_and_lookup():
     from rltlab.bench import tree_spec
     res = tree_spec.main(["--device", "cpu", "--prompts", "2", "--max-tokens", "6",
                           "--repeats", "1", "--budgets", "--paths", "engine", "--only",
-                          "chain K=4", "--gemv-rows", "1", "4"])
+                          "chain K=4", "--gemv-rows", "1", "4", "--lookup", "0", "3"])
     assert [r["config"] for r in res["rows"]] == [
-        "target only", "engine chain K=4 M=1", "engine chain K=4 M=1 gemv<=4"]
+        "target only", "engine chain K=4 M=1", "engine chain K=4 +lookup3 M=1",
+        "engine chain K=4 M=1 gemv<=4", "engine chain K=4 +lookup3 M=1 gemv<=4"]
     assert all(r["identical"] == "2/2" for r in res["rows"]) and res["gemv_rows"] == [1, 4]
-    for bad in (["--only", "chain K=5"], ["--gemv-rows", "0"], ["--gemv-rows", "65"]):
+    assert [r["nodes"] for r in res["rows"]] == [None, 4, 7, 4, 7]
+    for bad in (["--only", "chain K=5"], ["--gemv-rows", "0"], ["--gemv-rows", "65"],
+                ["--lookup", "17"], ["--lookup", "2", "--ngram", "0"]):
         with pytest.raises(SystemExit):
             tree_spec.main(["--device", "cpu", "--paths", "engine", *bad])
 

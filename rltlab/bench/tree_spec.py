@@ -78,7 +78,10 @@ def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
     from rltlab.engine.speculative import SpecStats
     from rltlab.engine.tree_graph import private_blocks
     bs = 16
-    private = sum(private_blocks(tree) for tree in trees.values())
+    proposers = {f"{name}{f' +lookup{n}' if n else ''}": TreeProposer(heads, tree, lookup=n,
+                                                                       ngram=args.ngram)
+                 for name, tree in trees.items() for n in args.lookup}
+    private = sum(map(private_blocks, proposers.values()))
     configs = {}
     for compiled, chain, gemv in itertools.product(args.engine_compile, args.chains,
                                                    args.gemv_rows):
@@ -87,9 +90,9 @@ def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
                   decode_path="static", compile=compiled,   # static: auto's choice on CUDA
                   gemv_rows=gemv)
         suffix = " compiled" * compiled + (f" gemv<={gemv}" if gemv > 1 else "")
-        for name, tree in trees.items():
+        for name, proposer in proposers.items():
             configs[f"engine {name} M={chain}{suffix}"] = _engine_config(
-                llm, TreeProposer(heads, tree), params, SpecStats)
+                llm, proposer, params, SpecStats)
     return configs
 
 
@@ -101,7 +104,7 @@ def _engine_config(llm, proposer, params, stats_type):
                                   ("steps", "drafted", "accepted", "emitted")})
                     if o.spec_stats else stats_type() for o in outs]
         return [list(o.outputs[0].token_ids) for o in outs]
-    go.nodes = len(proposer.tree)
+    go.nodes = len(proposer.paths)
     return go
 
 
@@ -224,6 +227,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--gemv-rows", type=int, nargs="+", default=[1],
                     help="EngineConfig.gemv_rows values for the engine path (1: one-row "
                          "rounds only; trees of up to G rows through the Triton GEMV path)")
+    ap.add_argument("--lookup", type=int, nargs="+", default=[0],
+                    help="engine path: also run each tree with a prompt-lookup chain of "
+                         "these lengths (TreeProposer(lookup=L); 0: without, '+lookupL' rows)")
+    ap.add_argument("--ngram", type=int, default=3,
+                    help="the lookup chain's longest n-gram (TreeProposer(ngram=...))")
     ap.add_argument("--compile-nodes", type=int, nargs="*", default=[],
                     help="also run the standalone trees of these node counts under "
                          "torch.compile")
@@ -231,9 +239,10 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     args.engine_compile = [c == "on" for c in args.engine_compile]
     if args.repeats < 1 or args.prompts < 2 or args.max_tokens < 1 or min(args.chains) < 1 \
-            or not all(1 <= g <= 64 for g in args.gemv_rows):
-        ap.error("--repeats >= 1, --prompts >= 2, --max-tokens >= 1, --chains >= 1 and "
-                 "--gemv-rows in 1..64")
+            or not all(1 <= g <= 64 for g in args.gemv_rows) \
+            or not all(0 <= n <= 16 for n in args.lookup) or args.ngram < 1:
+        ap.error("--repeats >= 1, --prompts >= 2, --max-tokens >= 1, --chains >= 1, "
+                 "--gemv-rows in 1..64, --lookup in 0..16 (the block size) and --ngram >= 1")
     res = run(args)
     print(f"{'config':>38} | nodes | tok/s | paired (median, mean ± SE) | tau | identical")
     for r in res["rows"]:
