@@ -77,9 +77,10 @@ class TreeShape:
         self.node_leaf = self.row_leaf[self.node_row]    # a leaf whose path holds the node
 
 
-def private_blocks(proposer) -> int:
-    """KV blocks a TreeProposer takes out of the engine's pool (two per leaf)."""
-    return 2 * TreeShape(proposer.paths, "cpu").num_leaves
+def private_blocks(tree) -> int:
+    """KV blocks a TreeProposer, or a tree of rank paths alone, takes out of the engine's pool
+    (two per leaf)."""
+    return 2 * TreeShape(getattr(tree, "paths", None) or list(tree), "cpu").num_leaves
 
 
 class TreeGraph:

@@ -4,7 +4,8 @@ LLMEngine.step, the speculative step, the program's replay (which ends in the re
 holds the program's GPU time), token windows, whole-token steps and the runner's execute
 (prefill), for target-only and for each tree at spec_chain 1. --gemv-rows / --compile build
 the tree engine (and a second target-only engine, with --compile) as EngineConfig.gemv_rows /
-.compile; --trees-from / --budgets / --only pick the trees as in rltlab.bench.tree_spec.
+.compile; --trees-from / --budgets / --only pick the trees as in rltlab.bench.tree_spec;
+--lookup L also runs each tree with a prompt-lookup chain of L (TreeProposer(lookup=L)).
 
     python docs/experiments/scripts/tree_engine_profile.py --device cuda
     python docs/experiments/scripts/tree_engine_profile.py --device cuda --gemv-rows 64 \
@@ -54,6 +55,7 @@ def main():
     ap.add_argument("--trees-from", default=None)
     ap.add_argument("--budgets", type=int, nargs="*", default=[])
     ap.add_argument("--only", nargs="+", default=None)
+    ap.add_argument("--lookup", type=int, nargs="+", default=[0])
     args = ap.parse_args()
     model, tok, md = load_model(None, dtype="float32", device=args.device)
     heads, tree, _ = lookahead.load(HEADS, model)
@@ -68,7 +70,9 @@ def main():
     timed(token_step.FusedTokenStep, "step", "whole-token step")
     timed(model_runner.ModelRunner, "execute", "runner execute (prefill, round steps)")
     trees = _trees(args, tree)   # root, chain, the artifact's (and --trees-from's), --only
-    private = sum(private_blocks(t) for t in trees.values())
+    proposers = {f"{name}{f' +lookup{n}' if n else ''}": TreeProposer(heads, t, lookup=n)
+                 for name, t in trees.items() for n in args.lookup}
+    private = sum(map(private_blocks, proposers.values()))
     base = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len)
     engine = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len,
                  num_blocks=-(-max_len // 16) + private, decode_path="static",
@@ -76,7 +80,7 @@ def main():
     configs = [("target only", base, None)] + [
         ("target only compiled", LLM(model, max_num_seqs=1, block_size=16,
                                      max_model_len=max_len, compile=True), None)] * args.compile
-    configs += [(name, engine, TreeProposer(heads, t)) for name, t in trees.items()]
+    configs += [(name, engine, proposer) for name, proposer in proposers.items()]
     result = {}
     for name, llm, proposer in configs:
         llm.set_proposer(proposer)

@@ -36,14 +36,21 @@ def _graph_ms(graph, replays: int) -> float:
 
 
 def _glue_inputs(program):
-    token, base, left, cap = (program.index[i: i + 1] for i in range(4))
-    return token, base, left, cap, program.index[4:], program.tree.cand_in
+    """(token, base, left, cap, valid, table, candidates, history) as _program reads them."""
+    token, base, left, cap, valid = (program.index[i: i + 1] for i in range(5))
+    at = program._history_at
+    history = program.index[at:] if program.tree.proposer.lookup else None
+    return token, base, left, cap, valid, program.index[5: at], program.tree.cand_in, history
+
+
+def _prepare(program, token, base, left, cap, valid, table, cand, history):
+    return program._prepare(token, base, left, cap, table, cand, history)
 
 
 def _rounds_graph(program):
     """The iteration's R rounds over its rows, on the indices its _prepare makes now."""
     st, rows = program.static, program.tree.shape.num_rows
-    x, *_, index = program._prepare(*_glue_inputs(program))
+    x, *_, index = _prepare(program, *_glue_inputs(program))
 
     def rounds():
         for r in range(st.config.num_rounds):
@@ -59,8 +66,8 @@ def _glue_kernels(program, calls: int = 5) -> dict:
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(calls):
-            x, tokens, pos_p, first, live, _ = program._prepare(*args)
-            program._conclude(st.hidden_out[:rows], tokens, pos_p, first, live, args[3], args[4])
+            x, tokens, pos_p, first, live, _ = _prepare(program, *args)
+            program._conclude(st.hidden_out[:rows], tokens, pos_p, first, live, *args[3:6])
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     by_name = {}
@@ -81,6 +88,8 @@ def main():
     ap.add_argument("--compile", choices=["off", "on"], nargs="+", default=["off"],
                     help="EngineConfig.compile (on: the glue is torch.compile'd)")
     ap.add_argument("--replays", type=int, default=200)
+    ap.add_argument("--lookup", type=int, default=0,
+                    help="a prompt-lookup chain of this length beside every tree")
     args = ap.parse_args()
     model, tok, md = load_model(None, dtype="float32", device="cuda")
     heads, artifact_tree, _ = lookahead.load(HEADS, model)
@@ -88,20 +97,21 @@ def main():
     max_len = max(map(len, prompts)) + 33
     params = SamplingParams(temperature=0.0, max_tokens=32, exit_policy="fixed")
     trees = _trees(args, artifact_tree)
-    private = sum(private_blocks(t) for t in trees.values())
+    proposers = {name: TreeProposer(heads, t, lookup=args.lookup) for name, t in trees.items()}
+    private = sum(map(private_blocks, proposers.values()))
     rows = []
-    for compiled, gemv, (name, tree) in itertools.product(args.compile, args.gemv_rows,
-                                                          trees.items()):
+    for compiled, gemv, (name, proposer) in itertools.product(args.compile, args.gemv_rows,
+                                                              proposers.items()):
         llm = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len,
                   num_blocks=-(-max_len // 16) + private, decode_path="static",
                   gemv_rows=gemv, compile=compiled == "on")
-        llm.set_proposer(TreeProposer(heads, tree))
+        llm.set_proposer(proposer)
         llm.generate(prompts[:2], params)
         program = llm.llm_engine._spec._tree._programs[1]
         iteration = _graph_ms(program._graph, args.replays)
         rounds = _graph_ms(_rounds_graph(program), args.replays)
-        row = {"tree": name, "gemv_rows": gemv, "compile": compiled,
-               "rows": TreeShape(tree, "cpu").num_rows,
+        row = {"tree": name, "lookup": args.lookup, "gemv_rows": gemv, "compile": compiled,
+               "rows": TreeShape(proposer.paths, "cpu").num_rows,
                "iteration_ms": iteration, "rounds_ms": rounds, "glue_ms": iteration - rounds,
                "glue_eager": _glue_kernels(program)}
         rows.append(row)
