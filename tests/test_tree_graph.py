@@ -17,7 +17,7 @@ from rltlab.engine import LLM, SamplingParams, TreeProposer
 from rltlab.engine.block_manager import RESERVED
 from rltlab.engine.prompt_lookup import prompt_lookup_ref
 from rltlab.engine.static_decode import StaticDecoder
-from rltlab.engine.tree_graph import TreeShape
+from rltlab.engine.tree_graph import TreeShape, private_blocks
 from rltlab.model.architecture import OuroForCausalLM
 from rltlab.model.config import OuroConfig
 
@@ -259,6 +259,9 @@ def test_private_blocks_are_reserved_once_and_refused_when_short(model, prompts)
     llm.set_proposer(proposer)              # the same proposer: its program and blocks again
     assert manager.num_blocks == total - 2 * leaves
     assert manager.num_free_blocks == manager.num_blocks
+    assert private_blocks(proposer) == private_blocks(TREE) == 2 * leaves
+    assert private_blocks(TreeProposer(heads, [])) == 2                   # the root's row
+    assert private_blocks(TreeProposer(heads, TREE, lookup=3)) == 2 * (leaves + 1)
     short = _engine(model, num_blocks=20)
     with pytest.raises(ValueError, match="num_blocks >= "):
         short.set_proposer(TreeProposer(heads, TREE))

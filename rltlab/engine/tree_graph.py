@@ -80,7 +80,8 @@ class TreeShape:
 def private_blocks(tree) -> int:
     """KV blocks a TreeProposer, or a tree of rank paths alone, takes out of the engine's pool
     (two per leaf)."""
-    return 2 * TreeShape(getattr(tree, "paths", None) or list(tree), "cpu").num_leaves
+    paths = tree.paths if hasattr(tree, "paths") else list(tree)
+    return 2 * TreeShape(paths, "cpu").num_leaves
 
 
 class TreeGraph:
