@@ -218,6 +218,27 @@ def test_compiled_program_makes_the_same_iterations(model, prompts, lookup):
     assert outs[True][0].outputs[0].spec_stats["accepted"] > 0
 
 
+def test_compiled_programs_past_the_recompile_limit_stay_compiled(model, prompts, monkeypatch):
+    """Every program's glue shares two code objects; with dynamo's recompile limit at 1, two
+    programs of different shapes must still compile every graph they compile under a limit of
+    64 (past the limit dynamo runs the glue eagerly, or raises)."""
+    from torch._dynamo.utils import counters
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    heads = LookaheadHeads(model, depth=DEPTH, inner=8)
+    graphs = {}
+    # the first phase also compiles what a process compiles once: it only warms up
+    for phase, limit in (("warm-up", 64), ("low", 1), ("high", 64)):
+        monkeypatch.setattr(config, name, limit)
+        torch._dynamo.reset()
+        before = counters["stats"]["unique_graphs"]
+        for tree in ([(0,)], [(0,), (0, 0)]):
+            _engine(model, TreeProposer(heads, tree), compile=True).generate(prompts[:1],
+                                                                              _greedy(4))
+        graphs[phase] = counters["stats"]["unique_graphs"] - before
+    assert graphs["low"] == graphs["high"] >= 4   # at least _prepare and _conclude, twice
+
+
 def test_oracle_eos_inside_an_accepted_path(model, prompts):
     target = _tokens(_engine(model).generate(prompts, _greedy(24)))
     plain = _engine(model)

@@ -168,6 +168,7 @@ class _Program(GraphProgram):
         # (indices, block copies, the walk, the commit, the heads) as it fuses the rounds' own.
         self._prepare, self._conclude = self._prepare_eager, self._conclude_eager
         if static.compiled:
+            _allow_recompiles(2)
             self._prepare = torch.compile(self._prepare_eager, dynamic=False)
             self._conclude = torch.compile(self._conclude_eager, dynamic=False)
 
@@ -285,6 +286,21 @@ class _Program(GraphProgram):
         target = torch.where(keep, own, source)
         by_slot = st.kv_cache.flatten(3, 4)                 # [layers, 2, planes, slots, Hkv, D]
         by_slot.index_copy_(3, target, by_slot.index_select(3, source))
+
+
+_glue_programs = 0
+
+
+def _allow_recompiles(functions: int) -> None:
+    """Dynamo keeps one cache per code object, shared by every _Program's glue, whose shapes
+    differ by tree, chain and decoder; past config.recompile_limit entries it runs the glue
+    eagerly without a word (the 9th program of a bench on, docs/benchmarks/2026-12-04-s17-h200.md).
+    So the limit grows with each compiled program (`functions` new cache entries)."""
+    global _glue_programs
+    _glue_programs += functions
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), _glue_programs))
 
 
 def _extend(history, base, n, path, bonus, live) -> None:
