@@ -3,9 +3,7 @@
 # root-only proposer failed there (private_blocks, fixed in b099a05); the committed lookup chain (its
 # first iteration verifies the lookup drafts too): end to end, root only / chain K = 4 / tree
 # B = 8 with lookup chains of 0, 8, 12 and 16, gemv_rows = 64, glue compiled, against
-# target-only decoding with and without compile (16 x 128, 5 repeats; 32 x 32, 9 repeats); the
-# wall-time profile of chain K = 4 with and without lookup 16 (16 x 128); one iteration's GPU
-# time split into rounds and glue with lookup 8 and 16.
+# target-only decoding with and without compile (16 x 128, 5 repeats; 32 x 32, 9 repeats).
 set -uo pipefail
 source "$(dirname "$0")/h200_common.sh"
 TREES=docs/experiments/data/2026-12-03-lookahead-tree-probe-h200.json
