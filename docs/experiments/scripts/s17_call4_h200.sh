@@ -1,9 +1,10 @@
 #!/bin/bash
-# For the seventeenth session's fourth device call (H200): s17_call3 again after the compiled glue's recompile
-# limit was raised with each program (there the 9th program on ran its glue eagerly); the lookup chain (its
-# first iteration verifies the lookup drafts too): end to end, root only / chain K = 4 / tree
-# B = 8 with lookup chains of 0, 8, 12 and 16, gemv_rows = 64, glue compiled, against
-# target-only decoding with and without compile (16 x 128, 5 repeats; 32 x 32, 9 repeats).
+# For the seventeenth session's fourth device call (H200): s17_call3 again, now that the
+# compiled glue's recompile limit grows with each program (in calls 1 and 3 the 9th program on
+# ran its glue eagerly). The lookup chain (its first iteration verifies the lookup drafts too),
+# end to end: root only / chain K = 4 / tree B = 8 with lookup chains of 0, 8, 12 and 16,
+# gemv_rows = 64, glue compiled, against target-only decoding with and without compile
+# (16 x 128, 7 repeats; 32 x 32, 9 repeats).
 set -uo pipefail
 source "$(dirname "$0")/h200_common.sh"
 TREES=docs/experiments/data/2026-12-03-lookahead-tree-probe-h200.json
@@ -15,5 +16,5 @@ run_bench() {  # name, timeout, bench args...
     --out $OUT/$name.json > $OUT/$name.log 2>&1
   echo "$name rc $?"; grep -vE "^W1204|warn|^ *$" $OUT/$name.log | tail -17 | cut -c1-200
 }
-run_bench lookup_128 200 --repeats 5 --prompts 16 --max-tokens 128
+run_bench lookup_128 230 --repeats 7 --prompts 16 --max-tokens 128
 run_bench lookup_32 170 --repeats 9
