@@ -186,6 +186,36 @@ def test_bench_on_the_embedded_model_and_its_shipped_heads(tmp_path):
     assert not res["failed"] and out.is_file()
 
 
+def test_shipped_heads_with_a_lookup_chain_through_load_proposer():
+    """lookahead.load_proposer(..., lookup=8) on the embedded model: the artifact's tree plus 8
+    lookup nodes, the engine's target-only tokens, and more tokens per iteration than the
+    heads alone on the held-out text prompts (whose greedy continuations loop)."""
+    from rltlab.draft_heads.evaluate import eval_prompts
+    from rltlab.engine import LLM, SamplingParams
+    from rltlab.engine.tree_graph import private_blocks
+    from rltlab.model.checkpoint import load_model
+    model, tok, md = load_model(None)
+    path = "artifacts/ouro-tiny/draft_heads/lookahead_h4"
+    prompts = eval_prompts(tok, md, 4)[2:]                     # the two text prompts
+    params = SamplingParams(temperature=0.0, max_tokens=48, exit_policy="fixed")
+    taus, tokens = {}, {}
+    for lookup in (0, 8):
+        proposer = lookahead.load_proposer(path, model, lookup=lookup, ngram=2)
+        assert (proposer.lookup, proposer.ngram, proposer.span) == (lookup, 2, max(4, lookup))
+        assert proposer.paths[:len(proposer.tree)] == proposer.tree
+        assert len(proposer.paths) == len(proposer.tree) + lookup
+        llm = LLM(model, max_num_seqs=1, block_size=16, max_model_len=96,
+                  num_blocks=6 + private_blocks(proposer), decode_path="static")
+        llm.set_proposer(proposer)
+        outs = llm.generate(prompts, params)
+        tokens[lookup] = [list(o.outputs[0].token_ids) for o in outs]
+        stats = [o.outputs[0].spec_stats for o in outs]
+        taus[lookup] = sum(x["emitted"] for x in stats) / sum(x["steps"] for x in stats)
+    target = LLM(model, max_num_seqs=1, block_size=16, max_model_len=96).generate(prompts, params)
+    assert tokens[0] == tokens[8] == [list(o.outputs[0].token_ids) for o in target]
+    assert taus[8] > taus[0] + 0.5, taus
+
+
 def test_bench_keeps_only_the_named_trees_and_adds_a_config_per_gemv_rows_and_lookup():
     from rltlab.bench import tree_spec
     res = tree_spec.main(["--device", "cpu", "--prompts", "2", "--max-tokens", "6",

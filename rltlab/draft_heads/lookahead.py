@@ -143,8 +143,10 @@ def load(path, model: OuroForCausalLM, check_hash: bool = True
             validate_tree(meta["tree"], meta["depth"]), meta)
 
 
-def load_proposer(path, model: OuroForCausalLM, tree=None, check_hash: bool = True):
-    """A rltlab.engine.TreeProposer from saved heads, with their own tree or `tree`; load it
-    onto the model the engine runs (same dtype and device)."""
+def load_proposer(path, model: OuroForCausalLM, tree=None, check_hash: bool = True,
+                  lookup: int = 0, ngram: int = 3):
+    """A rltlab.engine.TreeProposer from saved heads, with their own tree or `tree` (and a
+    prompt-lookup chain of `lookup` nodes, TreeProposer's lookup / ngram); load it onto the
+    model the engine runs (same dtype and device)."""
     heads, own_tree, _ = load(path, model, check_hash=check_hash)
-    return TreeProposer(heads, own_tree if tree is None else tree)
+    return TreeProposer(heads, own_tree if tree is None else tree, lookup=lookup, ngram=ngram)
