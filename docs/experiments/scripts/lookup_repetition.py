@@ -79,7 +79,8 @@ def main() -> dict:
             s[c] = [s[c][0] + got[0], s[c][1] + got[1]]
     result = {"prompts": args.prompts, "max_tokens": args.max_tokens, "by_kind": {
         kind: {"rollouts": s["rollouts"], "tokens": s["tokens"],
-               "lookup_next_token": round(s["lookup_next_token"] / max(s["tokens"] - s["rollouts"], 1), 3),
+               "lookup_next_token": round(s["lookup_next_token"]
+                                          / max(s["tokens"] - s["rollouts"], 1), 3),
                "looping_rollouts": s["looping"],
                "tau": {c: round(s[c][0] / s[c][1], 3) for c in configs}}
         for kind, s in stats.items()}}
