@@ -159,6 +159,23 @@ def test_lookup_chain_beside_the_tree_is_lossless_and_follows_the_rule(
     assert sum(a for _, a, _ in lookup_alone) > 0
 
 
+def test_one_engine_stages_each_requests_own_history(model, prompts):
+    """Requests one after another on one engine (the staged history is kept between programs
+    and only extended for the same sequence): every request's lookup drafts come from its own
+    tokens, so its iterations and acceptances equal the host recompute."""
+    params = _greedy(24)
+    target = _tokens(_engine(model).generate(prompts, params))
+    oracle = _Oracle(target[0], (9, 9, 9, 9))
+    llm = _engine(model, TreeProposer(oracle, [], lookup=4, ngram=1), spec_chain=2)
+    by_length = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    for order in (by_length[::-1], by_length):   # longest prompts first, then shortest
+        outs = llm.generate([prompts[i] for i in order], params)
+        assert _tokens(outs) == [target[i] for i in order]
+        stats = [tuple(o.outputs[0].spec_stats[k] for k in ("steps", "accepted", "drafted"))
+                 for o in outs]
+        assert stats == [_expected(oracle, target[i], 24, [], prompts[i], 4, 1) for i in order]
+
+
 @pytest.mark.parametrize("lookup", [0, 2])
 def test_candidates_left_by_another_request_are_not_verified(model, prompts, lookup):
     """The device holds the last request's candidates; a new request's first iteration must

@@ -109,12 +109,10 @@ class TreeGraph:
         self.cand_in = torch.zeros(span, proposer.ranks, dtype=torch.long, device=runner.device)
         self.cand_out = torch.zeros_like(self.cand_in)
         self.drafted_for: tuple[int, int] | None = None   # (seq_id, position of x_P)
-        # nodes an iteration verifies, by its cap (spec_stats.drafted): all of them, or with
-        # no valid candidates the lookup chain's
-        self._nodes_within = {valid: [sum(len(p) <= cap for p in
-                                          (proposer.paths if valid else proposer.paths[
-                                              len(proposer.tree):]))
-                                      for cap in range(span + 1)] for valid in (False, True)}
+        # the heads' nodes an iteration verifies, by its cap (spec_stats.drafted, with the
+        # lookup chain's min(lookup, cap) and without the heads' where no candidates are valid)
+        self._heads_within = [sum(len(p) <= cap for p in proposer.tree)
+                              for cap in range(span + 1)]
         self._static, self._programs = None, {}
 
     def run(self, seq, chain: int) -> list[tuple[list[int], int, bool, int] | None]:
@@ -131,7 +129,7 @@ class TreeGraph:
         valid = self.drafted_for == (seq.seq_id, start)
         cap = min(self.proposer.span, left - 1) if valid or self.proposer.lookup else 0
         program.stage(seq.output_token_ids[-1], start, left, cap, valid, seq.block_table,
-                      seq.token_ids(0, seq.num_tokens) if self.proposer.lookup else None)
+                      seq if self.proposer.lookup else None)
         flat = program.replay()
         self.cand_in.copy_(self.cand_out)
         depth, results, position = self.proposer.span, [], start
@@ -140,7 +138,8 @@ class TreeGraph:
             if not live:
                 results.append(None)
                 continue
-            results.append((path[:n], bonus, bool(finite), self._nodes_within[valid][cap]))
+            verified = self._heads_within[cap] * valid + min(self.proposer.lookup, cap)
+            results.append((path[:n], bonus, bool(finite), verified))
             position, left = position + n + 1, left - n - 1
             cap = max(0, min(depth, left - 1))     # the program's cap for the next iteration
             valid = True                           # and its candidates, drafted by this one
@@ -162,6 +161,7 @@ class _Program(GraphProgram):
         size = 5 + nb + (nb * tree.block_size + 1 if tree.proposer.lookup else 0)
         self.index = torch.zeros(size, dtype=torch.long, device=dev)
         self._staging = torch.zeros(size, dtype=torch.long, pin_memory=pin)
+        self._staged: tuple[int | None, int] = (None, 0)   # (seq_id, its tokens in history)
         # per iteration: [n | path tokens (span) | bonus | finite | live]
         self.out = torch.zeros(chain * (tree.proposer.span + 4), dtype=torch.long, device=dev)
         # With EngineConfig.compile, torch.compile fuses the ~70 small ops around the rounds
@@ -173,13 +173,18 @@ class _Program(GraphProgram):
             self._conclude = torch.compile(self._conclude_eager, dynamic=False)
 
     def stage(self, token: int, start: int, left: int, cap: int, valid: bool,
-              table: list[int], history: list[int] | None) -> None:
+              table: list[int], seq=None) -> None:
+        """seq: with a lookup chain, the sequence whose tokens the history holds; a sequence's
+        tokens never change, so only those past the ones staged for it last time are written."""
         buf = self._staging.numpy()
         buf[:5] = token, start, left, cap, valid
         buf[5: 5 + len(table)] = table
         buf[5 + len(table): self._history_at] = table[-1]   # never read: positions stay
-        if history is not None:                             # inside the reservation
-            buf[self._history_at: self._history_at + len(history)] = history
+        if seq is not None:                                 # inside the reservation
+            done = self._staged[1] if self._staged[0] == seq.seq_id else 0
+            at = self._history_at + done
+            buf[at: at + seq.num_tokens - done] = seq.token_ids(done, seq.num_tokens)
+            self._staged = (seq.seq_id, seq.num_tokens)
         self.index.copy_(self._staging, non_blocking=True)
 
     @torch.no_grad()
