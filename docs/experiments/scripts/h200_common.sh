@@ -15,3 +15,11 @@ replay_run() {  # name, depth_gain args...: one run at the Ouro-1.4B shape, appe
   { echo "== $name: $*"; cat /tmp/$name.log; } >> $OUT/replays.log
   echo "{\"name\": \"$name\", \"result\": $(tail -1 /tmp/$name.log)}" >> $OUT/replays.jsonl
 }
+
+tree_bench() {  # name, timeout, bench args...: python -m rltlab.bench.tree_spec on the engine
+                # path (--device cuda), its JSON and log under $OUT, then the log's table
+  local name=$1 limit=$2; shift 2
+  timeout $limit python3 -m rltlab.bench.tree_spec --device cuda --paths engine "$@" \
+    --out $OUT/$name.json > $OUT/$name.log 2>&1
+  echo "$name rc $?"; grep -vE "^W1204|warn|^ *$" $OUT/$name.log | tail -17 | cut -c1-200
+}

@@ -8,16 +8,10 @@
 set -uo pipefail
 source "$(dirname "$0")/h200_common.sh"
 TREES=docs/experiments/data/2026-12-03-lookahead-tree-probe-h200.json
-run_bench() {  # name, timeout, bench args...
-  local name=$1 limit=$2; shift 2
-  timeout $limit python3 -m rltlab.bench.tree_spec --device cuda --paths engine \
-    --trees-from $TREES --budgets 8 --only "root only" "chain K=4" "tree B=8" \
-    --lookup 0 8 12 16 --gemv-rows 64 --chains 1 --engine-compile on "$@" \
-    --out $OUT/$name.json > $OUT/$name.log 2>&1
-  echo "$name rc $?"; grep -vE "^W1204|warn|^ *$" $OUT/$name.log | tail -17 | cut -c1-200
-}
-run_bench lookup_128 200 --repeats 5 --prompts 16 --max-tokens 128
-run_bench lookup_32 170 --repeats 9
+BENCH=(--trees-from $TREES --budgets 8 --only "root only" "chain K=4" "tree B=8"
+       --lookup 0 8 12 16 --gemv-rows 64 --chains 1 --engine-compile on)
+tree_bench lookup_128 200 "${BENCH[@]}" --repeats 5 --prompts 16 --max-tokens 128
+tree_bench lookup_32 170 "${BENCH[@]}" --repeats 9
 timeout 90 python3 docs/experiments/scripts/tree_engine_profile.py --device cuda --gemv-rows 64 \
   --compile --only "chain K=4" --lookup 0 16 --prompts 16 --max-tokens 128 \
   > $OUT/profile_128.log 2>&1

@@ -5,12 +5,6 @@
 # 16 x 128 (7 repeats), 32 x 32 (9 repeats).
 set -uo pipefail
 source "$(dirname "$0")/h200_common.sh"
-run_bench() {  # name, timeout, bench args...
-  local name=$1 limit=$2; shift 2
-  timeout $limit python3 -m rltlab.bench.tree_spec --device cuda --paths engine \
-    --budgets --only "chain K=4" --gemv-rows 64 --chains 1 2 4 \
-    --engine-compile on "$@" --out $OUT/$name.json > $OUT/$name.log 2>&1
-  echo "$name rc $?"; grep -vE "^W1204|warn|^ *$" $OUT/$name.log | tail -10 | cut -c1-200
-}
-run_bench chains_128 110 --lookup 16 --repeats 7 --prompts 16 --max-tokens 128
-run_bench chains_32 100 --lookup 8 --repeats 9
+BENCH=(--budgets --only "chain K=4" --gemv-rows 64 --chains 1 2 4 --engine-compile on)
+tree_bench chains_128 110 "${BENCH[@]}" --lookup 16 --repeats 7 --prompts 16 --max-tokens 128
+tree_bench chains_32 100 "${BENCH[@]}" --lookup 8 --repeats 9
