@@ -47,17 +47,23 @@ def independent(params: list[SamplingParams], prompts):
 
 
 def count_prompt_token_rounds(llm) -> list[int]:
-    """Wrap the runner: counter[0] = prompt positions run, summed over rounds."""
+    """Wrap the runner: counter[0] = prompt positions run, summed over rounds (round steps,
+    and whole-prompt steps: R rounds each, rltlab.engine.prompt_step)."""
     runner, counter = llm.llm_engine.runner, [0]
-    execute = runner.execute
+    execute, run_prompts = runner.execute, runner.run_prompts
+
+    def prompt_positions(seqs) -> int:
+        return sum(int((seq.span.start + seq.span.active < seq.num_prompt_tokens).sum())
+                   for seq in seqs if seq.span.exit_rounds is not None)
 
     def counting(seqs):
-        for seq in seqs:
-            span = seq.span
-            if span.exit_rounds is not None:
-                counter[0] += int((span.start + span.active < seq.num_prompt_tokens).sum())
+        counter[0] += prompt_positions(seqs)
         return execute(seqs)
-    runner.execute = counting
+
+    def counting_whole(seqs):
+        counter[0] += R * prompt_positions(seqs)
+        return run_prompts(seqs)
+    runner.execute, runner.run_prompts = counting, counting_whole
     return counter
 
 

@@ -107,6 +107,10 @@ class EngineConfig:
     acceptance on the device, and are read back once (spec_graph.py); 1 (the default) = one
     iteration per host turn (chains of 4 measured 0.95-1.03x of that on the H200). Requests
     asking for log-probs or streaming take one at a time.
+    whole_prompt_steps: a step whose rows are all fresh whole prompts runs their R rounds and
+    samples their first tokens in one engine step (rltlab.engine.prompt_step; the same tokens,
+    log-probs and K/V), not in R round steps; off where round observers are registered or
+    under select_only. False = R round steps always.
     """
 
     max_num_seqs: int = 64
@@ -144,6 +148,7 @@ class EngineConfig:
     prefill_graph_tokens: int | None = None
     fused_spec: bool = True
     spec_chain: int = 1
+    whole_prompt_steps: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "prefill_chunk", "block_size",
@@ -193,7 +198,7 @@ class EngineConfig:
                              f"got {self.decode_path!r}")
         for name in ("cuda_graphs", "compile", "small_batch_kernels", "pdl", "fused_qkv_rope",
                      "fused_tokens", "fused_prefill", "fused_spec", "prefill_first",
-                     "pad_prefill_attention", "shared_prefix_attention"):
+                     "pad_prefill_attention", "shared_prefix_attention", "whole_prompt_steps"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if isinstance(self.gemv_rows, bool) or not isinstance(self.gemv_rows, int) or \

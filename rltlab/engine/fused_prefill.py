@@ -124,6 +124,21 @@ class FusedPrefill:
                                   self._add_rmsnorm, self._silu_mul)
         return y, model.early_exit_gate(y).float().squeeze(-1)
 
+    def run_rounds(self, hidden: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                   chunks: list[tuple[int, int, int, int]], tables: torch.Tensor | None,
+                   rounds: int, backends: list | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rounds 1..rounds of whole prompts back to back (every position runs them all, so
+        round r + 1's input is round r's output and its K/V goes to plane r): `run`'s
+        arguments without planes (chunks' planes are ignored) -> round `rounds`' (h, gate
+        logits)."""
+        for plane in range(rounds):
+            planes = torch.full_like(positions, plane)
+            plane_chunks = [(lo, n, plane, start) for lo, n, _, start in chunks]
+            hidden, gates = self.run(hidden, positions, planes, slots, plane_chunks, tables,
+                                     backends)
+        return hidden, gates
+
     def _attend(self, idx: int, q, k_fresh, v_fresh, chunks, tables: torch.Tensor | None,
                 scale: float, plan, backends: list | None = None) -> torch.Tensor:
         """Causal attention of every chunk's queries q [T, Hq, D] over its plane -> [T, Hq, D]:

@@ -3,6 +3,8 @@
     step():  [a token window (token_window.py), whole tokens (token_step.py) or a round window
              (round_window.py) when every row decodes under host-fixed depths; otherwise:]
              schedule rows (while rows prefill, decode rows wait: EngineConfig.prefill_first)
+             [rows that are all fresh whole prompts: their R rounds and token 0 in one step
+             (prompt_step.py); otherwise:]
              -> ask round-0 policies (decode tokens about to run round 1) -> run one round
              -> decide exits -> tell observers -> advance spans (LAST_EXITED copies)
              -> samples waiting for a prompt computed now take it over (groups.py)
@@ -33,6 +35,7 @@ from rltlab.engine.outputs import RequestOutput, build_output
 from rltlab.engine.sampling import SamplingParams, sample
 from rltlab.engine.scheduler import Scheduler
 from rltlab.engine import select_only
+from rltlab.engine.prompt_step import WholePrompts
 from rltlab.engine.round_window import RoundWindow
 from rltlab.engine.token_step import FusedTokenStep
 from rltlab.engine.token_window import TokenWindow
@@ -121,6 +124,7 @@ class LLMEngine:
                               if self._whole_tokens and config.round_window else None)
         self._token_window = (TokenWindow(self, config.token_window)
                               if self._whole_tokens and config.token_window > 1 else None)
+        self._whole_prompts = WholePrompts(self) if config.whole_prompt_steps else None
         self._outputs: list[RequestOutput] = []
         self._failed: dict[int, str] = {}   # seq_id -> why, within one step
         self._streamed: dict[str, Request] = {}
@@ -222,7 +226,9 @@ class LLMEngine:
         if self._round_window:   # prefill first (EngineConfig.prefill_first): decode rows wait
             hold |= self._round_window.held()
         seqs = [] if self.paused else self.scheduler.schedule(hold)
-        if seqs:
+        if seqs and self._whole_prompts and self._whole_prompts.fits(seqs):
+            self._whole_prompts.step(seqs)   # fresh prompts: all R rounds in one step
+        elif seqs:
             self._failed = {}
             self.exit_decider.ask_before_round1(seqs)   # round-0 (lookahead) policies only
             seqs, rows, hidden, gate_logits = self.runner.execute(seqs)

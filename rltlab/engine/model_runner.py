@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 from copy import deepcopy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -293,6 +293,24 @@ class ModelRunner:
             x = x + layer.post_attention_layernorm_2(layer.mlp(layer.post_attention_layernorm(x)))
         h = model.norm(x)
         return h, model.early_exit_gate(h).float().squeeze(-1)
+
+    @torch.no_grad()
+    def run_prompts(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Rounds 1..R of fresh whole prompts (each span: positions 0..P-1 at round 0, every
+        position exiting at R) in one call, writing the K/V of every plane as R round steps
+        would -> h_R of each prompt's last position [B, H], which samples token 0."""
+        batch, rounds = self.prepare(seqs), self.config.num_rounds
+        if batch.chunks is not None:   # fused prefill: one replay per step where graphs run
+            run = (self.prefill_graphs or self.prefill).run_rounds
+            hidden, _ = run(batch.hidden, batch.positions, batch.slots, batch.chunks,
+                            batch.tables, rounds)
+        else:
+            for _ in range(rounds):
+                hidden, _ = self.run_round(batch)
+                batch = replace(batch, hidden=hidden, rounds=batch.rounds + 1,
+                                row_planes=batch.row_planes + 1)
+        last = [lo + n - 1 for lo, n in zip(batch.rows.offsets, batch.row_sizes)]
+        return hidden[to_device(last, torch.int64, self.device)]
 
     def _attention(self, idx, attn, x, cos, sin, planes, batch: RoundBatch) -> torch.Tensor:
         num_tokens, d = x.shape[0], attn.head_dim

@@ -27,6 +27,9 @@ slots. A step scatters its tokens into them, with slot -1 elsewhere, replays the
 and gathers its tokens' outputs (a copy, so the next replay cannot overwrite what the engine
 keeps).
 
+Fresh whole prompts that run all their rounds in one engine step (prompt_step.py) replay
+rounds 1..R as one graph: their bucket's key also holds the number of rounds.
+
 A bucket's first step runs eagerly, and its second captures the graph (two warm-up runs, then
 the replay). Inside graphs, attention takes FlashAttention-2 (SDPA_BACKENDS): cuDNN's per-shape
 plans are not captured.
@@ -61,10 +64,11 @@ def resolve_max_tokens(max_tokens: int | None, device: torch.device, cuda_graphs
 
 
 class _Bucket:
-    """One (prompts, length) bucket: static buffers, the replay, its outputs."""
+    """One (prompts, length, rounds) bucket: static buffers, the replay, its outputs. rounds
+    > 1: rounds 1..rounds of fresh whole prompts in one replay (FusedPrefill.run_rounds)."""
 
-    def __init__(self, prefill: FusedPrefill, prompts: int, length: int, hidden: torch.Tensor,
-                 pool):
+    def __init__(self, prefill: FusedPrefill, prompts: int, length: int, rounds: int,
+                 hidden: torch.Tensor, pool):
         dev, tokens = hidden.device, prompts * length
         self.hidden = hidden.new_zeros(tokens, hidden.shape[1])
         self.positions = torch.arange(length, device=dev).repeat(prompts)
@@ -74,17 +78,23 @@ class _Bucket:
         self.outputs: tuple[torch.Tensor, torch.Tensor] | None = None
 
         def run():
-            self.outputs = prefill.run(self.hidden, self.positions, self.planes, self.slots,
-                                       chunks, None, backends=SDPA_BACKENDS)
+            if rounds == 1:
+                self.outputs = prefill.run(self.hidden, self.positions, self.planes,
+                                           self.slots, chunks, None, backends=SDPA_BACKENDS)
+            else:
+                self.outputs = prefill.run_rounds(self.hidden, self.positions, self.slots,
+                                                  chunks, None, rounds, backends=SDPA_BACKENDS)
         self.run = run
         self.replay = None
         self.pool = pool
 
     def __call__(self, rows: torch.Tensor, hidden, planes, slots):
-        """rows: the padded row of each real token; -> the real tokens' (h, gate logits)."""
+        """rows: the padded row of each real token; planes: theirs (None for several rounds,
+        which start at plane 0); -> the real tokens' (h, gate logits)."""
         self.slots.fill_(-1)
         self.hidden.index_copy_(0, rows, hidden)
-        self.planes.index_copy_(0, rows, planes.to(torch.int64))
+        if planes is not None:
+            self.planes.index_copy_(0, rows, planes.to(torch.int64))
         self.slots.index_copy_(0, rows, slots.to(torch.int64))
         if self.replay is None:   # the bucket's first replayed step: capture (CUDA) or run
             # the warm-up runs and the capture write the same K/V to the same slots as the
@@ -100,8 +110,8 @@ class PrefillGraphs:
 
     def __init__(self, prefill: FusedPrefill, max_tokens: int):
         self.prefill, self.max_tokens = prefill, max_tokens
-        self.seen: set[tuple[int, int]] = set()   # buckets that ran a step (eagerly)
-        self.buckets: dict[tuple[int, int], _Bucket] = {}
+        self.seen: set[tuple[int, int, int]] = set()   # buckets that ran a step (eagerly)
+        self.buckets: dict[tuple[int, int, int], _Bucket] = {}   # (prompts, length, rounds)
         self._pool = torch.cuda.graph_pool_handle() if torch.cuda.is_available() else None
         self.stats = {"eager": 0, "replayed": 0}
 
@@ -118,7 +128,16 @@ class PrefillGraphs:
 
     def run(self, hidden, positions, planes, slots, chunks, tables):
         """FusedPrefill.run's arguments and result."""
-        key = self.bucket_of(chunks) if chunks else None
+        return self._run(hidden, positions, planes, slots, chunks, tables, 1)
+
+    def run_rounds(self, hidden, positions, slots, chunks, tables, rounds: int):
+        """FusedPrefill.run_rounds' arguments and result: fresh whole prompts' rounds
+        1..rounds, one replay per step from the bucket's second step on."""
+        return self._run(hidden, positions, None, slots, chunks, tables, rounds)
+
+    def _run(self, hidden, positions, planes, slots, chunks, tables, rounds: int):
+        shape = self.bucket_of(chunks) if chunks else None
+        key = None if shape is None else (*shape, rounds)
         if key in self.seen:
             if key not in self.buckets:
                 self.buckets[key] = _Bucket(self.prefill, *key, hidden, self._pool)
@@ -131,4 +150,6 @@ class PrefillGraphs:
         if key is not None:
             self.seen.add(key)
         self.stats["eager"] += 1
+        if planes is None:
+            return self.prefill.run_rounds(hidden, positions, slots, chunks, tables, rounds)
         return self.prefill.run(hidden, positions, planes, slots, chunks, tables)

@@ -1,0 +1,82 @@
+"""Whole-prompt steps (rltlab.engine.prompt_step): a step whose rows are all fresh whole
+prompts runs their R rounds in one runner call. Against R round steps
+(EngineConfig.whole_prompt_steps=False) on the CPU in fp32: the same rollouts (tokens and exit
+depths equal, log-probs within 1e-5: assert_same_rollouts) and the same KV cache afterwards
+(within 1e-5), on the gather path, the fused prefill, and the fused prefill with bucketed graphs
+(off CUDA the replay re-runs the captured function on the same buffers)."""
+import pytest
+import torch
+
+from rltlab.engine import LLM, SamplingParams
+from test_engine_exactness import POLICIES, assert_same_rollouts, params_list, random_prompts
+from tiny_models import tiny_engine_model
+
+torch.set_num_threads(1)
+
+PATHS = {
+    "gather": dict(decode_path="gather"),
+    "fused prefill": dict(decode_path="static", prefill_graph_tokens=0),
+    "prefill graphs": dict(decode_path="static", prefill_graph_tokens=128),
+}
+
+
+def _engines(model, **engine_args):
+    return (LLM(model, whole_prompt_steps=False, **engine_args),
+            LLM(model, whole_prompt_steps=True, **engine_args))
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("policy", ["fixed", "q_exit"])
+def test_whole_prompt_steps_equal_round_steps(path, policy):
+    """Prompts of 1-19 tokens, three admitted at a time, those over 16 tokens split into
+    chunks (round steps): the same rollouts and KV cache as round steps only, with whole-prompt
+    steps taken (and, with graphs, replayed as one R-round bucket). On the gather path decode
+    rows share steps with new prompts (no prefill-first there), so only the first step is all
+    prompts."""
+    model = tiny_engine_model(3)
+    prompts = random_prompts(12, seed=31)
+    params = params_list(prompts, POLICIES[policy], seed0=70)
+    engine_args = dict(block_size=4, max_num_seqs=3, max_num_batched_tokens=64,
+                       prefill_chunk=16, **PATHS[path])
+    rounds, whole = _engines(model, **engine_args)
+    assert_same_rollouts(rounds.generate(prompts, params), whole.generate(prompts, params))
+    assert whole.llm_engine._whole_prompts.steps >= (1 if path == "gather" else 3)
+    assert rounds.llm_engine._whole_prompts is None
+    assert torch.allclose(rounds.llm_engine.runner.kv_cache, whole.llm_engine.runner.kv_cache,
+                          atol=1e-5, rtol=0)
+    graphs = whole.llm_engine.runner.prefill_graphs
+    if graphs is not None:
+        num_rounds = model.config.num_rounds
+        assert graphs.stats["replayed"] >= 1, graphs.stats
+        assert any(key[2] == num_rounds for key in graphs.buckets), list(graphs.buckets)
+
+
+def test_samples_sharing_a_prompt_take_it_from_a_whole_prompt_step():
+    """n = 3 samples of one prompt (groups.py: one prefill, the others fork from it) and a
+    one-token prompt, sampled at T = 1 with seeds: the same as round steps."""
+    model = tiny_engine_model(4)
+    prompts = [[5, 9, 2, 7, 7, 1, 3], [11]]
+    params = [SamplingParams(temperature=1.0, seed=3, n=3, max_tokens=6, logprobs=0,
+                             ignore_eos=True),
+              SamplingParams(temperature=1.0, seed=4, max_tokens=5, logprobs=0, ignore_eos=True)]
+    rounds, whole = _engines(model, block_size=4, max_num_seqs=4, decode_path="static")
+    a, b = rounds.generate(prompts, params), whole.generate(prompts, params)
+    for x, y in zip(a, b):
+        assert_same_rollouts(x.outputs, y.outputs)
+    assert len(b[0].outputs) == 3 and whole.llm_engine._whole_prompts.steps >= 1
+
+
+def test_round_observers_still_see_every_prompt_round():
+    """With a round observer registered, prompts take R round steps (the observer sees each)."""
+    model = tiny_engine_model(5)
+    llm = LLM(model, block_size=4, max_num_seqs=2, decode_path="static")
+    seen = []
+    llm.llm_engine.add_round_observer(lambda event: seen.append(event))
+    llm.generate([[1, 2, 3], [4, 5]], SamplingParams(temperature=0.0, max_tokens=2))
+    assert llm.llm_engine._whole_prompts.steps == 0
+    assert len(seen) >= model.config.num_rounds
+
+
+def test_whole_prompt_steps_must_be_a_bool():
+    with pytest.raises(ValueError, match="whole_prompt_steps"):
+        LLM(tiny_engine_model(0), whole_prompt_steps=1)
