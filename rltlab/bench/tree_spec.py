@@ -19,7 +19,10 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
         the Triton GEMV path, kernels/small_batch.py);
       - the standalone generator (--paths standalone): rltlab.engine.tree_spec over the
         model's reference modules, and "<tree> compiled" under torch.compile
-        (--compile-nodes: which node counts).
+        (--compile-nodes: which node counts);
+  - with --round-step-prompts, "target only (round-step prompts)": target only with
+    EngineConfig.whole_prompt_steps off (each prompt in R round steps, as before
+    rltlab.engine.prompt_step; every other config takes whole-prompt steps).
 
 Every config runs --repeats times, interleaved (the order rotates each repeat); a config's
 speedup is the median of its per-repeat time ratios against target only (paired), with mean,
@@ -147,6 +150,10 @@ def run(args) -> dict:
     compiled_target = ({"target only compiled": partial(target_only, LLM(
         model, max_num_seqs=1, block_size=16, kv_cache_memory_gib=0.5, max_model_len=max_len,
         compile=True))} if True in args.engine_compile else {})
+    if args.round_step_prompts:
+        compiled_target["target only (round-step prompts)"] = partial(target_only, LLM(
+            model, max_num_seqs=1, block_size=16, kv_cache_memory_gib=0.5,
+            max_model_len=max_len, whole_prompt_steps=False))
     configs = {"target only": target_only, **compiled_target,
                **{name: tree_config(name) for name in gens},
                **{name: partial(go, prompts=prompts) for name, go in engines.items()}}
@@ -235,6 +242,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--compile-nodes", type=int, nargs="*", default=[],
                     help="also run the standalone trees of these node counts under "
                          "torch.compile")
+    ap.add_argument("--round-step-prompts", action="store_true",
+                    help="also run target only with each prompt in R round steps "
+                         "(EngineConfig.whole_prompt_steps=False)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     args.engine_compile = [c == "on" for c in args.engine_compile]

@@ -6,6 +6,9 @@ holds the program's GPU time), token windows, whole-token steps and the runner's
 the tree engine (and a second target-only engine, with --compile) as EngineConfig.gemv_rows /
 .compile; --trees-from / --budgets / --only pick the trees as in rltlab.bench.tree_spec;
 --lookup L also runs each tree with a prompt-lookup chain of L (TreeProposer(lookup=L)).
+--prompt-steps whole rounds runs every config with EngineConfig.whole_prompt_steps on (fresh
+prompts' R rounds in one step, rltlab.engine.prompt_step) and off (R round steps; names end
+in " (round-step prompts)"); "whole prompt step" times those steps.
 
     python docs/experiments/scripts/tree_engine_profile.py --device cuda
     python docs/experiments/scripts/tree_engine_profile.py --device cuda --gemv-rows 64 \
@@ -23,7 +26,8 @@ from rltlab.bench.tree_spec import HEADS, _trees
 from rltlab.draft_heads import lookahead
 from rltlab.draft_heads.evaluate import eval_prompts
 from rltlab.engine import LLM, SamplingParams, TreeProposer
-from rltlab.engine import llm_engine, model_runner, spec_decode, token_step, token_window
+from rltlab.engine import (llm_engine, model_runner, prompt_step, spec_decode, token_step,
+                           token_window)
 from rltlab.engine import tree_graph
 from rltlab.engine.tree_graph import private_blocks
 from rltlab.model.checkpoint import load_model
@@ -56,6 +60,7 @@ def main():
     ap.add_argument("--budgets", type=int, nargs="*", default=[])
     ap.add_argument("--only", nargs="+", default=None)
     ap.add_argument("--lookup", type=int, nargs="+", default=[0])
+    ap.add_argument("--prompt-steps", nargs="+", choices=["whole", "rounds"], default=["whole"])
     args = ap.parse_args()
     model, tok, md = load_model(None, dtype="float32", device=args.device)
     heads, tree, _ = lookahead.load(HEADS, model)
@@ -69,18 +74,24 @@ def main():
     timed(token_window.TokenWindow, "step", "token window step")
     timed(token_step.FusedTokenStep, "step", "whole-token step")
     timed(model_runner.ModelRunner, "execute", "runner execute (prefill, round steps)")
+    timed(prompt_step.WholePrompts, "step", "whole prompt step")
     trees = _trees(args, tree)   # root, chain, the artifact's (and --trees-from's), --only
     proposers = {f"{name}{f' +lookup{n}' if n else ''}": TreeProposer(heads, t, lookup=n)
                  for name, t in trees.items() for n in args.lookup}
     private = sum(map(private_blocks, proposers.values()))
-    base = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len)
-    engine = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len,
-                 num_blocks=-(-max_len // 16) + private, decode_path="static",
-                 gemv_rows=args.gemv_rows, compile=args.compile)
-    configs = [("target only", base, None)] + [
-        ("target only compiled", LLM(model, max_num_seqs=1, block_size=16,
-                                     max_model_len=max_len, compile=True), None)] * args.compile
-    configs += [(name, engine, proposer) for name, proposer in proposers.items()]
+    configs = []
+    for mode in args.prompt_steps:
+        whole, suffix = mode == "whole", "" if mode == "whole" else " (round-step prompts)"
+        base = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len,
+                   whole_prompt_steps=whole)
+        engine = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len,
+                     num_blocks=-(-max_len // 16) + private, decode_path="static",
+                     gemv_rows=args.gemv_rows, compile=args.compile, whole_prompt_steps=whole)
+        configs += [("target only" + suffix, base, None)] + [
+            ("target only compiled" + suffix,
+             LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len, compile=True,
+                 whole_prompt_steps=whole), None)] * args.compile
+        configs += [(name + suffix, engine, proposer) for name, proposer in proposers.items()]
     result = {}
     for name, llm, proposer in configs:
         llm.set_proposer(proposer)
