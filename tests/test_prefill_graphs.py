@@ -23,8 +23,9 @@ def test_bucketed_prefill_graphs_equal_the_fused_prefill(policy):
     model = tiny_engine_model(8)
     prompts = random_prompts(14, seed=21)
     params = params_list(prompts, POLICIES[policy], seed0=50)
+    # one round per step (whole-prompt steps replay R-round buckets: test_prompt_step.py)
     engine_args = dict(decode_path="static", block_size=4, max_num_seqs=3,
-                       max_num_batched_tokens=64, prefill_chunk=32)
+                       max_num_batched_tokens=64, prefill_chunk=32, whole_prompt_steps=False)
     plain = LLM(model, **engine_args)
     graphs = LLM(model, prefill_graph_tokens=128, **engine_args)
     assert_same_rollouts(plain.generate(prompts, params), graphs.generate(prompts, params))
