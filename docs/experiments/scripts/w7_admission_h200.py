@@ -9,7 +9,9 @@ are free (fewer, larger batches) pay for the slots left empty meanwhile? (It did
 Those small prefill steps are host-bound (prefill_step_cost_h200.py: ~9 ms for one prompt, and
 cuDNN attention's ~0.4 ms of host time per layer once a shape recurs): `cudnn=0|off` arms
 (cuDNN for every recurring multi-prompt shape at once / never) measure what cuDNN costs them,
-`graphs=N` arms what bucketed prefill graphs (rltlab.engine.prefill_graphs) save.
+`graphs=N` arms what bucketed prefill graphs (rltlab.engine.prefill_graphs) save, and
+`whole=0|1` arms whole-prompt steps (rltlab.engine.prompt_step: a step of fresh prompts runs
+their 4 rounds at once; EngineConfig.whole_prompt_steps, on by default since 2026-12-04).
 The call-1 JSON also holds a host-side step count that assumed windows end at every finish
 (58 admission events); the engine's windows do not (round_window.py), so it was dropped.
 
@@ -28,6 +30,8 @@ of its tok/s to the first W7 arm's in the same round. Last line: JSON.
     python docs/experiments/scripts/w7_admission_h200.py --arms W7 W7+admit=8 W7+admit=32
     python docs/experiments/scripts/w7_admission_h200.py --arms W7 W7+cudnn=0 W7+cudnn=off
     python docs/experiments/scripts/w7_admission_h200.py --arms W7 W7+graphs=4096
+    python docs/experiments/scripts/w7_admission_h200.py --arms W7+graphs=4096 \
+        W7+graphs=4096+whole=0
 """
 import argparse
 import gc
@@ -41,15 +45,17 @@ from rltlab.bench.__main__ import add_model_arguments, build_model, prompts_for
 from rltlab.bench.ceilings import ModelCosts
 from rltlab.bench.engine import WORKLOADS, decode_phase, make_llm, scaled, warm_up, workload_params
 from rltlab.engine.prefill_graphs import PrefillGraphs
+from rltlab.engine.prompt_step import WholePrompts
 
 
-# EngineConfig's round_window_admit, cudnn_prefill_after and prefill_graph_tokens
-DEFAULTS = {"admit": 1, "cudnn": 16, "graphs": 0}
+# EngineConfig's round_window_admit, cudnn_prefill_after, prefill_graph_tokens and
+# whole_prompt_steps
+DEFAULTS = {"admit": 1, "cudnn": 16, "graphs": 0, "whole": 1}
 
 
 def parse_arm(arm: str) -> dict:
-    """'W7+admit=8+cudnn=off' -> {"admit": 8, "cudnn": None, "graphs": 0}: the defaults
-    where the arm names none."""
+    """'W7+admit=8+cudnn=off' -> {"admit": 8, "cudnn": None, "graphs": 0, "whole": 1}: the
+    defaults where the arm names none."""
     head, *items = arm.split("+")
     if head != "W7":
         raise ValueError(f"arm {arm!r}: arms are W7 with settings (W6 always runs)")
@@ -57,11 +63,11 @@ def parse_arm(arm: str) -> dict:
     for item in items:
         key, _, value = item.partition("=")
         if key not in values or not (value == "off" and key == "cudnn" or value.isdigit()):
-            raise ValueError(f"arm {arm!r}: expected admit=K (K >= 1), cudnn=K|off or "
-                             f"graphs=N, got {item!r}")
+            raise ValueError(f"arm {arm!r}: expected admit=K (K >= 1), cudnn=K|off, "
+                             f"graphs=N or whole=0|1, got {item!r}")
         values[key] = None if value == "off" else int(value)
-    if values["admit"] < 1:
-        raise ValueError(f"arm {arm!r}: admit must be >= 1")
+    if values["admit"] < 1 or values["whole"] not in (0, 1):
+        raise ValueError(f"arm {arm!r}: admit must be >= 1 and whole 0 or 1")
     return values
 
 
@@ -71,8 +77,8 @@ def main() -> dict:
     ap.add_argument("--arms", nargs="+", default=["W7", "W7+admit=8", "W7+admit=32"],
                     help="W7 arms (the first is the reference), each W7 with settings after "
                          "'+': admit=K (round_window_admit), cudnn=K|off (the prefill's "
-                         "cudnn_after), graphs=N (prefill_graph_tokens); W6 runs at the "
-                         "defaults")
+                         "cudnn_after), graphs=N (prefill_graph_tokens), whole=0|1 "
+                         "(whole_prompt_steps); W6 runs at the defaults")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--scale", type=float, default=1.0, help="bench.engine's --scale")
     ap.set_defaults(preset="ouro-1.4b", device="cuda", dtype="bfloat16")
@@ -97,6 +103,7 @@ def main() -> dict:
     settings["W6"] = DEFAULTS
 
     graphs = {}   # one PrefillGraphs per size, so an arm keeps its captured buckets
+    whole_prompts = eng._whole_prompts or WholePrompts(eng)
 
     def apply(values: dict) -> None:
         eng.config.round_window_admit = values["admit"]
@@ -105,6 +112,7 @@ def main() -> dict:
         if n and n not in graphs:
             graphs[n] = PrefillGraphs(eng.runner.prefill, n)
         eng.runner.prefill_graphs = graphs.get(n)
+        eng._whole_prompts = whole_prompts if values["whole"] else None
 
     def loop(arm) -> dict:
         apply(settings[arm])
