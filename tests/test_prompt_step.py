@@ -28,19 +28,22 @@ def _engines(model, **engine_args):
 @pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("policy", ["fixed", "q_exit"])
 def test_whole_prompt_steps_equal_round_steps(path, policy):
-    """Prompts of 1-19 tokens, three admitted at a time, those over 16 tokens split into
-    chunks (round steps): the same rollouts and KV cache as round steps only, with whole-prompt
-    steps taken (and, with graphs, replayed as one R-round bucket). On the gather path decode
-    rows share steps with new prompts (no prefill-first there), so only the first step is all
-    prompts."""
+    """Prompts of 1-19 tokens in batches of four, three running at a time, those over 16
+    tokens split into chunks: the same rollouts and KV cache as round steps only. Each batch's
+    first step holds every running sequence, all fresh prompts (a whole-prompt step unless one
+    is chunked; with graphs, an R-round bucket, replayed once its shape recurs); the fourth
+    prompt joins running rows (round steps)."""
     model = tiny_engine_model(3)
-    prompts = random_prompts(12, seed=31)
+    prompts = random_prompts(16, seed=31)
     params = params_list(prompts, POLICIES[policy], seed0=70)
     engine_args = dict(block_size=4, max_num_seqs=3, max_num_batched_tokens=64,
                        prefill_chunk=16, **PATHS[path])
     rounds, whole = _engines(model, **engine_args)
-    assert_same_rollouts(rounds.generate(prompts, params), whole.generate(prompts, params))
-    assert whole.llm_engine._whole_prompts.steps >= (1 if path == "gather" else 3)
+    for lo in range(0, len(prompts), 4):
+        batch = slice(lo, lo + 4)
+        assert_same_rollouts(rounds.generate(prompts[batch], params[batch]),
+                             whole.generate(prompts[batch], params[batch]))
+    assert whole.llm_engine._whole_prompts.steps >= 2
     assert rounds.llm_engine._whole_prompts is None
     assert torch.allclose(rounds.llm_engine.runner.kv_cache, whole.llm_engine.runner.kv_cache,
                           atol=1e-5, rtol=0)
@@ -64,6 +67,20 @@ def test_samples_sharing_a_prompt_take_it_from_a_whole_prompt_step():
     for x, y in zip(a, b):
         assert_same_rollouts(x.outputs, y.outputs)
     assert len(b[0].outputs) == 3 and whole.llm_engine._whole_prompts.steps >= 1
+
+
+def test_prompts_admitted_while_another_sequence_runs_take_round_steps():
+    """max_num_seqs 2: the first two prompts start together (one whole-prompt step); the third
+    is admitted when the first finishes, while the second still decodes: round steps, the same
+    rollouts."""
+    model = tiny_engine_model(6)
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8]]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=0)
+              for n in (2, 20, 3)]
+    for path in ("gather", "static"):
+        rounds, whole = _engines(model, block_size=4, max_num_seqs=2, decode_path=path)
+        assert_same_rollouts(rounds.generate(prompts, params), whole.generate(prompts, params))
+        assert whole.llm_engine._whole_prompts.steps == 1, path
 
 
 def test_round_observers_still_see_every_prompt_round():

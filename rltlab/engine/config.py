@@ -107,10 +107,10 @@ class EngineConfig:
     acceptance on the device, and are read back once (spec_graph.py); 1 (the default) = one
     iteration per host turn (chains of 4 measured 0.95-1.03x of that on the H200). Requests
     asking for log-probs or streaming take one at a time.
-    whole_prompt_steps: a step whose rows are all fresh whole prompts runs their R rounds and
-    samples their first tokens in one engine step (rltlab.engine.prompt_step; the same tokens,
-    log-probs and K/V), not in R round steps; off where round observers are registered or
-    under select_only. False = R round steps always.
+    whole_prompt_steps: a step whose rows are all fresh whole prompts, with no other sequence
+    running (c = 1, the start of a batch), runs their R rounds and samples their first tokens
+    in one engine step (rltlab.engine.prompt_step; the same tokens, log-probs and K/V), not in
+    R round steps; not with round observers or select_only. False = R round steps always.
     """
 
     max_num_seqs: int = 64

@@ -12,9 +12,15 @@ per padded bucket where prefill graphs run (prefill_graphs.py), and token 0 is s
 as the R-th round step samples it. The rounds' arithmetic is the round steps' own, so tokens,
 log-probs and the K/V of every plane are the same.
 
-Not taken (round steps run, as before): a prompt split into chunks (prefill_chunk), spans
-recomputed after a weight update, steps holding any other row, round observers (they see every
-round), select_only semantics, and EngineConfig.whole_prompt_steps = False.
+Only where the step holds every running sequence: at c = 1, and when a batch starts. In a
+closed loop whose prompts are admitted while other rows decode (held meanwhile, prefill_first),
+W7 at the Ouro-1.4B shape ran 0.973x as fast paired with whole-prompt steps there as with round
+steps (4 rounds, 3 slower; docs/benchmarks/2026-12-04-s18-h200.md, cause not found), so such
+admissions keep round steps.
+
+Not taken either (round steps run, as before): a prompt split into chunks (prefill_chunk), spans
+recomputed after a weight update, round observers (they see every round), select_only
+semantics, and EngineConfig.whole_prompt_steps = False.
 """
 from __future__ import annotations
 
@@ -28,10 +34,14 @@ class WholePrompts:
         self.steps = 0   # steps taken here (tests and benchmarks read it)
 
     def fits(self, seqs: list[Sequence]) -> bool:
-        """Every scheduled row is a fresh whole prompt, and nothing must see its rounds."""
-        if self.engine.observers or self.engine.select_only:
+        """Every scheduled row is a fresh whole prompt, no other sequence runs (samples waiting
+        for a prompt of the step aside), and nothing must see the rounds."""
+        engine = self.engine
+        if engine.observers or engine.select_only or not all(map(self._fresh_prompt, seqs)):
             return False
-        return all(self._fresh_prompt(seq) for seq in seqs)
+        scheduled = {seq.seq_id for seq in seqs}
+        return all(seq.seq_id in scheduled or (seq.share is not None and seq.share.waits(seq))
+                   for seq in engine.scheduler.running)
 
     @staticmethod
     def _fresh_prompt(seq: Sequence) -> bool:
