@@ -85,17 +85,14 @@ def _engine(model, proposer=None, **kw):
 
 
 def _expected(oracle: _Oracle, output: list[int], max_tokens: int, tree=TREE, prompt=(),
-              lookup: int = 0, ngram: int = 3, first_drafted: bool = True
-              ) -> tuple[int, int, int]:
+              lookup: int = 0, ngram: int = 3) -> tuple[int, int, int]:
     """(iterations, accepted drafts, nodes verified) by the tree's acceptance rule, recomputed
     on the host: the pending token output[i] verifies the drafts the oracle made after it (the
-    nodes no deeper than the cap: the tokens still to emit, less one; in the first iteration
-    too, drafted from the state that sampled token 0, unless first_drafted is False: then
-    only a lookup chain has drafts there), and a draft at depth j is accepted while the ranks
-    of output[i + 1..i + j] form a tree path, or while the lookup chain's drafts from prompt +
-    output[:i + 1] match output[i + 1..i + j]."""
-    tree, i, steps, accepted, verified = set(tree), 0, 0, 0, 0
-    drafted = bool(tree) and first_drafted
+    nodes no deeper than the cap: the tokens still to emit, less one; 0 in the first iteration,
+    which has no drafts unless a lookup chain supplies them), and a draft at depth j is
+    accepted while the ranks of output[i + 1..i + j] form a tree path, or while the lookup
+    chain's drafts from prompt + output[:i + 1] match output[i + 1..i + j]."""
+    tree, i, steps, accepted, verified, drafted = set(tree), 0, 0, 0, 0, False
     while max_tokens - (i + 1) > 0:
         cap = min(max(DEPTH, lookup), max_tokens - (i + 1) - 1) if drafted or lookup else 0
         verified += sum(len(p) <= cap for p in tree) * drafted + min(lookup, cap)
@@ -180,48 +177,23 @@ def test_one_engine_stages_each_requests_own_history(model, prompts):
 
 
 @pytest.mark.parametrize("lookup", [0, 2])
-@pytest.mark.parametrize("state_at_hand", [True, False])
-def test_candidates_left_by_another_request_are_not_verified(model, prompts, lookup,
-                                                             state_at_hand):
+def test_candidates_left_by_another_request_are_not_verified(model, prompts, lookup):
     """The device holds the last request's candidates; a new request's first iteration must
-    not accept them, even when they happen to be its true continuation. It drafts its own
-    from the state that sampled its token 0 (here always wrong, ranks 9, so no heads' node is
-    accepted there); where that state is not at hand (simulated), it verifies the root alone,
-    or the root and the lookup chain, and the oracle's right drafts (ranks 0) count from the
-    second iteration on."""
+    not accept them, even when they happen to be its true continuation: it verifies the root
+    alone, or the root and the lookup chain."""
     params = _greedy(16)
     first, second = _tokens(_engine(model).generate(prompts[:2], params))
-    oracle = _Oracle(second, (9, 9, 9, 9) if state_at_hand else (0, 0, 0, 0))
+    oracle = _Oracle(second, (0, 0, 0, 0))
     llm = _engine(model, TreeProposer(oracle, TREE, lookup=lookup))
     llm.generate(prompts[:1], params)
     tree = llm.llm_engine._spec._tree
-    if not state_at_hand:
-        tree._draft_first = lambda seq: False
     tree.cand_in[:, 0] = torch.tensor(second[1: 1 + DEPTH])   # all accepted, were they read
     out = llm.generate(prompts[1:2], _greedy(DEPTH + 2))[0]   # read, they would end it at once
     assert _tokens([out]) == [second[:DEPTH + 2]]
     stats = out.outputs[0].spec_stats
     assert (stats["steps"], stats["accepted"], stats["drafted"]) == \
-        _expected(oracle, second, DEPTH + 2, TREE, prompts[1], lookup,
-                  first_drafted=state_at_hand)
+        _expected(oracle, second, DEPTH + 2, TREE, prompts[1], lookup)
     assert stats["steps"] > 1
-
-
-def test_first_iteration_drafts_from_the_state_that_sampled_token_0(model, prompts):
-    """With right drafts (ranks 0) a request's first iteration already accepts the heads'
-    nodes: DEPTH + 2 tokens take one iteration (token 0 from the prompt, DEPTH drafts and the
-    bonus), where without that state (simulated) they take more."""
-    second = _tokens(_engine(model).generate(prompts[1:2], _greedy(16)))[0]
-    oracle = _Oracle(second, (0, 0, 0, 0))
-    steps = {}
-    for at_hand in (True, False):
-        llm = _engine(model, TreeProposer(oracle, TREE))
-        if not at_hand:
-            llm.llm_engine._spec._tree._draft_first = lambda seq: False
-        out = llm.generate(prompts[1:2], _greedy(DEPTH + 2))[0]
-        assert _tokens([out]) == [second[:DEPTH + 2]]
-        steps[at_hand] = out.outputs[0].spec_stats["steps"]
-    assert steps == {True: 1, False: 2}
 
 
 def test_real_heads_with_eos_and_max_tokens_caps(model, prompts):

@@ -30,10 +30,8 @@ paged KV cache) instead of the model's reference modules:
 Up to EngineConfig.spec_chain iterations run back to back in one program (each starting from
 the last one's bonus at the position after its path) and are read back once. The candidates
 live on the device between programs; they stay valid while the sequence's pending token is
-the one they were drafted for. A request's first iteration drafts them on the host side from
-the state that sampled its token 0 (Sequence.emit_hidden: the prompt's last position at round
-R). Where no such state is at hand it accepts none of the heads' nodes: it verifies the root
-alone, or the root and the lookup chain, which needs no earlier draft.
+the one they were drafted for. Otherwise the first iteration accepts none of the heads' nodes:
+it verifies the root alone, or the root and the lookup chain, which needs no earlier draft.
 Writes to the sequence's own slots never pass position P + cap <= its last reserved one.
 """
 from __future__ import annotations
@@ -128,7 +126,7 @@ class TreeGraph:
             self._programs[chain] = _Program(self, static, chain)
         program = self._programs[chain]
         start, left = seq.num_tokens - 1, seq.max_output_tokens - seq.num_output_tokens
-        valid = self.drafted_for == (seq.seq_id, start) or self._draft_first(seq)
+        valid = self.drafted_for == (seq.seq_id, start)
         cap = min(self.proposer.span, left - 1) if valid or self.proposer.lookup else 0
         program.stage(seq.output_token_ids[-1], start, left, cap, valid, seq.block_table,
                       seq if self.proposer.lookup else None)
@@ -147,21 +145,6 @@ class TreeGraph:
             valid = True                           # and its candidates, drafted by this one
         self.drafted_for = (seq.seq_id, position)
         return results
-
-    @torch.no_grad()
-    def _draft_first(self, seq) -> bool:
-        """A request's first iteration: the heads' candidates from the state that sampled its
-        pending token (Sequence.emit_hidden: for token 0, the prompt's last position at round
-        R), drafted as the program drafts them from an accepted node -> True; False (no
-        candidates) where the proposer has no heads' tree or that state is not at hand."""
-        emitted, proposer = seq.emit_hidden, self.proposer
-        if not proposer.tree or emitted is None or emitted[0] != seq.num_output_tokens - 1:
-            return False
-        token = torch.tensor([seq.output_token_ids[-1]], device=self.cand_in.device)
-        cand = proposer.draft(emitted[1][None], token)[0].topk(proposer.ranks, -1).indices
-        self.cand_in.zero_()
-        self.cand_in[: proposer.depth] = cand
-        return True
 
 
 class _Program(GraphProgram):

@@ -7,9 +7,7 @@ greedy full-depth rollouts (eos 0 stops), then per kind
   - looping: rollouts whose last 32 tokens repeat with a period of at most 16;
   - tau (tokens per iteration) of the acceptance rule replayed on the rollouts: heads chain
     K = 4 alone, the lookup chain alone, and both (an iteration accepts the longer), as
-    rltlab.engine.tree_graph accepts them (since 2026-12-04 its first iteration verifies the
-    heads' drafts from token 0's state too; --first-iteration lookup-only replays the rule of
-    the seventeenth session's data, where it verified the lookup chain only).
+    rltlab.engine.tree_graph accepts them (its first iteration verifies the lookup only).
 
     python docs/experiments/scripts/lookup_repetition.py --prompts 16 --max-tokens 128
 Last line: JSON.
@@ -32,15 +30,13 @@ def _accepted(drafts, truth) -> int:
                 min(len(drafts), len(truth)))
 
 
-def _tau(prompt, tokens, head_drafts, lookup: int, use_heads: bool,
-         heads_first: bool = True) -> tuple[int, int]:
+def _tau(prompt, tokens, head_drafts, lookup: int, use_heads: bool) -> tuple[int, int]:
     """(tokens, iterations) of one rollout: the pending token tokens[i] verifies the heads'
-    drafts made at i (in the first iteration only with heads_first) and the lookup's from
-    prompt + tokens[:i+1]."""
+    drafts made at i (not in the first iteration) and the lookup's from prompt + tokens[:i+1]."""
     i, iterations = 0, 0
     while i < len(tokens):
         truth = tokens[i + 1:]
-        n = _accepted(head_drafts[i], truth) if use_heads and (iterations or heads_first) else 0
+        n = _accepted(head_drafts[i], truth) if use_heads and iterations else 0
         if lookup:
             n = max(n, _accepted(prompt_lookup_ref(prompt + tokens[:i + 1], lookup, 3), truth))
         i, iterations = i + n + 1, iterations + 1
@@ -57,7 +53,6 @@ def main() -> dict:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--lookup", type=int, nargs="+", default=[8, 16])
-    ap.add_argument("--first-iteration", choices=["drafts", "lookup-only"], default="drafts")
     args = ap.parse_args()
     torch.manual_seed(0)
     model, tok, md = load_model(None, dtype="float32", device="cpu")
@@ -80,11 +75,9 @@ def main() -> dict:
         s["looping"] += len(tokens) >= 32 and _period(tokens[-32:], 16) is not None
         for c in configs:
             n = int(c.split("lookup")[1]) if "lookup" in c else 0
-            got = _tau(prompt, tokens, head_drafts, n, c.startswith("heads"),
-                       args.first_iteration == "drafts")
+            got = _tau(prompt, tokens, head_drafts, n, c.startswith("heads"))
             s[c] = [s[c][0] + got[0], s[c][1] + got[1]]
-    result = {"prompts": args.prompts, "max_tokens": args.max_tokens,
-              "first_iteration": args.first_iteration, "by_kind": {
+    result = {"prompts": args.prompts, "max_tokens": args.max_tokens, "by_kind": {
         kind: {"rollouts": s["rollouts"], "tokens": s["tokens"],
                "lookup_next_token": round(s["lookup_next_token"]
                                           / max(s["tokens"] - s["rollouts"], 1), 3),
