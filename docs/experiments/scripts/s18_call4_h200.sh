@@ -1,6 +1,7 @@
 #!/bin/bash
-# For the eighteenth session's fourth device call (H200): the tree path after this session's two
-# changes (whole-prompt steps; a request's first iteration drafts from token 0's state), paired
+# For the eighteenth session's fourth device call (H200), run at 9ceeae1: the tree path after
+# whole-prompt steps and with a request's first iteration drafting from token 0's state (that
+# change was reverted after call 5 measured it slower, paired; at HEAD this runs without it), paired
 # against target only (which takes whole-prompt steps too): chain K = 4 with lookup chains of
 # 0 / 6 / 8 on 32 x 32 (9 repeats) and 0 / 16 on 16 x 128 (7 repeats), gemv_rows = 64, glue
 # compiled.
