@@ -54,6 +54,20 @@ def test_whole_prompt_steps_equal_round_steps(path, policy):
         assert any(key[2] == num_rounds for key in graphs.buckets), list(graphs.buckets)
 
 
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_one_prompt_at_a_time(path):
+    """c = 1 (max_num_seqs 1), the case whole-prompt steps are for: every prompt takes one,
+    and the rollouts and KV cache equal round steps'."""
+    model = tiny_engine_model(7)
+    prompts = random_prompts(6, seed=41, lo=2)
+    params = params_list(prompts, POLICIES["q_exit"], seed0=90)
+    rounds, whole = _engines(model, block_size=4, max_num_seqs=1, **PATHS[path])
+    assert_same_rollouts(rounds.generate(prompts, params), whole.generate(prompts, params))
+    assert whole.llm_engine._whole_prompts.steps == len(prompts)
+    assert torch.allclose(rounds.llm_engine.runner.kv_cache, whole.llm_engine.runner.kv_cache,
+                          atol=1e-5, rtol=0)
+
+
 def test_samples_sharing_a_prompt_take_it_from_a_whole_prompt_step():
     """n = 3 samples of one prompt (groups.py: one prefill, the others fork from it) and a
     one-token prompt, sampled at T = 1 with seeds: the same as round steps."""
