@@ -133,6 +133,9 @@ class PrefillGraphs:
     def run_rounds(self, hidden, positions, slots, chunks, tables, rounds: int):
         """FusedPrefill.run_rounds' arguments and result: fresh whole prompts' rounds
         1..rounds, one replay per step from the bucket's second step on."""
+        if rounds == 1:   # a one-round model: the round steps' bucket, at plane 0
+            return self.run(hidden, positions, torch.zeros_like(positions), slots, chunks,
+                            tables)
         return self._run(hidden, positions, None, slots, chunks, tables, rounds)
 
     def _run(self, hidden, positions, planes, slots, chunks, tables, rounds: int):
