@@ -248,6 +248,7 @@ def test_training_cli_writes_heads_the_generator_loads(tmp_path):
     model, tok, md = load_model(None)
     heads, tree, meta = lookahead.load(out, model)
     assert len(tree) == 6 and meta["training"]["steps"] == 60
+    assert meta["training"] == record   # the returned record is the one saved with the heads
     assert meta["training"]["calibration_rollouts"] == 3
     from rltlab.draft_heads.evaluate import eval_prompts
     prompts = eval_prompts(tok, md, 8)
