@@ -27,8 +27,10 @@ reference with the same arguments, used off CUDA (and by the CPU tests).
 """
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -64,6 +66,26 @@ def length_bucket(n: int) -> int:
     """A whole prompt's padded length: a power of two (16 at least) up to 128, a multiple of
     128 beyond (padded attention here, and prefill_graphs' buckets)."""
     return bucket(n, 16, 128)
+
+
+def whole_prompt_inputs(seqs, lengths: list[int], block_size: int, embed, device):
+    """FusedPrefill.run_rounds' inputs for fresh whole prompts back to back (seqs: Sequences,
+    lengths: their prompts' lengths; embed: the model's embedding) -> (round-1 inputs,
+    positions, slots, chunks), with one host->device copy: the engine's general step builder
+    (ModelRunner.prepare) spent ~0.4 ms of host time a prompt on it at c = 1 on the H200
+    (docs/benchmarks/2026-12-04-s18-h200.md, call 2), while the device waited."""
+    host = np.empty((3, sum(lengths)), dtype=np.int64)   # token ids, positions, slots
+    lo = 0
+    for seq, n in zip(seqs, lengths):
+        positions = np.arange(n)
+        host[0, lo: lo + n] = seq.token_ids(0, n)
+        host[1, lo: lo + n] = positions
+        host[2, lo: lo + n] = (np.asarray(seq.block_table)[positions // block_size] * block_size
+                               + positions % block_size)
+        lo += n
+    ids, positions, slots = tensor_to_device(torch.from_numpy(host), device)
+    chunks = [(end - n, n, 0, 0) for end, n in zip(itertools.accumulate(lengths), lengths)]
+    return embed(ids), positions, slots, chunks
 
 
 def contiguous(positions: list[torch.Tensor]) -> bool:

@@ -22,14 +22,13 @@ import itertools
 from copy import deepcopy
 from dataclasses import dataclass, field, replace
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from rltlab import kernels
 from rltlab.common.device import tensor_to_device, to_device
 from rltlab.model.architecture import OuroForCausalLM, apply_rope, rope_cos_sin
-from rltlab.engine.fused_prefill import FusedPrefill, contiguous
+from rltlab.engine.fused_prefill import FusedPrefill, contiguous, whole_prompt_inputs
 from rltlab.engine.prefill_graphs import PrefillGraphs, resolve_max_tokens
 from rltlab.engine.sequence import Sequence
 from rltlab.engine.static_decode import StaticDecoder, fuse_projections
@@ -303,36 +302,19 @@ class ModelRunner:
         rounds, lengths = self.config.num_rounds, [seq.span.length for seq in seqs]
         if self.prefill is not None:   # fused prefill: one replay per step where graphs run
             run = (self.prefill_graphs or self.prefill).run_rounds
-            hidden, _ = run(*self._whole_prompt_inputs(seqs, lengths), None, rounds)
+            inputs = whole_prompt_inputs(seqs, lengths, self.block_size,
+                                         self.model.model.embed_tokens, self.device)
+            hidden, _ = run(*inputs, None, rounds)
         else:
             batch = self.prepare(seqs)
             for _ in range(rounds):
                 hidden, _ = self.run_round(batch)
                 batch = replace(batch, hidden=hidden, rounds=batch.rounds + 1,
                                 row_planes=batch.row_planes + 1)
-        if len(seqs) == 1:
+        if len(seqs) == 1:   # c = 1: a slice, no index to copy over
             return hidden[-1:]
         ends = list(itertools.accumulate(lengths))
         return hidden[to_device([end - 1 for end in ends], torch.int64, self.device)]
-
-    def _whole_prompt_inputs(self, seqs: list[Sequence], lengths: list[int]):
-        """(round-1 inputs, positions, slots, chunks) of fresh whole prompts, back to back, with
-        one host->device copy: the general step builder (prepare) spent ~0.4 ms of host time a
-        prompt on it at c = 1 on the H200 (docs/benchmarks/2026-12-04-s18-h200.md, call 2),
-        while the device waited."""
-        bs = self.block_size
-        host = np.empty((3, sum(lengths)), dtype=np.int64)   # token ids, positions, slots
-        lo = 0
-        for seq, n in zip(seqs, lengths):
-            positions = np.arange(n)
-            host[0, lo: lo + n] = seq.token_ids(0, n)
-            host[1, lo: lo + n] = positions
-            host[2, lo: lo + n] = (np.asarray(seq.block_table)[positions // bs] * bs
-                                   + positions % bs)
-            lo += n
-        ids, positions, slots = tensor_to_device(torch.from_numpy(host), self.device)
-        chunks = [(end - n, n, 0, 0) for end, n in zip(itertools.accumulate(lengths), lengths)]
-        return self.model.model.embed_tokens(ids), positions, slots, chunks
 
     def _attention(self, idx, attn, x, cos, sin, planes, batch: RoundBatch) -> torch.Tensor:
         num_tokens, d = x.shape[0], attn.head_dim

@@ -31,7 +31,7 @@ from rltlab.engine.sequence import Sequence
 class WholePrompts:
     def __init__(self, engine):
         self.engine = engine
-        self.steps = 0   # steps taken here (tests and benchmarks read it)
+        self.steps = 0   # steps taken here (the tests read it)
 
     def fits(self, seqs: list[Sequence]) -> bool:
         """Every scheduled row is a fresh whole prompt, no other sequence runs (samples waiting
