@@ -147,14 +147,14 @@ def run(args) -> dict:
             return [o.token_ids for o in outs]
         return go
 
-    compiled_target = ({"target only compiled": partial(target_only, LLM(
+    baselines = ({"target only compiled": partial(target_only, LLM(
         model, max_num_seqs=1, block_size=16, kv_cache_memory_gib=0.5, max_model_len=max_len,
         compile=True))} if True in args.engine_compile else {})
     if args.round_step_prompts:
-        compiled_target["target only (round-step prompts)"] = partial(target_only, LLM(
+        baselines["target only (round-step prompts)"] = partial(target_only, LLM(
             model, max_num_seqs=1, block_size=16, kv_cache_memory_gib=0.5,
             max_model_len=max_len, whole_prompt_steps=False))
-    configs = {"target only": target_only, **compiled_target,
+    configs = {"target only": target_only, **baselines,
                **{name: tree_config(name) for name in gens},
                **{name: partial(go, prompts=prompts) for name, go in engines.items()}}
     failed = {}

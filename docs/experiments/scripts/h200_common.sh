@@ -23,3 +23,11 @@ tree_bench() {  # name, timeout, bench args...: python -m rltlab.bench.tree_spec
     --out $OUT/$name.json > $OUT/$name.log 2>&1
   echo "$name rc $?"; grep -vE "^W1204|warn|^ *$" $OUT/$name.log | tail -17 | cut -c1-200
 }
+
+tree_profile() {  # prompts, max_tokens, timeout, tree_engine_profile.py args...: one profile,
+                  # its log under $OUT, then the log's JSON line (PROFILE_CUT characters)
+  local prompts=$1 tokens=$2 limit=$3 log=$OUT/profile_$1x$2.log; shift 3
+  timeout $limit python3 docs/experiments/scripts/tree_engine_profile.py --device cuda \
+    --prompts $prompts --max-tokens $tokens "$@" > $log 2>&1
+  echo "profile $prompts x $tokens rc $?"; tail -1 $log | cut -c1-${PROFILE_CUT:-2500}
+}

@@ -10,29 +10,14 @@ Last line: JSON.
 import argparse
 import json
 import time
-from collections import defaultdict
 
 import torch
 
 from rltlab.draft_heads.evaluate import eval_prompts
-from rltlab.engine import LLM, SamplingParams, llm_engine, model_runner, prefill_graphs, prompt_step
+from rltlab.engine import (LLM, SamplingParams, llm_engine, model_runner, prefill_graphs,
+                           prompt_step)
 from rltlab.model.checkpoint import load_model
-
-TIMES: dict = defaultdict(float)
-COUNTS: dict = defaultdict(int)
-
-
-def timed(owner, name: str, key: str) -> None:
-    inner = getattr(owner, name)
-
-    def wrapper(*args, **kwargs):
-        started = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            TIMES[key] += time.perf_counter() - started
-            COUNTS[key] += 1
-    setattr(owner, name, wrapper)
+from tree_engine_profile import COUNTS, TIMES, timed   # this folder: the script's own path
 
 
 def sync(device: str) -> None:

@@ -5,9 +5,5 @@
 set -uo pipefail
 source "$(dirname "$0")/h200_common.sh"
 for shape in "32 32" "16 128"; do
-  set -- $shape
-  timeout 120 python3 docs/experiments/scripts/tree_engine_profile.py --device cuda \
-    --gemv-rows 64 --compile --only "chain K=4" --lookup 0 8 16 --prompts $1 --max-tokens $2 \
-    > $OUT/profile_$1x$2.log 2>&1
-  echo "profile $1 x $2 rc $?"; tail -1 $OUT/profile_$1x$2.log | cut -c1-2500
+  tree_profile $shape 120 --gemv-rows 64 --compile --only "chain K=4" --lookup 0 8 16
 done

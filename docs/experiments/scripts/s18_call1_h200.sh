@@ -8,11 +8,8 @@
 set -uo pipefail
 source "$(dirname "$0")/h200_common.sh"
 for shape in "32 32" "16 128"; do
-  set -- $shape
-  timeout 150 python3 docs/experiments/scripts/tree_engine_profile.py --device cuda \
-    --gemv-rows 64 --compile --only "chain K=4" --lookup 0 8 16 --prompts $1 --max-tokens $2 \
-    --prompt-steps whole rounds > $OUT/profile_$1x$2.log 2>&1
-  echo "profile $1 x $2 rc $?"; tail -1 $OUT/profile_$1x$2.log | cut -c1-3000
+  PROFILE_CUT=3000 tree_profile $shape 150 --gemv-rows 64 --compile --only "chain K=4" \
+    --lookup 0 8 16 --prompt-steps whole rounds
 done
 BENCH=(--only "chain K=4" --budgets --lookup 0 8 16 --gemv-rows 64 --chains 1
        --engine-compile on --round-step-prompts)
