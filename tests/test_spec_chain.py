@@ -52,11 +52,12 @@ def test_chained_iterations_equal_single_ones(d, k, conc, head, adaptive):
     assert any(o.spec_stats and o.spec_stats["steps"] > 1 for o in runs[4])
 
 
-def test_spec_chain_must_be_a_positive_int():
+def test_spec_chain_and_pipeline_must_be_positive_ints():
     model = tiny_engine_model(3)
-    for bad in (0, -1, 1.5, True):
-        with pytest.raises(ValueError):
-            LLM(model, spec_chain=bad)
+    for name in ("spec_chain", "spec_pipeline"):
+        for bad in (0, -1, 1.5, True):
+            with pytest.raises(ValueError, match=name):
+                LLM(model, **{name: bad})
 
 
 def test_chained_iterations_sample_the_target_distribution():

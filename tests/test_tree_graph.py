@@ -112,15 +112,18 @@ def _expected(oracle: _Oracle, output: list[int], max_tokens: int, tree=TREE, pr
 
 
 @pytest.mark.parametrize("ranks", [(0, 0, 0, 0), (1, 1, 0, 0), (0, 1, 5, 0), (3, 0, 0, 0)])
-@pytest.mark.parametrize("chain", [1, 3])
+@pytest.mark.parametrize("chain, pipeline", [(1, 1), (3, 1), (1, 5)])
 @pytest.mark.parametrize("max_tokens", [24, 13])
-def test_oracle_drafts_are_accepted_and_lossless(model, prompts, ranks, chain, max_tokens):
+def test_oracle_drafts_are_accepted_and_lossless(model, prompts, ranks, chain, pipeline,
+                                                 max_tokens):
     """Tokens equal target-only, and every sequence's iterations and accepted drafts equal
-    the host recompute of the acceptance rule."""
+    the host recompute of the acceptance rule (chained in one program, or in programs
+    launched one after another from the device's state: spec_pipeline)."""
     params = _greedy(max_tokens)
     target = _tokens(_engine(model).generate(prompts, params))
     oracles = [_Oracle(out, ranks) for out in target]
-    outs = [_engine(model, TreeProposer(oracle, TREE), spec_chain=chain)
+    outs = [_engine(model, TreeProposer(oracle, TREE), spec_chain=chain,
+                    spec_pipeline=pipeline)
             .generate([prompt], params)[0] for prompt, oracle in zip(prompts, oracles)]
     assert _tokens(outs) == target
     stats = [tuple(o.outputs[0].spec_stats[k] for k in ("steps", "accepted", "drafted"))
@@ -133,9 +136,9 @@ def test_oracle_drafts_are_accepted_and_lossless(model, prompts, ranks, chain, m
 
 @pytest.mark.parametrize("lookup, ngram, tree", [(3, 2, TREE), (6, 3, TREE), (4, 1, [])])
 @pytest.mark.parametrize("ranks", [(0, 0, 0, 0), (9, 9, 9, 9)])
-@pytest.mark.parametrize("chain", [1, 3])
+@pytest.mark.parametrize("chain, pipeline", [(1, 1), (3, 1), (1, 5), (2, 3)])
 def test_lookup_chain_beside_the_tree_is_lossless_and_follows_the_rule(
-        model, prompts, lookup, ngram, tree, ranks, chain):
+        model, prompts, lookup, ngram, tree, ranks, chain, pipeline):
     """A lookup chain beside the oracle tree (its drafts always wrong with ranks 9, so every
     acceptance is the lookup's; and with no tree at all): tokens equal target-only, iterations,
     acceptances and verified nodes equal the host recompute, lookup acceptances happen, and a
@@ -146,7 +149,8 @@ def test_lookup_chain_beside_the_tree_is_lossless_and_follows_the_rule(
     target = _tokens(_engine(model, block_size=bs).generate(prompts, params))
     oracles = [_Oracle(out, ranks) for out in target]
     outs = [_engine(model, TreeProposer(oracle, tree, lookup=lookup, ngram=ngram),
-                    spec_chain=chain, block_size=bs).generate([prompt], params)[0]
+                    spec_chain=chain, spec_pipeline=pipeline, block_size=bs)
+            .generate([prompt], params)[0]
             for prompt, oracle in zip(prompts, oracles)]
     assert _tokens(outs) == target
     stats = [tuple(o.outputs[0].spec_stats[k] for k in ("steps", "accepted", "drafted"))
@@ -228,7 +232,7 @@ def test_compiled_program_makes_the_same_iterations(model, prompts, lookup):
         llm = _engine(model, proposer, compile=compiled, spec_chain=2)
         outs[compiled] = llm.generate(prompts[:2], _greedy(16))
         assert _tokens(outs[compiled]) == target
-        program = llm.llm_engine._spec._tree._programs[2]
+        program = llm.llm_engine._spec._tree._programs[2, False]
         assert (program._conclude != program._conclude_eager) == compiled
     assert [o.outputs[0].spec_stats for o in outs[True]] == \
         [o.outputs[0].spec_stats for o in outs[False]]
@@ -264,6 +268,89 @@ def test_oracle_eos_inside_an_accepted_path(model, prompts):
         params = _greedy(24, stop_token_ids=[out[5]])
         assert _tokens(tree.generate([prompt], params)) == _tokens(plain.generate([prompt],
                                                                                  params))
+
+
+def _count_calls(monkeypatch, owner, name) -> list[int]:
+    calls, method = [0], getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return method(*args, **kwargs)
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("lookup", [0, 3])
+def test_pipelined_programs_launch_only_while_the_sequence_goes_on(model, prompts, lookup,
+                                                                    monkeypatch):
+    """spec_pipeline = 3: a program is launched only after the last one's read-back shows the
+    sequence goes on, so an EOS or stop token inside an accepted path and max_tokens end the
+    launches: a request's launches equal its iterations, its engine steps are
+    ceil(iterations / 3), and its tokens are target-only's. A streamed request takes one
+    program per step."""
+    from rltlab.engine.spec_decode import SpecDecoder
+    from rltlab.engine.tree_graph import _Program
+    launches = _count_calls(monkeypatch, _Program, "launch")
+    steps = _count_calls(monkeypatch, SpecDecoder, "_tree_step")
+    target = _tokens(_engine(model).generate(prompts, _greedy(24)))
+    plain = _engine(model)
+    for prompt, out in zip(prompts, target):
+        tree = _engine(model, TreeProposer(_Oracle(out, (0, 0, 0, 0)), TREE, lookup=lookup),
+                       spec_pipeline=3)
+        for params in (_greedy(24, stop_token_ids=[out[5]]), _greedy(24), _greedy(13),
+                       _greedy(2)):
+            launches[0] = steps[0] = 0
+            outs = tree.generate([prompt], params)
+            assert _tokens(outs) == _tokens(plain.generate([prompt], params))
+            stats = outs[0].outputs[0].spec_stats       # None: stopped at token 0
+            iterations = stats["steps"] if stats else 0
+            assert launches[0] == iterations and steps[0] == -(-iterations // 3)
+        engine = tree.llm_engine
+        launches[0] = steps[0] = 0
+        engine.add_request(None, prompt, _greedy(24), stream=True)
+        while engine.has_unfinished_requests():
+            engine.step()
+        assert launches[0] == steps[0] > 2
+
+
+def test_pipelined_capture_warm_up_restores_the_programs_inputs(model, prompts, monkeypatch):
+    """Where CUDA graphs run, the capture runs the program twice before capturing it; a
+    following program rewrites its own inputs (pending token, P, cap, candidates), so its
+    warm-up must restore them. A stand-in capture (two warm-up runs, then the program at each
+    replay), turned on after the request's first tree step so that it captures a program
+    whose candidates are valid, must leave tokens and iterations as without it."""
+    target = _tokens(_engine(model).generate(prompts, _greedy(24)))
+
+    captures = []
+
+    class Replayed:
+        def __init__(self, fn, warmup=None):
+            captures.append(fn)
+            for _ in range(2):
+                (warmup or fn)()
+            self.replay = fn
+
+    outs = {}
+    for captured in (False, True):
+        llm = _engine(model, spec_pipeline=4)
+        proposer = TreeProposer(_Oracle(target[1], (0, 1, 0, 0)), TREE, lookup=3)
+        llm.set_proposer(proposer)
+        # the decoder the program runs on (grown to the tree's rows)
+        static = llm.llm_engine.runner.static_rows(TreeShape(proposer.paths, "cpu").num_rows)
+        engine, done = llm.llm_engine, []
+        engine.add_request(None, prompts[1], _greedy(24))
+        while engine.has_unfinished_requests():
+            done += engine.step()
+            running = engine.scheduler.running
+            stats = running and getattr(running[0], "spec_stats", None)
+            if captured and stats and not captures:
+                monkeypatch.setattr(static, "cuda_graphs", True)
+                monkeypatch.setattr(static, "_capture", Replayed)
+        outs[captured] = done
+        assert _tokens(done) == target[1:2]
+    assert len(captures) == 1
+    assert outs[True][0].outputs[0].spec_stats == outs[False][0].outputs[0].spec_stats
+    assert outs[True][0].outputs[0].spec_stats["accepted"] > 0
 
 
 def test_ineligible_requests_step_normally(model, prompts):

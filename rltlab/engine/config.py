@@ -107,6 +107,11 @@ class EngineConfig:
     acceptance on the device, and are read back once (spec_graph.py); 1 (the default) = one
     iteration per host turn (chains of 4 measured 0.95-1.03x of that on the H200). Requests
     asking for log-probs or streaming take one at a time.
+    spec_pipeline: with a TreeProposer, up to this many programs (of spec_chain iterations)
+    per engine step, each launched from the last one's acceptance on the device as soon as
+    the host has read that one back and seen that the sequence goes on, so that the host's
+    handling of one program's tokens overlaps the next one's GPU time (tree_graph.py); 1
+    (the default) = one program per step. Streamed requests take one at a time.
     whole_prompt_steps: a step whose rows are all fresh whole prompts, with no other sequence
     running (c = 1, the start of a batch), runs their R rounds and samples their first tokens
     in one engine step (rltlab.engine.prompt_step; the same tokens, log-probs and K/V), not in
@@ -148,11 +153,12 @@ class EngineConfig:
     prefill_graph_tokens: int | None = None
     fused_spec: bool = True
     spec_chain: int = 1
+    spec_pipeline: int = 1
     whole_prompt_steps: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "prefill_chunk", "block_size",
-                     "round_window_admit", "window_chain", "spec_chain"):
+                     "round_window_admit", "window_chain", "spec_chain", "spec_pipeline"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")

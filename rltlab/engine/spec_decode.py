@@ -232,10 +232,15 @@ class SpecDecoder:
 
     def _tree_step(self, seq: Sequence):
         """Tree iterations as one device program (tree_graph), up to EngineConfig.spec_chain
-        of them (one for a streamed request); tokens after a stop inside a chain are
-        dropped."""
-        chain = 1 if seq.request.stream else self.engine.config.spec_chain
-        for result in self._tree.run(seq, chain):
+        of them, and up to EngineConfig.spec_pipeline such programs, each launched while the
+        host handles the last one's tokens (one program of one iteration for a streamed
+        request); tokens after a stop inside a chain are dropped."""
+        config, p = self.engine.config, seq.params
+        chain, launches = (1, 1) if seq.request.stream else (config.spec_chain,
+                                                             config.spec_pipeline)
+        stops = frozenset(p.stop_token_ids) | (
+            frozenset() if p.ignore_eos else frozenset(self.engine.eos_token_ids))
+        for result in self._tree.run(seq, chain, launches, stops):
             if result is None or seq.is_finished:
                 continue
             path, nxt, finite, nodes = result

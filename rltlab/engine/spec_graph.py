@@ -104,14 +104,26 @@ class GraphProgram:
     out: torch.Tensor
     _graph = None
 
-    def replay(self) -> list[int]:
+    def _warmup(self) -> None:
+        """The capture's warm-up run (an idempotent program is its own)."""
+        self._program()
+
+    def launch(self) -> None:
+        """Run the program (replay its graph) without waiting for it."""
         if not self.static.cuda_graphs:
             self._program()
         else:
             if self._graph is None:
-                self._graph = self.static._capture(self._program)
+                self._graph = self.static._capture(self._program, self._warmup)
             self._graph.replay()
+
+    def read(self) -> list[int]:
+        """The program's output (waits for it)."""
         return self.out.tolist()
+
+    def replay(self) -> list[int]:
+        self.launch()
+        return self.read()
 
 
 class _Program(GraphProgram):

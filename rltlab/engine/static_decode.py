@@ -43,14 +43,15 @@ GEMV_ROWS = 1
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
 
 
-def capture_graph(fn, pool) -> torch.cuda.CUDAGraph:
+def capture_graph(fn, pool, warmup=None) -> torch.cuda.CUDAGraph:
     """fn captured as a CUDA graph in `pool`, after two warm-up runs on a side stream (compile
-    / autotune / Triton specialisations outside the capture); fn must be idempotent."""
+    / autotune / Triton specialisations outside the capture); fn must be idempotent, or
+    `warmup` a version of it that is (fn, then undo what fn writes to its own inputs)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(2):
-            fn()
+            (warmup or fn)()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
@@ -300,8 +301,8 @@ class StaticDecoder:
             self._graphs[key] = self._capture(fn)
         self._graphs[key].replay()
 
-    def _capture(self, fn) -> torch.cuda.CUDAGraph:
-        return capture_graph(fn, self._pool)
+    def _capture(self, fn, warmup=None) -> torch.cuda.CUDAGraph:
+        return capture_graph(fn, self._pool, warmup)
 
     @torch.no_grad()
     def _round(self, n: int, plane: int | None = None, rows: tuple | None = None) -> None:

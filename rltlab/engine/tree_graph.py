@@ -115,43 +115,62 @@ class TreeGraph:
                               for cap in range(span + 1)]
         self._static, self._programs = None, {}
 
-    def run(self, seq, chain: int) -> list[tuple[list[int], int, bool, int] | None]:
-        """`chain` iterations for `seq` (greedy, pending token at num_tokens - 1) -> per
-        iteration (accepted path tokens, bonus token, finite flag, nodes verified: those
-        within the cap), or None where the sequence had no token left to emit."""
+    def run(self, seq, chain: int, launches: int = 1, stops: frozenset = frozenset()):
+        """Up to `launches` programs of `chain` iterations for `seq` (greedy, pending token at
+        num_tokens - 1) -> yields per iteration (accepted path tokens, bonus token, finite
+        flag, nodes verified: those within the cap), or None where the sequence had no token
+        left to emit. With launches > 1 each next program starts from the last one's bonus
+        and position on the device, launched as soon as the host has read the last one back
+        and seen that the sequence goes on (tokens left, no token in `stops`, finite logits);
+        the caller handles the yielded results while it runs."""
         static = self.runner.static_rows(self.shape.num_rows)
         if static is not self._static:            # a new (grown) decoder: new buffers, graphs
             self._static, self._programs = static, {}
-        if chain not in self._programs:
-            self._programs[chain] = _Program(self, static, chain)
-        program = self._programs[chain]
+        follow = launches > 1
+        if (chain, follow) not in self._programs:
+            self._programs[chain, follow] = _Program(self, static, chain, follow)
+        program = self._programs[chain, follow]
         start, left = seq.num_tokens - 1, seq.max_output_tokens - seq.num_output_tokens
         valid = self.drafted_for == (seq.seq_id, start)
         cap = min(self.proposer.span, left - 1) if valid or self.proposer.lookup else 0
         program.stage(seq.output_token_ids[-1], start, left, cap, valid, seq.block_table,
                       seq if self.proposer.lookup else None)
-        flat = program.replay()
-        self.cand_in.copy_(self.cand_out)
-        depth, results, position = self.proposer.span, [], start
-        for m in range(chain):
-            n, *path, bonus, finite, live = flat[m * (depth + 4): (m + 1) * (depth + 4)]
-            if not live:
-                results.append(None)
-                continue
-            verified = self._heads_within[cap] * valid + min(self.proposer.lookup, cap)
-            results.append((path[:n], bonus, bool(finite), verified))
-            position, left = position + n + 1, left - n - 1
-            cap = max(0, min(depth, left - 1))     # the program's cap for the next iteration
-            valid = True                           # and its candidates, drafted by this one
-        self.drafted_for = (seq.seq_id, position)
-        return results
+        depth, position = self.proposer.span, start
+        program.launch()
+        for launch in range(launches):
+            flat = program.read()
+            if not follow:
+                self.cand_in.copy_(self.cand_out)
+            results, goes_on = [], launch + 1 < launches
+            for m in range(chain):
+                n, *path, bonus, finite, live = flat[m * (depth + 4): (m + 1) * (depth + 4)]
+                if not live:
+                    results.append(None)
+                    goes_on = False
+                    continue
+                verified = self._heads_within[cap] * valid + min(self.proposer.lookup, cap)
+                results.append((path[:n], bonus, bool(finite), verified))
+                position, left = position + n + 1, left - n - 1
+                cap = max(0, min(depth, left - 1))     # the program's cap for the next iteration
+                valid = True                           # and its candidates, drafted by this one
+                goes_on = goes_on and bool(finite) and left > 0 and \
+                    stops.isdisjoint(path[:n] + [bonus])
+            self.drafted_for = (seq.seq_id, position)
+            if goes_on:
+                program.launch()                       # its inputs are on the device already
+            yield from results
+            if not goes_on:
+                return
 
 
 class _Program(GraphProgram):
     """Buffers and (on CUDA) the captured graph of `chain` iterations."""
 
-    def __init__(self, tree: TreeGraph, static, chain: int):
-        self.tree, self.static, self.chain = tree, static, chain
+    def __init__(self, tree: TreeGraph, static, chain: int, follow: bool = False):
+        """follow: the program ends by writing the inputs of the program that follows it (the
+        pending token, P, tokens left, cap, candidates valid; the lookup history; the
+        candidates into cand_in), so that one can be launched without staging."""
+        self.tree, self.static, self.chain, self.follow = tree, static, chain, follow
         dev, nb = static.device, static.max_blocks
         pin = dev.type == "cuda"
         # int64: [pending token, P, tokens left to emit, first cap, candidates valid | block
@@ -190,7 +209,8 @@ class _Program(GraphProgram):
     @torch.no_grad()
     def _program(self) -> None:
         """Reads only the staged inputs and cand_in, so running it twice (the capture's
-        warm-up) rewrites the same K/V and candidates."""
+        warm-up) rewrites the same K/V and candidates (a following program also rewrites
+        those inputs: its _warmup restores them)."""
         token, base, left, cap, valid = (self.index[i: i + 1] for i in range(5))
         table = self.index[5: self._history_at]
         history = self.index[self._history_at:] if self.tree.proposer.lookup else None
@@ -200,7 +220,7 @@ class _Program(GraphProgram):
             n, bonus, cand, out = self._iteration(token, base, left, cap, valid, table, cand,
                                                   history)
             self.out[m * width: (m + 1) * width].copy_(out)
-            if history is not None and m + 1 < self.chain:
+            if history is not None and (self.follow or m + 1 < self.chain):
                 # the next iteration's lookup reads positions up to its P, written here: a
                 # re-run (the capture's warm-up) writes them again, identically
                 _extend(history, base, n, out[1: 1 + span], bonus, left > 0)
@@ -208,7 +228,20 @@ class _Program(GraphProgram):
             token, base, left = bonus, base + emitted, left - emitted
             cap = torch.minimum(left - 1, torch.full_like(left, span))
             cap, valid = cap.clamp(min=0), torch.ones_like(valid)
-        self.tree.cand_out.copy_(cand)
+        if self.follow:
+            self.index[:5].copy_(torch.cat([token, base, left, cap, valid]))
+            self.tree.cand_in.copy_(cand)
+        else:
+            self.tree.cand_out.copy_(cand)
+
+    def _warmup(self) -> None:
+        """A following program rewrites its own inputs: undo that after each warm-up run."""
+        if not self.follow:
+            return self._program()
+        inputs, cand = self.index[:5].clone(), self.tree.cand_in.clone()
+        self._program()
+        self.index[:5].copy_(inputs)
+        self.tree.cand_in.copy_(cand)
 
     def _iteration(self, token, base, left, cap, valid, table, cand, history):
         """One iteration -> (accepted count [1], bonus [1], next candidates, output row)."""
