@@ -13,7 +13,9 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
     --budgets); --only keeps the named ones. Each is run by
       - the engine (--paths engine): the same paged engine with a TreeProposer
         (rltlab.engine.tree_graph), EngineConfig.spec_chain = M for each M of --chains
-        ("engine <tree> M=<m>"), and with --engine-compile on also with EngineConfig.compile
+        ("engine <tree> M=<m>"), EngineConfig.spec_pipeline = P for each P > 1 of
+        --pipelines ("... P=<p>": up to P programs a step, each launched while the host
+        handles the last one's tokens), and with --engine-compile on also with EngineConfig.compile
         ("... compiled", beside a "target only compiled" baseline row); --gemv-rows G > 1
         also with EngineConfig.gemv_rows = G ("... gemv<=G": trees of at most G rows through
         the Triton GEMV path, kernels/small_batch.py);
@@ -74,7 +76,7 @@ def _trees(args, artifact_tree) -> dict:
 
 
 def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
-    """One engine per (--engine-compile, --chains, --gemv-rows) triple, holding a TreeProposer
+    """One engine per (--engine-compile, --chains, --pipelines, --gemv-rows), holding a TreeProposer
     per tree (their private blocks reserved beside one max_len sequence's) -> {name: generate
     function}."""
     from rltlab.engine import LLM, TreeProposer
@@ -86,13 +88,15 @@ def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
                  for name, tree in trees.items() for n in args.lookup}
     private = sum(map(private_blocks, proposers.values()))
     configs = {}
-    for compiled, chain, gemv in itertools.product(args.engine_compile, args.chains,
-                                                   args.gemv_rows):
+    for compiled, chain, pipeline, gemv in itertools.product(
+            args.engine_compile, args.chains, args.pipelines, args.gemv_rows):
         llm = LLM(model, max_num_seqs=1, block_size=bs, max_model_len=max_len,
-                  spec_chain=chain, num_blocks=-(-max_len // bs) + private,
+                  spec_chain=chain, spec_pipeline=pipeline,
+                  num_blocks=-(-max_len // bs) + private,
                   decode_path="static", compile=compiled,   # static: auto's choice on CUDA
                   gemv_rows=gemv)
-        suffix = " compiled" * compiled + (f" gemv<={gemv}" if gemv > 1 else "")
+        suffix = (f" P={pipeline}" if pipeline > 1 else "") + " compiled" * compiled + \
+            (f" gemv<={gemv}" if gemv > 1 else "")
         for name, proposer in proposers.items():
             configs[f"engine {name} M={chain}{suffix}"] = _engine_config(
                 llm, proposer, params, SpecStats)
@@ -203,7 +207,8 @@ def run(args) -> dict:
                 for kind in sorted(set(kinds))}
         rows.append(row)
     return {"model": str(md), "dtype": args.dtype, "heads": args.heads, "failed": failed,
-            "paths": args.paths, "chains": args.chains, "engine_compile": args.engine_compile,
+            "paths": args.paths, "chains": args.chains, "pipelines": args.pipelines,
+            "engine_compile": args.engine_compile,
             "gemv_rows": args.gemv_rows,
             "heads_training": meta.get("training", {}).get("script"), "prompts": args.prompts,
             "max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows}
@@ -228,6 +233,8 @@ def main(argv=None) -> dict:
                     default=["engine", "standalone"])
     ap.add_argument("--chains", type=int, nargs="+", default=[1],
                     help="EngineConfig.spec_chain values for the engine path")
+    ap.add_argument("--pipelines", type=int, nargs="+", default=[1],
+                    help="EngineConfig.spec_pipeline values for the engine path")
     ap.add_argument("--engine-compile", choices=["off", "on"], nargs="+", default=["off"],
                     help="EngineConfig.compile for the engine path's trees; 'on' also runs "
                          "'target only compiled'")
@@ -249,9 +256,10 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     args.engine_compile = [c == "on" for c in args.engine_compile]
     if args.repeats < 1 or args.prompts < 2 or args.max_tokens < 1 or min(args.chains) < 1 \
+            or min(args.pipelines) < 1 \
             or not all(1 <= g <= 64 for g in args.gemv_rows) \
             or not all(0 <= n <= 16 for n in args.lookup) or args.ngram < 1:
-        ap.error("--repeats >= 1, --prompts >= 2, --max-tokens >= 1, --chains >= 1, "
+        ap.error("--repeats >= 1, --prompts >= 2, --max-tokens >= 1, --chains and --pipelines >= 1, "
                  "--gemv-rows in 1..64, --lookup in 0..16 (the block size) and --ngram >= 1")
     res = run(args)
     print(f"{'config':>38} | nodes | tok/s | paired (median, mean ± SE) | tau | identical")

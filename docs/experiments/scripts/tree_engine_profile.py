@@ -1,11 +1,13 @@
 """Where the wall time of the engine's tree decoding goes, against target-only decoding, on the
 s14/s15 workload (the held-out prompts, 32 new tokens, c = 1, greedy): host timers around
-LLMEngine.step, the speculative step, the program's replay (which ends in the read-back, so it
-holds the program's GPU time), token windows, whole-token steps and the runner's execute
-(prefill), for target-only and for each tree at spec_chain 1. --gemv-rows / --compile build
+LLMEngine.step, the speculative step, the program's launch and its read-back (which waits for
+the program, so it holds the GPU time the host did not overlap), token windows, whole-token
+steps and the runner's execute (prefill), for target-only and for each tree at spec_chain 1. --gemv-rows / --compile build
 the tree engine (and a second target-only engine, with --compile) as EngineConfig.gemv_rows /
 .compile; --trees-from / --budgets / --only pick the trees as in rltlab.bench.tree_spec;
 --lookup L also runs each tree with a prompt-lookup chain of L (TreeProposer(lookup=L)).
+--pipeline P builds the tree engine with EngineConfig.spec_pipeline = P (up to P programs a
+step, each launched while the host handles the last one's tokens).
 --prompt-steps whole rounds runs every config with EngineConfig.whole_prompt_steps on (fresh
 prompts' R rounds in one step, rltlab.engine.prompt_step) and off (R round steps; names end
 in " (round-step prompts)"); "whole prompt step" times those steps.
@@ -56,6 +58,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--gemv-rows", type=int, default=1)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--pipeline", type=int, default=1)
     ap.add_argument("--trees-from", default=None)
     ap.add_argument("--budgets", type=int, nargs="*", default=[])
     ap.add_argument("--only", nargs="+", default=None)
@@ -69,7 +72,8 @@ def main():
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, exit_policy="fixed")
     timed(llm_engine.LLMEngine, "step", "engine step")
     timed(spec_decode.SpecDecoder, "step", "tree step")
-    timed(tree_graph._Program, "replay", "program replay (GPU + read-back)")
+    timed(tree_graph._Program, "launch", "program launch")
+    timed(tree_graph._Program, "read", "program read-back (waits for the GPU)")
     timed(tree_graph._Program, "stage", "program stage")
     timed(token_window.TokenWindow, "step", "token window step")
     timed(token_step.FusedTokenStep, "step", "whole-token step")
@@ -86,7 +90,8 @@ def main():
                    whole_prompt_steps=whole)
         engine = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len,
                      num_blocks=-(-max_len // 16) + private, decode_path="static",
-                     gemv_rows=args.gemv_rows, compile=args.compile, whole_prompt_steps=whole)
+                     gemv_rows=args.gemv_rows, compile=args.compile, whole_prompt_steps=whole,
+                     spec_pipeline=args.pipeline)
         configs += [("target only" + suffix, base, None)] + [
             ("target only compiled" + suffix,
              LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len, compile=True,
