@@ -232,7 +232,7 @@ def test_compiled_program_makes_the_same_iterations(model, prompts, lookup):
         llm = _engine(model, proposer, compile=compiled, spec_chain=2)
         outs[compiled] = llm.generate(prompts[:2], _greedy(16))
         assert _tokens(outs[compiled]) == target
-        program = llm.llm_engine._spec._tree._programs[2, False]
+        program = llm.llm_engine._spec._tree._programs[2, True]
         assert (program._conclude != program._conclude_eager) == compiled
     assert [o.outputs[0].spec_stats for o in outs[True]] == \
         [o.outputs[0].spec_stats for o in outs[False]]

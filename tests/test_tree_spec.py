@@ -224,7 +224,7 @@ def test_bench_keeps_only_the_named_trees_and_adds_a_config_per_gemv_rows_and_lo
                           "--repeats", "1", "--budgets", "--paths", "engine", "--only",
                           "chain K=4", "--gemv-rows", "1", "4", "--lookup", "0", "3",
                           "--pipelines", "1", "3", "--round-step-prompts"])
-    engine = [f"engine chain K=4{lookup} M=1{pipeline}{gemv}" for pipeline in ("", " P=3")
+    engine = [f"engine chain K=4{lookup} M=1{pipeline}{gemv}" for pipeline in (" P=1", " P=3")
               for gemv in ("", " gemv<=4") for lookup in ("", " +lookup3")]
     assert [r["config"] for r in res["rows"]] == [
         "target only", "target only (round-step prompts)", *engine]

@@ -13,9 +13,9 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
     --budgets); --only keeps the named ones. Each is run by
       - the engine (--paths engine): the same paged engine with a TreeProposer
         (rltlab.engine.tree_graph), EngineConfig.spec_chain = M for each M of --chains
-        ("engine <tree> M=<m>"), EngineConfig.spec_pipeline = P for each P > 1 of
-        --pipelines ("... P=<p>": up to P programs a step, each launched while the host
-        handles the last one's tokens), and with --engine-compile on also with EngineConfig.compile
+        ("engine <tree> M=<m>"), EngineConfig.spec_pipeline = P for each P of --pipelines
+        (up to P programs a step, each launched while the host handles the last one's tokens;
+        "... P=<p>" where P is not the engine's default), and with --engine-compile on also with EngineConfig.compile
         ("... compiled", beside a "target only compiled" baseline row); --gemv-rows G > 1
         also with EngineConfig.gemv_rows = G ("... gemv<=G": trees of at most G rows through
         the Triton GEMV path, kernels/small_batch.py);
@@ -46,8 +46,10 @@ from pathlib import Path
 import torch
 
 from rltlab.common.atomic import write_json_atomic
+from rltlab.engine.config import EngineConfig
 
 HEADS = "artifacts/ouro-tiny/draft_heads/lookahead_h4"
+PIPELINE = EngineConfig.spec_pipeline   # rows at another spec_pipeline are named " P=<p>"
 
 
 def _sync(device) -> None:
@@ -95,7 +97,7 @@ def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
                   num_blocks=-(-max_len // bs) + private,
                   decode_path="static", compile=compiled,   # static: auto's choice on CUDA
                   gemv_rows=gemv)
-        suffix = (f" P={pipeline}" if pipeline > 1 else "") + " compiled" * compiled + \
+        suffix = (f" P={pipeline}" if pipeline != PIPELINE else "") + " compiled" * compiled + \
             (f" gemv<={gemv}" if gemv > 1 else "")
         for name, proposer in proposers.items():
             configs[f"engine {name} M={chain}{suffix}"] = _engine_config(
@@ -233,8 +235,9 @@ def main(argv=None) -> dict:
                     default=["engine", "standalone"])
     ap.add_argument("--chains", type=int, nargs="+", default=[1],
                     help="EngineConfig.spec_chain values for the engine path")
-    ap.add_argument("--pipelines", type=int, nargs="+", default=[1],
-                    help="EngineConfig.spec_pipeline values for the engine path")
+    ap.add_argument("--pipelines", type=int, nargs="+", default=[PIPELINE],
+                    help="EngineConfig.spec_pipeline values for the engine path (default: the "
+                         "engine's)")
     ap.add_argument("--engine-compile", choices=["off", "on"], nargs="+", default=["off"],
                     help="EngineConfig.compile for the engine path's trees; 'on' also runs "
                          "'target only compiled'")

@@ -7,7 +7,7 @@ the tree engine (and a second target-only engine, with --compile) as EngineConfi
 .compile; --trees-from / --budgets / --only pick the trees as in rltlab.bench.tree_spec;
 --lookup L also runs each tree with a prompt-lookup chain of L (TreeProposer(lookup=L)).
 --pipeline P builds the tree engine with EngineConfig.spec_pipeline = P (up to P programs a
-step, each launched while the host handles the last one's tokens).
+step, each launched while the host handles the last one's tokens; default: the engine's).
 --prompt-steps whole rounds runs every config with EngineConfig.whole_prompt_steps on (fresh
 prompts' R rounds in one step, rltlab.engine.prompt_step) and off (R round steps; names end
 in " (round-step prompts)"); "whole prompt step" times those steps.
@@ -31,6 +31,7 @@ from rltlab.engine import LLM, SamplingParams, TreeProposer
 from rltlab.engine import (llm_engine, model_runner, prompt_step, spec_decode, token_step,
                            token_window)
 from rltlab.engine import tree_graph
+from rltlab.engine.config import EngineConfig
 from rltlab.engine.tree_graph import private_blocks
 from rltlab.model.checkpoint import load_model
 
@@ -58,7 +59,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--gemv-rows", type=int, default=1)
     ap.add_argument("--compile", action="store_true")
-    ap.add_argument("--pipeline", type=int, default=1)
+    ap.add_argument("--pipeline", type=int, default=EngineConfig.spec_pipeline)
     ap.add_argument("--trees-from", default=None)
     ap.add_argument("--budgets", type=int, nargs="*", default=[])
     ap.add_argument("--only", nargs="+", default=None)

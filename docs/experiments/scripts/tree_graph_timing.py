@@ -73,11 +73,12 @@ def main():
     for chain, gemv in itertools.product(args.chains, args.gemv_rows):
         llm = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len,
                   spec_chain=chain, num_blocks=-(-max_len // 16) + private,
-                  decode_path="static", gemv_rows=gemv)
+                  decode_path="static", gemv_rows=gemv,
+                  spec_pipeline=1)   # replayed over and over: a following program moves on
         for name, tree in trees.items():
             llm.set_proposer(TreeProposer(heads, tree))
             llm.generate(prompts[:2], params)
-            program = llm.llm_engine._spec._tree._programs[chain]
+            program = llm.llm_engine._spec._tree._programs[chain, False]
             ms = _replay_ms(program, args.replays) / chain
             shape = TreeShape(tree, "cpu")
             row = {"tree": name, "chain": chain, "gemv_rows": gemv, "nodes": len(tree),

@@ -104,10 +104,11 @@ def main():
                                                               proposers.items()):
         llm = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len,
                   num_blocks=-(-max_len // 16) + private, decode_path="static",
-                  gemv_rows=gemv, compile=compiled == "on")
+                  gemv_rows=gemv, compile=compiled == "on",
+                  spec_pipeline=1)   # replayed over and over: a following program moves on
         llm.set_proposer(proposer)
         llm.generate(prompts[:2], params)
-        program = llm.llm_engine._spec._tree._programs[1]
+        program = llm.llm_engine._spec._tree._programs[1, False]
         iteration = _graph_ms(program._graph, args.replays)
         rounds = _graph_ms(_rounds_graph(program), args.replays)
         row = {"tree": name, "lookup": args.lookup, "gemv_rows": gemv, "compile": compiled,

@@ -54,14 +54,15 @@ def main():
                                               dtype=getattr(torch, args.dtype)).eval()
     private = sum(private_blocks(t) for t in trees.values())
     llm = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len,
-              num_blocks=-(-max_len // 16) + private, decode_path="static")
+              num_blocks=-(-max_len // 16) + private, decode_path="static",
+              spec_pipeline=1)   # replayed over and over: a following program moves on
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True,
                             exit_policy="fixed")
     rows = []
     for name, tree in trees.items():
         llm.set_proposer(TreeProposer(heads, tree))
         llm.generate(prompt, params)
-        program = llm.llm_engine._spec._tree._programs[1]
+        program = llm.llm_engine._spec._tree._programs[1, False]
         ms = _replay_ms(program, args.replays)
         rows.append({"tree": name, "nodes": len(tree), "rows": TreeShape(tree, "cpu").num_rows,
                      "ms_per_iteration": ms, "iteration_in_tokens": ms / token_ms})
