@@ -222,8 +222,8 @@ def test_real_heads_with_eos_and_max_tokens_caps(model, prompts):
 
 @pytest.mark.parametrize("lookup", [0, 3])
 def test_compiled_program_makes_the_same_iterations(model, prompts, lookup):
-    """EngineConfig.compile: torch.compile'd glue around the rounds (the lookup's drafts
-    too); the tokens of target-only and the uncompiled program's iterations and
+    """EngineConfig.compile: torch.compile'd glue around the rounds (the lookup's drafts and
+    the step to the next iteration too); the tokens of target-only and the uncompiled program's iterations and
     acceptances."""
     target = _tokens(_engine(model).generate(prompts[:2], _greedy(16)))
     outs = {}
@@ -233,7 +233,8 @@ def test_compiled_program_makes_the_same_iterations(model, prompts, lookup):
         outs[compiled] = llm.generate(prompts[:2], _greedy(16))
         assert _tokens(outs[compiled]) == target
         program = llm.llm_engine._spec._tree._programs[2, True]
-        assert (program._conclude != program._conclude_eager) == compiled
+        for glue in ("_prepare", "_conclude", "_advance"):
+            assert (getattr(program, glue) != getattr(program, glue + "_eager")) == compiled
     assert [o.outputs[0].spec_stats for o in outs[True]] == \
         [o.outputs[0].spec_stats for o in outs[False]]
     assert outs[True][0].outputs[0].spec_stats["accepted"] > 0

@@ -184,12 +184,15 @@ class _Program(GraphProgram):
         # per iteration: [n | path tokens (span) | bonus | finite | live]
         self.out = torch.zeros(chain * (tree.proposer.span + 4), dtype=torch.long, device=dev)
         # With EngineConfig.compile, torch.compile fuses the ~70 small ops around the rounds
-        # (indices, block copies, the walk, the commit, the heads) as it fuses the rounds' own.
-        self._prepare, self._conclude = self._prepare_eager, self._conclude_eager
+        # (indices, block copies, the walk, the commit, the heads, the step to the next
+        # iteration) as it fuses the rounds' own.
+        glue = ("_prepare", "_conclude", "_advance")
+        for name in glue:
+            setattr(self, name, getattr(self, name + "_eager"))
         if static.compiled:
-            _allow_recompiles(2)
-            self._prepare = torch.compile(self._prepare_eager, dynamic=False)
-            self._conclude = torch.compile(self._conclude_eager, dynamic=False)
+            _allow_recompiles(len(glue))
+            for name in glue:
+                setattr(self, name, torch.compile(getattr(self, name + "_eager"), dynamic=False))
 
     def stage(self, token: int, start: int, left: int, cap: int, valid: bool,
               table: list[int], seq=None) -> None:
@@ -220,19 +223,26 @@ class _Program(GraphProgram):
             n, bonus, cand, out = self._iteration(token, base, left, cap, valid, table, cand,
                                                   history)
             self.out[m * width: (m + 1) * width].copy_(out)
-            if history is not None and (self.follow or m + 1 < self.chain):
-                # the next iteration's lookup reads positions up to its P, written here: a
-                # re-run (the capture's warm-up) writes them again, identically
-                _extend(history, base, n, out[1: 1 + span], bonus, left > 0)
-            emitted = torch.where(left > 0, n + 1, 0)
-            token, base, left = bonus, base + emitted, left - emitted
-            cap = torch.minimum(left - 1, torch.full_like(left, span))
-            cap, valid = cap.clamp(min=0), torch.ones_like(valid)
+            if m + 1 < self.chain or self.follow:          # an iteration follows this one
+                state = self._advance(n, bonus, out, base, left, valid, history)
+                token, base, left, cap, valid = (state[i: i + 1] for i in range(5))
         if self.follow:
-            self.index[:5].copy_(torch.cat([token, base, left, cap, valid]))
+            self.index[:5].copy_(state)
             self.tree.cand_in.copy_(cand)
         else:
             self.tree.cand_out.copy_(cand)
+
+    def _advance_eager(self, n, bonus, out, base, left, valid, history) -> torch.Tensor:
+        """The next iteration's [pending token, P, tokens left, cap, candidates valid] after
+        one that accepted n; with a lookup chain its accepted tokens go into the history
+        first (the next lookup reads positions up to its P: a re-run, the capture's warm-up,
+        writes them again, identically)."""
+        span = self.tree.proposer.span
+        if history is not None:
+            _extend(history, base, n, out[1: 1 + span], bonus, left > 0)
+        emitted = torch.where(left > 0, n + 1, 0)
+        base, left = base + emitted, left - emitted
+        return torch.cat([bonus, base, left, (left - 1).clamp(0, span), torch.ones_like(valid)])
 
     def _warmup(self) -> None:
         """A following program rewrites its own inputs: undo that after each warm-up run."""
@@ -304,7 +314,11 @@ class _Program(GraphProgram):
         bonus = best.index_select(0, last)
         h_last = x.index_select(0, sh.node_row.index_select(0, last))
         if proposer.tree:
-            cand = proposer.draft(h_last, bonus)[0].topk(proposer.ranks, -1).indices
+            drafted = proposer.draft(h_last, bonus)[0]
+            # a chain's one rank: argmax, one reduction where topk sorts (the same token
+            # barring exact ties, and any draft keeps decoding exact)
+            cand = drafted.argmax(-1, keepdim=True) if proposer.ranks == 1 else \
+                drafted.topk(proposer.ranks, -1).indices
             cand = F.pad(cand, (0, 0, 0, proposer.span - proposer.depth))   # [span, ranks]
         else:                 # a lookup chain alone: nothing for the heads to draft
             cand = self.tree.cand_in
