@@ -85,17 +85,23 @@ def _engine(model, proposer=None, **kw):
 
 
 def _expected(oracle: _Oracle, output: list[int], max_tokens: int, tree=TREE, prompt=(),
-              lookup: int = 0, ngram: int = 3) -> tuple[int, int, int]:
+              lookup: int = 0, ngram: int = 3, adaptive: bool = False, chain: int = 1
+              ) -> tuple[int, int, int]:
     """(iterations, accepted drafts, nodes verified) by the tree's acceptance rule, recomputed
     on the host: the pending token output[i] verifies the drafts the oracle made after it (the
     nodes no deeper than the cap: the tokens still to emit, less one; 0 in the first iteration,
     which has no drafts unless a lookup chain supplies them), and a draft at depth j is
     accepted while the ranks of output[i + 1..i + j] form a tree path, or while the lookup
-    chain's drafts from prompt + output[:i + 1] match output[i + 1..i + j]."""
+    chain's drafts from prompt + output[:i + 1] match output[i + 1..i + j]. adaptive: the
+    lookup chain is verified in the first iteration and after one whose lookup drafts began
+    with the first token it emitted, decided once per program of `chain` iterations."""
     tree, i, steps, accepted, verified, drafted = set(tree), 0, 0, 0, 0, False
+    hit = True
     while max_tokens - (i + 1) > 0:
         cap = min(max(DEPTH, lookup), max_tokens - (i + 1) - 1) if drafted or lookup else 0
-        verified += sum(len(p) <= cap for p in tree) * drafted + min(lookup, cap)
+        if steps % chain == 0:
+            with_lookup = not adaptive or not drafted or hit
+        verified += sum(len(p) <= cap for p in tree) * drafted + min(lookup, cap) * with_lookup
         path = ()
         for j in range(1, min(cap, DEPTH) + 1) if drafted else ():
             row = oracle.table[output[i], j - 1]
@@ -105,8 +111,9 @@ def _expected(oracle: _Oracle, output: list[int], max_tokens: int, tree=TREE, pr
             path += (rank,)
         drafts = prompt_lookup_ref(list(prompt) + output[:i + 1], lookup, ngram)
         found = next((j for j in range(min(lookup, cap)) if drafts[j] != output[i + 1 + j]),
-                     min(lookup, cap))
+                     min(lookup, cap)) if with_lookup else 0
         n = max(len(path), found)
+        hit = bool(drafts) and drafts[0] == output[i + 1]
         steps, accepted, i, drafted = steps + 1, accepted + n, i + n + 1, True
     return steps, accepted, verified
 
@@ -161,6 +168,43 @@ def test_lookup_chain_beside_the_tree_is_lossless_and_follows_the_rule(
     lookup_alone = [_expected(oracle, out, max_tokens, [], prompt, lookup, ngram)
                     for oracle, out, prompt in zip(oracles, target, prompts)]
     assert sum(a for _, a, _ in lookup_alone) > 0
+
+
+@pytest.mark.parametrize("lookup, ngram", [(3, 2), (6, 3)])
+@pytest.mark.parametrize("ranks", [(0, 0, 0, 0), (1, 0, 0, 0), (9, 9, 9, 9)])
+@pytest.mark.parametrize("chain, pipeline", [(1, 1), (1, 5), (2, 3)])
+def test_adaptive_lookup_verifies_the_lookup_rows_after_a_hit(model, prompts, lookup, ngram,
+                                                             ranks, chain, pipeline,
+                                                             monkeypatch):
+    """TreeProposer(adaptive_lookup=True): tokens equal target-only, iterations, acceptances
+    and verified nodes equal the host recompute of the rule (the lookup chain verified in a
+    request's first iteration and after a lookup hit), programs without the lookup rows run
+    where the recompute says, and they never read the rows they skip (made NaN)."""
+    from rltlab.engine.tree_graph import _Program
+    max_tokens, bs = 32, max(DEPTH, lookup)
+    params = _greedy(max_tokens)
+    target = _tokens(_engine(model, block_size=bs).generate(prompts, params))
+    oracles = [_Oracle(out, ranks) for out in target]
+    without, launch = [0], _Program.launch
+
+    def launch_poisoned(program):
+        if not program.lookup_rows:
+            without[0] += 1
+            program.static.hidden_out[program.rows:].fill_(float("nan"))
+        launch(program)
+    monkeypatch.setattr(_Program, "launch", launch_poisoned)
+    outs = [_engine(model, TreeProposer(oracle, TREE, lookup=lookup, ngram=ngram,
+                                        adaptive_lookup=True),
+                    spec_chain=chain, spec_pipeline=pipeline, block_size=bs)
+            .generate([prompt], params)[0] for prompt, oracle in zip(prompts, oracles)]
+    assert _tokens(outs) == target
+    stats = [tuple(o.outputs[0].spec_stats[k] for k in ("steps", "accepted", "drafted"))
+             for o in outs]
+    assert stats == [_expected(oracle, out, max_tokens, TREE, prompt, lookup, ngram, True, chain)
+                     for oracle, out, prompt in zip(oracles, target, prompts)]
+    always = [_expected(oracle, out, max_tokens, TREE, prompt, lookup, ngram)
+              for oracle, out, prompt in zip(oracles, target, prompts)]
+    assert (without[0] > 0) == (stats != always)   # skipping the rows changed what ran
 
 
 def test_one_engine_stages_each_requests_own_history(model, prompts):
@@ -232,7 +276,7 @@ def test_compiled_program_makes_the_same_iterations(model, prompts, lookup):
         llm = _engine(model, proposer, compile=compiled, spec_chain=2)
         outs[compiled] = llm.generate(prompts[:2], _greedy(16))
         assert _tokens(outs[compiled]) == target
-        program = llm.llm_engine._spec._tree._programs[2, True]
+        program = llm.llm_engine._spec._tree._programs[2, True, True]
         for glue in ("_prepare", "_conclude", "_advance"):
             assert (getattr(program, glue) != getattr(program, glue + "_eager")) == compiled
     assert [o.outputs[0].spec_stats for o in outs[True]] == \
@@ -409,6 +453,10 @@ def test_bad_proposers_are_refused(model):
             TreeProposer(heads, [(0,)], lookup=bad)
     with pytest.raises(ValueError, match="ngram"):
         TreeProposer(heads, [(0,)], lookup=2, ngram=0)
+    for bad in (dict(lookup=2, adaptive_lookup=1), dict(adaptive_lookup=True),
+                dict(lookup=2, tree=[], adaptive_lookup=True)):
+        with pytest.raises(ValueError, match="adaptive_lookup"):
+            TreeProposer(heads, **{"tree": [(0,)], **bad})
     llm = _engine(model)                       # block_size 4 < the lookup chain's 5
     with pytest.raises(ValueError, match="block_size >= 5"):
         llm.set_proposer(TreeProposer(heads, [(0,)], lookup=5))

@@ -15,10 +15,12 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
         (rltlab.engine.tree_graph), EngineConfig.spec_chain = M for each M of --chains
         ("engine <tree> M=<m>"), EngineConfig.spec_pipeline = P for each P of --pipelines
         (up to P programs a step, each launched while the host handles the last one's tokens;
-        "... P=<p>" where P is not the engine's default), and with --engine-compile on also with EngineConfig.compile
-        ("... compiled", beside a "target only compiled" baseline row); --gemv-rows G > 1
-        also with EngineConfig.gemv_rows = G ("... gemv<=G": trees of at most G rows through
-        the Triton GEMV path, kernels/small_batch.py);
+        "... P=<p>" where P is not the engine's default), and with --engine-compile on also
+        with EngineConfig.compile ("... compiled", beside a "target only compiled" baseline
+        row); --gemv-rows G > 1 also with EngineConfig.gemv_rows = G ("... gemv<=G": trees of
+        at most G rows through the Triton GEMV path, kernels/small_batch.py); --lookup L > 0
+        also with a prompt-lookup chain ("<tree> +lookupL"), and --adaptive-lookup with it
+        verified only after a lookup hit ("... adaptive", TreeProposer(adaptive_lookup=True));
       - the standalone generator (--paths standalone): rltlab.engine.tree_spec over the
         model's reference modules, and "<tree> compiled" under torch.compile
         (--compile-nodes: which node counts);
@@ -85,9 +87,11 @@ def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
     from rltlab.engine.speculative import SpecStats
     from rltlab.engine.tree_graph import private_blocks
     bs = 16
-    proposers = {f"{name}{f' +lookup{n}' if n else ''}": TreeProposer(heads, tree, lookup=n,
-                                                                       ngram=args.ngram)
-                 for name, tree in trees.items() for n in args.lookup}
+    proposers = {f"{name}{f' +lookup{n}' if n else ''}{' adaptive' * adaptive}":
+                 TreeProposer(heads, tree, lookup=n, ngram=args.ngram, adaptive_lookup=adaptive)
+                 for name, tree in trees.items() for n in args.lookup
+                 for adaptive in (False, True)[:1 + (args.adaptive_lookup and n > 0 and
+                                                     bool(tree))]}
     private = sum(map(private_blocks, proposers.values()))
     configs = {}
     for compiled, chain, pipeline, gemv in itertools.product(
@@ -247,6 +251,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--lookup", type=int, nargs="+", default=[0],
                     help="engine path: also run each tree with a prompt-lookup chain of "
                          "these lengths (TreeProposer(lookup=L); 0: without, '+lookupL' rows)")
+    ap.add_argument("--adaptive-lookup", action="store_true",
+                    help="also run each tree with a lookup chain as TreeProposer("
+                         "adaptive_lookup=True) (' adaptive' rows)")
     ap.add_argument("--ngram", type=int, default=3,
                     help="the lookup chain's longest n-gram (TreeProposer(ngram=...))")
     ap.add_argument("--compile-nodes", type=int, nargs="*", default=[],

@@ -127,11 +127,18 @@ class TreeProposer:
     earlier occurrence of its last `ngram` tokens (fewer where that finds none), read
     periodically past the present. It costs no model, and a looping continuation is accepted
     far deeper than the heads reach; the tree is then max(depth, L) deep.
+
+    adaptive_lookup=True: an iteration verifies the lookup chain's drafts (its rows in the
+    rounds) only where the last one's lookup drafts began the tokens it emitted, whether they
+    were verified or not, and a request's first iteration; otherwise the heads' tree alone, on
+    fewer rows. Where lookup rarely hits (arithmetic on the embedded model) the rounds skip
+    rows that would accept nothing.
     """
 
     adaptive = False   # the tree's shape is fixed (SpecDecoder's emit path reads this)
 
-    def __init__(self, heads, tree, lookup: int = 0, ngram: int = 3):
+    def __init__(self, heads, tree, lookup: int = 0, ngram: int = 3,
+                 adaptive_lookup: bool = False):
         depth = getattr(heads, "depth", None)
         if not callable(heads) or not isinstance(depth, int) or depth < 1:
             raise TypeError("TreeProposer needs lookahead heads: a callable with an int "
@@ -145,6 +152,12 @@ class TreeProposer:
         if not isinstance(ngram, int) or isinstance(ngram, bool) or ngram < 1:
             raise ValueError(f"ngram must be an int >= 1, got {ngram!r}")
         self.lookup, self.ngram = lookup, ngram
+        if not isinstance(adaptive_lookup, bool):
+            raise ValueError(f"adaptive_lookup must be a bool, got {adaptive_lookup!r}")
+        if adaptive_lookup and not (lookup and self.tree):
+            raise ValueError("adaptive_lookup needs a lookup chain (lookup > 0) and a tree of "
+                             "the heads' to verify without it")
+        self.adaptive_lookup = adaptive_lookup
         # head candidates per position (top-`ranks`); the lookup chain's nodes take rank
         # `ranks`, one column past them, so one rank path names every node
         self.ranks = max((p[-1] for p in self.tree), default=0) + 1

@@ -70,6 +70,13 @@ class TreeShape:
         self.node_depth, self.node_parent = t(list(map(len, nodes))), t(parent)
         # nodes that only valid candidates may accept: the heads' (a lookup chain's need none)
         self.needs_heads = t([0] + [p in heads for p in paths]).bool()
+        self.lookup_node = t([0] + [p not in heads for p in paths]).bool()
+        self.lookup_nodes = t([i + 1 for i, p in enumerate(paths) if p not in heads])  # by depth
+        # the rows of the heads' leaves, which come first: all that a program without the
+        # lookup chain's rows computes (TreeProposer(adaptive_lookup=True))
+        heads_leaf = [not (nodes[leaf] and nodes[leaf] not in heads) for leaf in leaves]
+        self.heads_rows = sum(heads_leaf[li] for _, li, _ in rows)
+        assert all(heads_leaf[li] for _, li, _ in rows[:self.heads_rows])
         self.node_rank = t([p[-1] if p else 0 for p in nodes])
         self.ancestors = ancestors.to(device)            # [N, N]: j is i or an ancestor of i
         self.row_node, self.row_leaf, self.row_depth = (t(list(col)) for col in zip(*rows))
@@ -114,6 +121,16 @@ class TreeGraph:
         self._heads_within = [sum(len(p) <= cap for p in proposer.tree)
                               for cap in range(span + 1)]
         self._static, self._programs = None, {}
+        self.lookup_next = True   # with adaptive_lookup: the drafts' rows at drafted_for
+
+    def _program_of(self, static, chain: int, follow: bool, lookup_rows: bool) -> _Program:
+        """The program of (chain, follow, lookup_rows); the one without the lookup chain's
+        rows shares its inputs and outputs with the one with them (which stages both)."""
+        key = (chain, follow, lookup_rows)
+        if key not in self._programs:
+            lead = None if lookup_rows else self._program_of(static, chain, follow, True)
+            self._programs[key] = _Program(self, static, chain, follow, lookup_rows, lead)
+        return self._programs[key]
 
     def run(self, seq, chain: int, launches: int = 1, stops: frozenset = frozenset()):
         """Up to `launches` programs of `chain` iterations for `seq` (greedy, pending token at
@@ -126,16 +143,17 @@ class TreeGraph:
         static = self.runner.static_rows(self.shape.num_rows)
         if static is not self._static:            # a new (grown) decoder: new buffers, graphs
             self._static, self._programs = static, {}
-        follow = launches > 1
-        if (chain, follow) not in self._programs:
-            self._programs[chain, follow] = _Program(self, static, chain, follow)
-        program = self._programs[chain, follow]
+        follow, adaptive = launches > 1, self.proposer.adaptive_lookup
+        programs = {rows: self._program_of(static, chain, follow, rows)
+                    for rows in ((True, False) if adaptive else (True,))}
         start, left = seq.num_tokens - 1, seq.max_output_tokens - seq.num_output_tokens
         valid = self.drafted_for == (seq.seq_id, start)
         cap = min(self.proposer.span, left - 1) if valid or self.proposer.lookup else 0
-        program.stage(seq.output_token_ids[-1], start, left, cap, valid, seq.block_table,
-                      seq if self.proposer.lookup else None)
+        programs[True].stage(seq.output_token_ids[-1], start, left, cap, valid,
+                             seq.block_table, seq if self.proposer.lookup else None)
         depth, position = self.proposer.span, start
+        lookup = not adaptive or not valid or self.lookup_next   # the lookup chain's rows
+        program = programs[lookup]
         program.launch()
         for launch in range(launches):
             flat = program.read()
@@ -143,20 +161,26 @@ class TreeGraph:
                 self.cand_in.copy_(self.cand_out)
             results, goes_on = [], launch + 1 < launches
             for m in range(chain):
-                n, *path, bonus, finite, live = flat[m * (depth + 4): (m + 1) * (depth + 4)]
+                n, *path, bonus, finite, live, hits = \
+                    flat[m * (depth + 5): (m + 1) * (depth + 5)]
                 if not live:
                     results.append(None)
                     goes_on = False
                     continue
-                verified = self._heads_within[cap] * valid + min(self.proposer.lookup, cap)
+                verified = self._heads_within[cap] * valid + \
+                    min(self.proposer.lookup, cap) * lookup
                 results.append((path[:n], bonus, bool(finite), verified))
                 position, left = position + n + 1, left - n - 1
                 cap = max(0, min(depth, left - 1))     # the program's cap for the next iteration
                 valid = True                           # and its candidates, drafted by this one
                 goes_on = goes_on and bool(finite) and left > 0 and \
                     stops.isdisjoint(path[:n] + [bonus])
-            self.drafted_for = (seq.seq_id, position)
+            # adaptive: the next program verifies the lookup chain's drafts only where this
+            # one's drafts (verified or not) began the tokens it emitted
+            self.drafted_for, self.lookup_next = (seq.seq_id, position), hits > 0
             if goes_on:
+                lookup = not adaptive or self.lookup_next
+                program = programs[lookup]
                 program.launch()                       # its inputs are on the device already
             yield from results
             if not goes_on:
@@ -166,11 +190,18 @@ class TreeGraph:
 class _Program(GraphProgram):
     """Buffers and (on CUDA) the captured graph of `chain` iterations."""
 
-    def __init__(self, tree: TreeGraph, static, chain: int, follow: bool = False):
+    def __init__(self, tree: TreeGraph, static, chain: int, follow: bool = False,
+                 lookup_rows: bool = True, lead: _Program | None = None):
         """follow: the program ends by writing the inputs of the program that follows it (the
         pending token, P, tokens left, cap, candidates valid; the lookup history; the
-        candidates into cand_in), so that one can be launched without staging."""
+        candidates into cand_in), so that one can be launched without staging.
+        lookup_rows=False: the rounds skip the lookup chain's rows (its leaf's, which come
+        last) and its nodes accept nothing; `lead`, the program with them, lends its buffers."""
         self.tree, self.static, self.chain, self.follow = tree, static, chain, follow
+        shape = tree.shape
+        self.lookup_rows, self.rows = lookup_rows, shape.num_rows if lookup_rows else \
+            shape.heads_rows
+        self._computed = torch.arange(shape.num_rows, device=static.device) < self.rows
         dev, nb = static.device, static.max_blocks
         pin = dev.type == "cuda"
         # int64: [pending token, P, tokens left to emit, first cap, candidates valid | block
@@ -181,8 +212,11 @@ class _Program(GraphProgram):
         self.index = torch.zeros(size, dtype=torch.long, device=dev)
         self._staging = torch.zeros(size, dtype=torch.long, pin_memory=pin)
         self._staged: tuple[int | None, int] = (None, 0)   # (seq_id, its tokens in history)
-        # per iteration: [n | path tokens (span) | bonus | finite | live]
-        self.out = torch.zeros(chain * (tree.proposer.span + 4), dtype=torch.long, device=dev)
+        # per iteration: [n | path tokens (span) | bonus | finite | live | lookup hits: how
+        # many of the lookup chain's drafts begin the emitted tokens]
+        self.out = torch.zeros(chain * (tree.proposer.span + 5), dtype=torch.long, device=dev)
+        if lead is not None:
+            self.index, self._staging, self.out = lead.index, lead._staging, lead.out
         # With EngineConfig.compile, torch.compile fuses the ~70 small ops around the rounds
         # (indices, block copies, the walk, the commit, the heads, the step to the next
         # iteration) as it fuses the rounds' own.
@@ -218,7 +252,7 @@ class _Program(GraphProgram):
         table = self.index[5: self._history_at]
         history = self.index[self._history_at:] if self.tree.proposer.lookup else None
         span = self.tree.proposer.span
-        cand, width = self.tree.cand_in, span + 4
+        cand, width = self.tree.cand_in, span + 5
         for m in range(self.chain):
             n, bonus, cand, out = self._iteration(token, base, left, cap, valid, table, cand,
                                                   history)
@@ -255,13 +289,15 @@ class _Program(GraphProgram):
 
     def _iteration(self, token, base, left, cap, valid, table, cand, history):
         """One iteration -> (accepted count [1], bonus [1], next candidates, output row)."""
-        st, rows = self.static, self.tree.shape.num_rows
+        st, rows = self.static, self.rows
         x, tokens, pos_p, first, live, index = self._prepare(token, base, left, cap, table, cand,
                                                              history)
+        x = x[:rows]
         for r in range(st.config.num_rounds):
             st.hidden_in[:rows].copy_(x)
             st._round(rows, plane=r, rows=index)
             x = st.hidden_out[:rows]
+        x = st.hidden_out[:self.tree.shape.num_rows]   # rows past self.rows: not read
         return self._conclude(x, tokens, pos_p, first, live, cap, valid, table)
 
     def _prepare_eager(self, token, base, left, cap, table, cand, history):
@@ -304,6 +340,8 @@ class _Program(GraphProgram):
         matched = (tokens == best[sh.node_parent]) | (sh.node_depth == 0)
         on_path = ~(sh.ancestors & ~matched[None]).any(-1)
         accepted = on_path & (sh.node_depth <= cap) & ~(sh.needs_heads & (valid == 0))
+        if not self.lookup_rows:
+            accepted = accepted & ~sh.lookup_node
         n = (sh.node_depth * accepted).max().view(1)
         levels = torch.arange(proposer.span + 1, device=n.device)
         path = (accepted[None] & (sh.node_depth[None] == levels[:, None])).float().argmax(-1)
@@ -322,8 +360,16 @@ class _Program(GraphProgram):
             cand = F.pad(cand, (0, 0, 0, proposer.span - proposer.depth))   # [span, ranks]
         else:                 # a lookup chain alone: nothing for the heads to draft
             cand = self.tree.cand_in
-        finite = torch.isfinite(logits).all(-1) | (sh.row_depth > cap)
-        out = torch.cat([n, tokens[path[1:]], bonus, finite.all().view(1), live])
+        finite = torch.isfinite(logits).all(-1) | (sh.row_depth > cap) | ~self._computed
+        emitted = tokens[path[1:]]
+        if proposer.lookup:
+            lookup_levels = levels[1: 1 + proposer.lookup]
+            level_token = torch.where(lookup_levels <= n, emitted[:proposer.lookup], bonus)
+            same = (tokens[sh.lookup_nodes] == level_token) & (lookup_levels <= n + 1)
+            hits = same.long().cumprod(0).sum().view(1)
+        else:
+            hits = torch.zeros_like(n)
+        out = torch.cat([n, emitted, bonus, finite.all().view(1), live, hits])
         return n, bonus, cand, out
 
     def _commit(self, pos_p, first, table, leaf, levels, keep) -> None:
