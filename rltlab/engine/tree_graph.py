@@ -215,8 +215,12 @@ class _Program(GraphProgram):
         # per iteration: [n | path tokens (span) | bonus | finite | live | lookup hits: how
         # many of the lookup chain's drafts begin the emitted tokens]
         self.out = torch.zeros(chain * (tree.proposer.span + 5), dtype=torch.long, device=dev)
+        # the output's copy on the host, queued right behind the program (pinned on CUDA)
+        self._out_host = torch.zeros(self.out.shape, dtype=torch.long, pin_memory=pin)
+        self._copied = torch.cuda.Event() if pin else None
         if lead is not None:
             self.index, self._staging, self.out = lead.index, lead._staging, lead.out
+            self._out_host = lead._out_host
         # With EngineConfig.compile, torch.compile fuses the ~70 small ops around the rounds
         # (indices, block copies, the walk, the commit, the heads, the step to the next
         # iteration) as it fuses the rounds' own.
@@ -227,6 +231,18 @@ class _Program(GraphProgram):
             _allow_recompiles(len(glue))
             for name in glue:
                 setattr(self, name, torch.compile(getattr(self, name + "_eager"), dynamic=False))
+
+    def launch(self) -> None:
+        super().launch()
+        if self._copied is not None:   # the read-back waits for this copy, not for a new one
+            self._out_host.copy_(self.out, non_blocking=True)
+            self._copied.record()
+
+    def read(self) -> list[int]:
+        if self._copied is None:
+            return self.out.tolist()
+        self._copied.synchronize()
+        return self._out_host.tolist()
 
     def stage(self, token: int, start: int, left: int, cap: int, valid: bool,
               table: list[int], seq=None) -> None:

@@ -5,7 +5,8 @@ the program, so it holds the GPU time the host did not overlap), token windows, 
 steps and the runner's execute (prefill), for target-only and for each tree at spec_chain 1. --gemv-rows / --compile build
 the tree engine (and a second target-only engine, with --compile) as EngineConfig.gemv_rows /
 .compile; --trees-from / --budgets / --only pick the trees as in rltlab.bench.tree_spec;
---lookup L also runs each tree with a prompt-lookup chain of L (TreeProposer(lookup=L)).
+--lookup L also runs each tree with a prompt-lookup chain of L (TreeProposer(lookup=L)),
+with --adaptive-lookup verified only after a lookup hit (adaptive_lookup=True).
 --pipeline P builds the tree engine with EngineConfig.spec_pipeline = P (up to P programs a
 step, each launched while the host handles the last one's tokens; default: the engine's).
 --prompt-steps whole rounds runs every config with EngineConfig.whole_prompt_steps on (fresh
@@ -60,6 +61,8 @@ def main():
     ap.add_argument("--gemv-rows", type=int, default=1)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--pipeline", type=int, default=EngineConfig.spec_pipeline)
+    ap.add_argument("--adaptive-lookup", action="store_true",
+                    help="the lookup proposers with TreeProposer(adaptive_lookup=True)")
     ap.add_argument("--trees-from", default=None)
     ap.add_argument("--budgets", type=int, nargs="*", default=[])
     ap.add_argument("--only", nargs="+", default=None)
@@ -81,8 +84,10 @@ def main():
     timed(model_runner.ModelRunner, "execute", "runner execute (prefill, round steps)")
     timed(prompt_step.WholePrompts, "step", "whole prompt step")
     trees = _trees(args, tree)   # root, chain, the artifact's (and --trees-from's), --only
-    proposers = {f"{name}{f' +lookup{n}' if n else ''}": TreeProposer(heads, t, lookup=n)
-                 for name, t in trees.items() for n in args.lookup}
+    proposers = {f"{name}{f' +lookup{n}' if n else ''}{' adaptive' * adaptive}":
+                 TreeProposer(heads, t, lookup=n, adaptive_lookup=adaptive)
+                 for name, t in trees.items() for n in args.lookup
+                 for adaptive in [args.adaptive_lookup and n > 0 and bool(t)]}
     private = sum(map(private_blocks, proposers.values()))
     configs = []
     for mode in args.prompt_steps:
