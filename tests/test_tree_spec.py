@@ -187,9 +187,10 @@ def test_bench_on_the_embedded_model_and_its_shipped_heads(tmp_path):
 
 
 def test_shipped_heads_with_a_lookup_chain_through_load_proposer():
-    """lookahead.load_proposer(..., lookup=8) on the embedded model: the artifact's tree plus 8
-    lookup nodes, the engine's target-only tokens, and more tokens per iteration than the
-    heads alone on the held-out text prompts (whose greedy continuations loop)."""
+    """lookahead.load_proposer(..., lookup=8, adaptive_lookup=True) on the embedded model: the
+    artifact's tree plus 8 lookup nodes, the engine's target-only tokens, and more tokens per
+    iteration than the heads alone on the held-out text prompts (whose greedy continuations
+    loop)."""
     from rltlab.draft_heads.evaluate import eval_prompts
     from rltlab.engine import LLM, SamplingParams
     from rltlab.engine.tree_graph import private_blocks
@@ -200,8 +201,10 @@ def test_shipped_heads_with_a_lookup_chain_through_load_proposer():
     params = SamplingParams(temperature=0.0, max_tokens=48, exit_policy="fixed")
     taus, tokens = {}, {}
     for lookup in (0, 8):
-        proposer = lookahead.load_proposer(path, model, lookup=lookup, ngram=2)
+        proposer = lookahead.load_proposer(path, model, lookup=lookup, ngram=2,
+                                           adaptive_lookup=lookup > 0)
         assert (proposer.lookup, proposer.ngram, proposer.span) == (lookup, 2, max(4, lookup))
+        assert proposer.adaptive_lookup == (lookup > 0)
         assert proposer.paths[:len(proposer.tree)] == proposer.tree
         assert len(proposer.paths) == len(proposer.tree) + lookup
         llm = LLM(model, max_num_seqs=1, block_size=16, max_model_len=96,
