@@ -180,19 +180,19 @@ def test_adaptive_lookup_verifies_the_lookup_rows_after_a_hit(model, prompts, lo
     and verified nodes equal the host recompute of the rule (the lookup chain verified in a
     request's first iteration and after a lookup hit), programs without the lookup rows run
     where the recompute says, and they never read the rows they skip (made NaN)."""
-    from rltlab.engine.tree_graph import _Program
+    from rltlab.engine.tree_program import TreeProgram
     max_tokens, bs = 32, max(DEPTH, lookup)
     params = _greedy(max_tokens)
     target = _tokens(_engine(model, block_size=bs).generate(prompts, params))
     oracles = [_Oracle(out, ranks) for out in target]
-    without, launch = [0], _Program.launch
+    without, launch = [0], TreeProgram.launch
 
     def launch_poisoned(program):
         if not program.lookup_rows:
             without[0] += 1
             program.static.hidden_out[program.rows:].fill_(float("nan"))
         launch(program)
-    monkeypatch.setattr(_Program, "launch", launch_poisoned)
+    monkeypatch.setattr(TreeProgram, "launch", launch_poisoned)
     outs = [_engine(model, TreeProposer(oracle, TREE, lookup=lookup, ngram=ngram,
                                         adaptive_lookup=True),
                     spec_chain=chain, spec_pipeline=pipeline, block_size=bs)
@@ -334,8 +334,8 @@ def test_pipelined_programs_launch_only_while_the_sequence_goes_on(model, prompt
     ceil(iterations / 3), and its tokens are target-only's. A streamed request takes one
     program per step."""
     from rltlab.engine.spec_decode import SpecDecoder
-    from rltlab.engine.tree_graph import _Program
-    launches = _count_calls(monkeypatch, _Program, "launch")
+    from rltlab.engine.tree_program import TreeProgram
+    launches = _count_calls(monkeypatch, TreeProgram, "launch")
     steps = _count_calls(monkeypatch, SpecDecoder, "_tree_step")
     target = _tokens(_engine(model).generate(prompts, _greedy(24)))
     plain = _engine(model)

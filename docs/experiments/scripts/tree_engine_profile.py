@@ -31,7 +31,7 @@ from rltlab.draft_heads.evaluate import eval_prompts
 from rltlab.engine import LLM, SamplingParams, TreeProposer
 from rltlab.engine import (llm_engine, model_runner, prompt_step, spec_decode, token_step,
                            token_window)
-from rltlab.engine import tree_graph
+from rltlab.engine import tree_program
 from rltlab.engine.config import EngineConfig
 from rltlab.engine.tree_graph import private_blocks
 from rltlab.model.checkpoint import load_model
@@ -76,9 +76,9 @@ def main():
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, exit_policy="fixed")
     timed(llm_engine.LLMEngine, "step", "engine step")
     timed(spec_decode.SpecDecoder, "step", "tree step")
-    timed(tree_graph._Program, "launch", "program launch")
-    timed(tree_graph._Program, "read", "program read-back (waits for the GPU)")
-    timed(tree_graph._Program, "stage", "program stage")
+    timed(tree_program.TreeProgram, "launch", "program launch")
+    timed(tree_program.TreeProgram, "read", "program read-back (waits for the GPU)")
+    timed(tree_program.TreeProgram, "stage", "program stage")
     timed(token_window.TokenWindow, "step", "token window step")
     timed(token_step.FusedTokenStep, "step", "whole-token step")
     timed(model_runner.ModelRunner, "execute", "runner execute (prefill, round steps)")

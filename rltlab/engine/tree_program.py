@@ -1,0 +1,259 @@
+"""The device program of a TreeGraph (rltlab.engine.tree_graph): `chain` tree iterations on
+the engine's static decoder, staged from the host or following the last program on the device
+(EngineConfig.spec_pipeline), over all of the tree's rows or the heads' alone
+(TreeProposer(adaptive_lookup=True)); one CUDA graph each on a GPU. With EngineConfig.compile
+the glue around the rounds (_prepare, _conclude, _advance) is torch.compile'd.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from rltlab.engine.prompt_lookup import prompt_lookup
+from rltlab.engine.spec_graph import GraphProgram
+
+if TYPE_CHECKING:
+    from rltlab.engine.tree_graph import TreeGraph
+
+
+class TreeProgram(GraphProgram):
+    """Buffers and (on CUDA) the captured graph of `chain` iterations."""
+
+    def __init__(self, tree: TreeGraph, static, chain: int, follow: bool = False,
+                 lookup_rows: bool = True, lead: TreeProgram | None = None):
+        """follow: the program ends by writing the inputs of the program that follows it (the
+        pending token, P, tokens left, cap, candidates valid; the lookup history; the
+        candidates into cand_in), so that one can be launched without staging.
+        lookup_rows=False: the rounds skip the lookup chain's rows (its leaf's, which come
+        last) and its nodes accept nothing; `lead`, the program with them, lends its buffers."""
+        self.tree, self.static, self.chain, self.follow = tree, static, chain, follow
+        shape = tree.shape
+        self.lookup_rows, self.rows = lookup_rows, shape.num_rows if lookup_rows else \
+            shape.heads_rows
+        self._computed = torch.arange(shape.num_rows, device=static.device) < self.rows
+        dev, nb = static.device, static.max_blocks
+        pin = dev.type == "cuda"
+        # int64: [pending token, P, tokens left to emit, first cap, candidates valid | block
+        # table | with a lookup chain, the sequence's tokens by position (nb * block_size) and
+        # a slot that takes the writes no position needs]
+        self._history_at = 5 + nb
+        size = 5 + nb + (nb * tree.block_size + 1 if tree.proposer.lookup else 0)
+        self.index = torch.zeros(size, dtype=torch.long, device=dev)
+        self._staging = torch.zeros(size, dtype=torch.long, pin_memory=pin)
+        self._staged: tuple[int | None, int] = (None, 0)   # (seq_id, its tokens in history)
+        # per iteration: [n | path tokens (span) | bonus | finite | live | lookup hits: how
+        # many of the lookup chain's drafts begin the emitted tokens]
+        self.out = torch.zeros(chain * (tree.proposer.span + 5), dtype=torch.long, device=dev)
+        # the output's copy on the host, queued right behind the program (pinned on CUDA)
+        self._out_host = torch.zeros(self.out.shape, dtype=torch.long, pin_memory=pin)
+        self._copied = torch.cuda.Event() if pin else None
+        if lead is not None:
+            self.index, self._staging, self.out = lead.index, lead._staging, lead.out
+            self._out_host = lead._out_host
+        # With EngineConfig.compile, torch.compile fuses the ~70 small ops around the rounds
+        # (indices, block copies, the walk, the commit, the heads, the step to the next
+        # iteration) as it fuses the rounds' own.
+        glue = ("_prepare", "_conclude", "_advance")
+        for name in glue:
+            setattr(self, name, getattr(self, name + "_eager"))
+        if static.compiled:
+            _allow_recompiles(len(glue))
+            for name in glue:
+                setattr(self, name, torch.compile(getattr(self, name + "_eager"), dynamic=False))
+
+    def launch(self) -> None:
+        super().launch()
+        if self._copied is not None:   # the read-back waits for this copy, not for a new one
+            self._out_host.copy_(self.out, non_blocking=True)
+            self._copied.record()
+
+    def read(self) -> list[int]:
+        if self._copied is None:
+            return self.out.tolist()
+        self._copied.synchronize()
+        return self._out_host.tolist()
+
+    def stage(self, token: int, start: int, left: int, cap: int, valid: bool,
+              table: list[int], seq=None) -> None:
+        """seq: with a lookup chain, the sequence whose tokens the history holds; a sequence's
+        tokens never change, so only those past the ones staged for it last time are written."""
+        buf = self._staging.numpy()
+        buf[:5] = token, start, left, cap, valid
+        buf[5: 5 + len(table)] = table
+        buf[5 + len(table): self._history_at] = table[-1]   # never read: positions stay
+        if seq is not None:                                 # inside the reservation
+            done = self._staged[1] if self._staged[0] == seq.seq_id else 0
+            at = self._history_at + done
+            buf[at: at + seq.num_tokens - done] = seq.token_ids(done, seq.num_tokens)
+            self._staged = (seq.seq_id, seq.num_tokens)
+        self.index.copy_(self._staging, non_blocking=True)
+
+    @torch.no_grad()
+    def _program(self) -> None:
+        """Reads only the staged inputs and cand_in, so running it twice (the capture's
+        warm-up) rewrites the same K/V and candidates (a following program also rewrites
+        those inputs: its _warmup restores them)."""
+        token, base, left, cap, valid = (self.index[i: i + 1] for i in range(5))
+        table = self.index[5: self._history_at]
+        history = self.index[self._history_at:] if self.tree.proposer.lookup else None
+        span = self.tree.proposer.span
+        cand, width = self.tree.cand_in, span + 5
+        for m in range(self.chain):
+            n, bonus, cand, out = self._iteration(token, base, left, cap, valid, table, cand,
+                                                  history)
+            self.out[m * width: (m + 1) * width].copy_(out)
+            if m + 1 < self.chain or self.follow:          # an iteration follows this one
+                state = self._advance(n, bonus, out, base, left, valid, history)
+                token, base, left, cap, valid = (state[i: i + 1] for i in range(5))
+        if self.follow:
+            self.index[:5].copy_(state)
+            self.tree.cand_in.copy_(cand)
+        else:
+            self.tree.cand_out.copy_(cand)
+
+    def _advance_eager(self, n, bonus, out, base, left, valid, history) -> torch.Tensor:
+        """The next iteration's [pending token, P, tokens left, cap, candidates valid] after
+        one that accepted n; with a lookup chain its accepted tokens go into the history
+        first (the next lookup reads positions up to its P: a re-run, the capture's warm-up,
+        writes them again, identically)."""
+        span = self.tree.proposer.span
+        if history is not None:
+            _extend(history, base, n, out[1: 1 + span], bonus, left > 0)
+        emitted = torch.where(left > 0, n + 1, 0)
+        base, left = base + emitted, left - emitted
+        return torch.cat([bonus, base, left, (left - 1).clamp(0, span), torch.ones_like(valid)])
+
+    def _warmup(self) -> None:
+        """A following program rewrites its own inputs: undo that after each warm-up run."""
+        if not self.follow:
+            return self._program()
+        inputs, cand = self.index[:5].clone(), self.tree.cand_in.clone()
+        self._program()
+        self.index[:5].copy_(inputs)
+        self.tree.cand_in.copy_(cand)
+
+    def _iteration(self, token, base, left, cap, valid, table, cand, history):
+        """One iteration -> (accepted count [1], bonus [1], next candidates, output row)."""
+        st, rows = self.static, self.rows
+        x, tokens, pos_p, first, live, index = self._prepare(token, base, left, cap, table, cand,
+                                                             history)
+        x = x[:rows]
+        for r in range(st.config.num_rounds):
+            st.hidden_in[:rows].copy_(x)
+            st._round(rows, plane=r, rows=index)
+            x = st.hidden_out[:rows]
+        x = st.hidden_out[:self.tree.shape.num_rows]   # rows past self.rows: not read
+        return self._conclude(x, tokens, pos_p, first, live, cap, valid, table)
+
+    def _prepare_eager(self, token, base, left, cap, table, cand, history):
+        """The rows' inputs and indices, and the block holding P copied into every leaf's
+        first private block -> (embeddings, node tokens, P, P's table column, live, the rows'
+        (positions, slots, context lengths, block tables))."""
+        st, sh, bs = self.static, self.tree.shape, self.tree.block_size
+        proposer = self.tree.proposer
+        private = self.tree.private
+        live = left > 0
+        pos_p = torch.where(live, base, 0)                                    # [1]
+        depths = torch.minimum(sh.row_depth, cap)            # rows past the cap: no write
+        positions = pos_p + depths                                            # [rows]
+        first = pos_p // bs                                  # the table column of P's block
+        columns = torch.arange(table.numel(), device=table.device)[None]
+        tables = torch.where(columns == first, private[sh.row_leaf, :1],
+                             torch.where(columns == first + 1, private[sh.row_leaf, 1:],
+                                         table[None]))                        # [rows, nb]
+        blocks = tables.gather(1, (positions // bs)[:, None])[:, 0]
+        writes = live & (sh.row_depth <= cap)
+        slots = torch.where(writes, blocks * bs + positions % bs, -1)
+        by_block = st.kv_cache.flatten(4)             # [layers, 2, planes, blocks, bs*Hkv*D]
+        leaves = private[:, 0]
+        sources = table.index_select(0, first.expand(leaves.numel()))
+        by_block.index_copy_(3, leaves, by_block.index_select(3, sources))
+        if proposer.lookup:   # the lookup chain's column, rank `ranks`
+            drafts = prompt_lookup(history, pos_p, proposer.span, proposer.ngram)
+            cand = torch.cat([cand, drafts[:, None]], 1)
+        tokens = torch.cat([token, cand[sh.node_depth[1:] - 1, sh.node_rank[1:]]])   # [nodes]
+        index = (positions.int(), slots.int(), positions.int() + 1, tables.int())
+        return (st.model.model.embed_tokens(tokens[sh.row_node]), tokens, pos_p, first, live,
+                index)
+
+    def _conclude_eager(self, x, tokens, pos_p, first, live, cap, valid, table):
+        """h_R of the rows -> the acceptance walk, the commit and the next candidates:
+        (accepted count [1], bonus [1], next candidates, output row)."""
+        sh, proposer = self.tree.shape, self.tree.proposer
+        logits = self.static.model.lm_head(x).float()
+        best = logits.argmax(-1)[sh.node_row]                                 # [nodes]
+        matched = (tokens == best[sh.node_parent]) | (sh.node_depth == 0)
+        on_path = ~(sh.ancestors & ~matched[None]).any(-1)
+        accepted = on_path & (sh.node_depth <= cap) & ~(sh.needs_heads & (valid == 0))
+        if not self.lookup_rows:
+            accepted = accepted & ~sh.lookup_node
+        n = (sh.node_depth * accepted).max().view(1)
+        levels = torch.arange(proposer.span + 1, device=n.device)
+        path = (accepted[None] & (sh.node_depth[None] == levels[:, None])).float().argmax(-1)
+        last = path.index_select(0, n)                         # the deepest accepted node
+        path = torch.where(levels <= n, path, last)
+        self._commit(pos_p, first, table, sh.node_leaf.index_select(0, last), levels,
+                     live & (levels <= n))
+        bonus = best.index_select(0, last)
+        h_last = x.index_select(0, sh.node_row.index_select(0, last))
+        if proposer.tree:
+            drafted = proposer.draft(h_last, bonus)[0]
+            # a chain's one rank: argmax, one reduction where topk sorts (the same token
+            # barring exact ties, and any draft keeps decoding exact)
+            cand = drafted.argmax(-1, keepdim=True) if proposer.ranks == 1 else \
+                drafted.topk(proposer.ranks, -1).indices
+            cand = F.pad(cand, (0, 0, 0, proposer.span - proposer.depth))   # [span, ranks]
+        else:                 # a lookup chain alone: nothing for the heads to draft
+            cand = self.tree.cand_in
+        finite = torch.isfinite(logits).all(-1) | (sh.row_depth > cap) | ~self._computed
+        emitted = tokens[path[1:]]
+        if proposer.lookup:
+            lookup_levels = levels[1: 1 + proposer.lookup]
+            level_token = torch.where(lookup_levels <= n, emitted[:proposer.lookup], bonus)
+            same = (tokens[sh.lookup_nodes] == level_token) & (lookup_levels <= n + 1)
+            hits = same.long().cumprod(0).sum().view(1)
+        else:
+            hits = torch.zeros_like(n)
+        out = torch.cat([n, emitted, bonus, finite.all().view(1), live, hits])
+        return n, bonus, cand, out
+
+    def _commit(self, pos_p, first, table, leaf, levels, keep) -> None:
+        """Copy positions P + levels[keep] of `leaf`'s private slots to the sequence's own,
+        every layer and plane (the other levels copy onto themselves)."""
+        bs, private, st = self.tree.block_size, self.tree.private, self.static
+        positions = pos_p + levels
+        column = positions // bs
+        source = torch.where(column == first, private[leaf, 0], private[leaf, 1])
+        source = source * bs + positions % bs
+        own = table.index_select(0, column.clamp(max=table.numel() - 1)) * bs + positions % bs
+        target = torch.where(keep, own, source)
+        by_slot = st.kv_cache.flatten(3, 4)                 # [layers, 2, planes, slots, Hkv, D]
+        by_slot.index_copy_(3, target, by_slot.index_select(3, source))
+
+
+_glue_programs = 0
+
+
+def _allow_recompiles(functions: int) -> None:
+    """Dynamo keeps one cache per code object, shared by every TreeProgram's glue, whose shapes
+    differ by tree, chain and decoder; past config.recompile_limit entries it runs the glue
+    eagerly without a word (the 9th program of a bench on, docs/benchmarks/2026-12-04-s17-h200.md).
+    So the limit grows with each compiled program (`functions` new cache entries)."""
+    global _glue_programs
+    _glue_programs += functions
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), _glue_programs))
+
+
+def _extend(history, base, n, path, bonus, live) -> None:
+    """Write an iteration's accepted tokens (path [span]: levels 1..span, valid to n) and its
+    bonus at positions base + 1..base + n + 1 of history; the other levels go to its last slot,
+    which no position reads."""
+    span = path.numel()
+    levels = torch.arange(1, span + 2, device=path.device)
+    values = torch.where(levels == n + 1, bonus, torch.cat([path, bonus]))
+    at = torch.where(live & (levels <= n + 1), base + levels, history.numel() - 1)
+    history.index_copy_(0, at, values)
