@@ -85,8 +85,8 @@ def _engine(model, proposer=None, **kw):
 
 
 def _expected(oracle: _Oracle, output: list[int], max_tokens: int, tree=TREE, prompt=(),
-              lookup: int = 0, ngram: int = 3, adaptive: bool = False, chain: int = 1
-              ) -> tuple[int, int, int]:
+              lookup: int = 0, ngram: int = 3, adaptive: bool = False, chain: int = 1,
+              first_drafts: bool = False) -> tuple[int, int, int]:
     """(iterations, accepted drafts, nodes verified) by the tree's acceptance rule, recomputed
     on the host: the pending token output[i] verifies the drafts the oracle made after it (the
     nodes no deeper than the cap: the tokens still to emit, less one; 0 in the first iteration,
@@ -94,13 +94,15 @@ def _expected(oracle: _Oracle, output: list[int], max_tokens: int, tree=TREE, pr
     accepted while the ranks of output[i + 1..i + j] form a tree path, or while the lookup
     chain's drafts from prompt + output[:i + 1] match output[i + 1..i + j]. adaptive: the
     lookup chain is verified in the first iteration and after one whose lookup drafts began
-    with the first token it emitted, decided once per program of `chain` iterations."""
-    tree, i, steps, accepted, verified, drafted = set(tree), 0, 0, 0, 0, False
+    with the first token it emitted, decided once per program of `chain` iterations.
+    first_drafts: the first iteration verifies the oracle's drafts after token 0 too."""
+    tree, i, steps, accepted, verified = set(tree), 0, 0, 0, 0
+    drafted = first_drafts and bool(tree)
     hit = True
     while max_tokens - (i + 1) > 0:
         cap = min(max(DEPTH, lookup), max_tokens - (i + 1) - 1) if drafted or lookup else 0
         if steps % chain == 0:
-            with_lookup = not adaptive or not drafted or hit
+            with_lookup = not adaptive or steps == 0 or hit
         verified += sum(len(p) <= cap for p in tree) * drafted + min(lookup, cap) * with_lookup
         path = ()
         for j in range(1, min(cap, DEPTH) + 1) if drafted else ():
@@ -119,23 +121,25 @@ def _expected(oracle: _Oracle, output: list[int], max_tokens: int, tree=TREE, pr
 
 
 @pytest.mark.parametrize("ranks", [(0, 0, 0, 0), (1, 1, 0, 0), (0, 1, 5, 0), (3, 0, 0, 0)])
-@pytest.mark.parametrize("chain, pipeline", [(1, 1), (3, 1), (1, 5)])
+@pytest.mark.parametrize("chain, pipeline, first", [(1, 1, False), (3, 1, False), (1, 5, False),
+                                                    (1, 5, True), (3, 1, True)])
 @pytest.mark.parametrize("max_tokens", [24, 13])
-def test_oracle_drafts_are_accepted_and_lossless(model, prompts, ranks, chain, pipeline,
+def test_oracle_drafts_are_accepted_and_lossless(model, prompts, ranks, chain, pipeline, first,
                                                  max_tokens):
     """Tokens equal target-only, and every sequence's iterations and accepted drafts equal
     the host recompute of the acceptance rule (chained in one program, or in programs
-    launched one after another from the device's state: spec_pipeline)."""
+    launched one after another from the device's state: spec_pipeline; first: the first
+    iteration drafted from token 0's state, TreeProposer(first_drafts=True))."""
     params = _greedy(max_tokens)
     target = _tokens(_engine(model).generate(prompts, params))
     oracles = [_Oracle(out, ranks) for out in target]
-    outs = [_engine(model, TreeProposer(oracle, TREE), spec_chain=chain,
+    outs = [_engine(model, TreeProposer(oracle, TREE, first_drafts=first), spec_chain=chain,
                     spec_pipeline=pipeline)
             .generate([prompt], params)[0] for prompt, oracle in zip(prompts, oracles)]
     assert _tokens(outs) == target
     stats = [tuple(o.outputs[0].spec_stats[k] for k in ("steps", "accepted", "drafted"))
              for o in outs]
-    assert stats == [_expected(oracle, out, max_tokens)
+    assert stats == [_expected(oracle, out, max_tokens, first_drafts=first)
                      for oracle, out in zip(oracles, target)]
     if ranks == (0, 0, 0, 0):              # deep acceptances happen
         assert sum(a for _, a, _ in stats) >= sum(s for s, _, _ in stats)
@@ -143,9 +147,10 @@ def test_oracle_drafts_are_accepted_and_lossless(model, prompts, ranks, chain, p
 
 @pytest.mark.parametrize("lookup, ngram, tree", [(3, 2, TREE), (6, 3, TREE), (4, 1, [])])
 @pytest.mark.parametrize("ranks", [(0, 0, 0, 0), (9, 9, 9, 9)])
-@pytest.mark.parametrize("chain, pipeline", [(1, 1), (3, 1), (1, 5), (2, 3)])
+@pytest.mark.parametrize("chain, pipeline, first", [(1, 1, False), (3, 1, False), (1, 5, False),
+                                                    (2, 3, False), (1, 5, True)])
 def test_lookup_chain_beside_the_tree_is_lossless_and_follows_the_rule(
-        model, prompts, lookup, ngram, tree, ranks, chain, pipeline):
+        model, prompts, lookup, ngram, tree, ranks, chain, pipeline, first):
     """A lookup chain beside the oracle tree (its drafts always wrong with ranks 9, so every
     acceptance is the lookup's; and with no tree at all): tokens equal target-only, iterations,
     acceptances and verified nodes equal the host recompute, lookup acceptances happen, and a
@@ -155,14 +160,16 @@ def test_lookup_chain_beside_the_tree_is_lossless_and_follows_the_rule(
     bs = max(DEPTH, lookup)
     target = _tokens(_engine(model, block_size=bs).generate(prompts, params))
     oracles = [_Oracle(out, ranks) for out in target]
-    outs = [_engine(model, TreeProposer(oracle, tree, lookup=lookup, ngram=ngram),
+    outs = [_engine(model, TreeProposer(oracle, tree, lookup=lookup, ngram=ngram,
+                                        first_drafts=first),
                     spec_chain=chain, spec_pipeline=pipeline, block_size=bs)
             .generate([prompt], params)[0]
             for prompt, oracle in zip(prompts, oracles)]
     assert _tokens(outs) == target
     stats = [tuple(o.outputs[0].spec_stats[k] for k in ("steps", "accepted", "drafted"))
              for o in outs]
-    expected = [_expected(oracle, out, max_tokens, tree, prompt, lookup, ngram)
+    expected = [_expected(oracle, out, max_tokens, tree, prompt, lookup, ngram,
+                          first_drafts=first)
                 for oracle, out, prompt in zip(oracles, target, prompts)]
     assert stats == expected
     lookup_alone = [_expected(oracle, out, max_tokens, [], prompt, lookup, ngram)
@@ -172,9 +179,10 @@ def test_lookup_chain_beside_the_tree_is_lossless_and_follows_the_rule(
 
 @pytest.mark.parametrize("lookup, ngram", [(3, 2), (6, 3)])
 @pytest.mark.parametrize("ranks", [(0, 0, 0, 0), (1, 0, 0, 0), (9, 9, 9, 9)])
-@pytest.mark.parametrize("chain, pipeline", [(1, 1), (1, 5), (2, 3)])
+@pytest.mark.parametrize("chain, pipeline, first", [(1, 1, False), (1, 5, False), (2, 3, False),
+                                                    (1, 5, True)])
 def test_adaptive_lookup_verifies_the_lookup_rows_after_a_hit(model, prompts, lookup, ngram,
-                                                             ranks, chain, pipeline,
+                                                             ranks, chain, pipeline, first,
                                                              monkeypatch):
     """TreeProposer(adaptive_lookup=True): tokens equal target-only, iterations, acceptances
     and verified nodes equal the host recompute of the rule (the lookup chain verified in a
@@ -194,17 +202,46 @@ def test_adaptive_lookup_verifies_the_lookup_rows_after_a_hit(model, prompts, lo
         launch(program)
     monkeypatch.setattr(TreeProgram, "launch", launch_poisoned)
     outs = [_engine(model, TreeProposer(oracle, TREE, lookup=lookup, ngram=ngram,
-                                        adaptive_lookup=True),
+                                        adaptive_lookup=True, first_drafts=first),
                     spec_chain=chain, spec_pipeline=pipeline, block_size=bs)
             .generate([prompt], params)[0] for prompt, oracle in zip(prompts, oracles)]
     assert _tokens(outs) == target
     stats = [tuple(o.outputs[0].spec_stats[k] for k in ("steps", "accepted", "drafted"))
              for o in outs]
-    assert stats == [_expected(oracle, out, max_tokens, TREE, prompt, lookup, ngram, True, chain)
+    assert stats == [_expected(oracle, out, max_tokens, TREE, prompt, lookup, ngram, True, chain,
+                               first)
                      for oracle, out, prompt in zip(oracles, target, prompts)]
-    always = [_expected(oracle, out, max_tokens, TREE, prompt, lookup, ngram)
+    always = [_expected(oracle, out, max_tokens, TREE, prompt, lookup, ngram,
+                        first_drafts=first)
               for oracle, out, prompt in zip(oracles, target, prompts)]
     assert (without[0] > 0) == (stats != always)   # skipping the rows changed what ran
+
+
+def test_first_drafts_come_from_the_state_that_sampled_token_0(model, prompts, monkeypatch):
+    """TreeProposer(first_drafts=True) with real heads: a request's first program drafts once
+    from tree.first_hidden, which holds h_R of the prompt's last position (the reference
+    model's final state there, fp32, 1e-5) and the pending token 0; tokens stay
+    target-only's."""
+    from rltlab.engine.tree_program import TreeProgram
+    torch.manual_seed(0)
+    heads = LookaheadHeads(model, depth=DEPTH, inner=16)
+    seen, draft = [], TreeProgram._draft_eager
+
+    def spy(program, h, token):
+        if h is program.tree.first_hidden:
+            seen.append((h.clone(), token.clone()))
+        return draft(program, h, token)
+    monkeypatch.setattr(TreeProgram, "_draft_eager", spy)
+    target = _tokens(_engine(model).generate(prompts, _greedy(12)))
+    tree = _engine(model, TreeProposer(heads, TREE, lookup=3, first_drafts=True))
+    for prompt, out in zip(prompts, target):
+        seen.clear()
+        assert _tokens(tree.generate([prompt], _greedy(12))) == [out]
+        assert len(seen) == 1
+        with torch.no_grad():
+            final = model(torch.tensor([prompt])).final_hidden[0, -1]
+        torch.testing.assert_close(seen[0][0][0], final, atol=1e-5, rtol=1e-5)
+        assert seen[0][1].tolist() == [out[0]]
 
 
 def test_one_engine_stages_each_requests_own_history(model, prompts):
@@ -276,7 +313,7 @@ def test_compiled_program_makes_the_same_iterations(model, prompts, lookup):
         llm = _engine(model, proposer, compile=compiled, spec_chain=2)
         outs[compiled] = llm.generate(prompts[:2], _greedy(16))
         assert _tokens(outs[compiled]) == target
-        program = llm.llm_engine._spec._tree._programs[2, True, True]
+        program = llm.llm_engine._spec._tree._programs[2, True, True, False]
         for glue in ("_prepare", "_conclude", "_advance"):
             assert (getattr(program, glue) != getattr(program, glue + "_eager")) == compiled
     assert [o.outputs[0].spec_stats for o in outs[True]] == \
@@ -457,6 +494,8 @@ def test_bad_proposers_are_refused(model):
                 dict(lookup=2, tree=[], adaptive_lookup=True)):
         with pytest.raises(ValueError, match="adaptive_lookup"):
             TreeProposer(heads, **{"tree": [(0,)], **bad})
+    with pytest.raises(ValueError, match="first_drafts"):
+        TreeProposer(heads, [(0,)], first_drafts="yes")
     llm = _engine(model)                       # block_size 4 < the lookup chain's 5
     with pytest.raises(ValueError, match="block_size >= 5"):
         llm.set_proposer(TreeProposer(heads, [(0,)], lookup=5))

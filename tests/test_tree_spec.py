@@ -220,20 +220,21 @@ def test_shipped_heads_with_a_lookup_chain_through_load_proposer():
 
 
 def test_bench_keeps_only_the_named_trees_and_adds_a_config_per_gemv_rows_and_lookup():
-    """--only, --gemv-rows, --pipelines, --lookup and --adaptive-lookup rows, and
-    --round-step-prompts' target-only row."""
+    """--only, --gemv-rows, --pipelines, --lookup, --adaptive-lookup and --first-drafts rows,
+    and --round-step-prompts' target-only row."""
     from rltlab.bench import tree_spec
     res = tree_spec.main(["--device", "cpu", "--prompts", "2", "--max-tokens", "6",
                           "--repeats", "1", "--budgets", "--paths", "engine", "--only",
                           "chain K=4", "--gemv-rows", "1", "4", "--lookup", "0", "3",
                           "--pipelines", "1", "3", "--round-step-prompts",
-                          "--adaptive-lookup"])
-    engine = [f"engine chain K=4{lookup} M=1{pipeline}{gemv}" for pipeline in (" P=1", " P=3")
-              for gemv in ("", " gemv<=4") for lookup in ("", " +lookup3", " +lookup3 adaptive")]
+                          "--adaptive-lookup", "--first-drafts"])
+    engine = [f"engine chain K=4{lookup}{first} M=1{pipeline}{gemv}"
+              for pipeline in (" P=1", " P=3") for gemv in ("", " gemv<=4")
+              for lookup in ("", " +lookup3", " +lookup3 adaptive") for first in ("", " first")]
     assert [r["config"] for r in res["rows"]] == [
         "target only", "target only (round-step prompts)", *engine]
     assert all(r["identical"] == "2/2" for r in res["rows"]) and res["gemv_rows"] == [1, 4]
-    assert [r["nodes"] for r in res["rows"]] == [None, None] + [4, 7, 7] * 4
+    assert [r["nodes"] for r in res["rows"]] == [None, None] + [4, 4, 7, 7, 7, 7] * 4
     assert res["pipelines"] == [1, 3]
     for bad in (["--only", "chain K=5"], ["--gemv-rows", "0"], ["--gemv-rows", "65"],
                 ["--lookup", "17"], ["--lookup", "2", "--ngram", "0"], ["--pipelines", "0"]):

@@ -21,6 +21,8 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
         at most G rows through the Triton GEMV path, kernels/small_batch.py); --lookup L > 0
         also with a prompt-lookup chain ("<tree> +lookupL"), and --adaptive-lookup with it
         verified only after a lookup hit ("... adaptive", TreeProposer(adaptive_lookup=True));
+        --first-drafts also with the first iteration drafted from token 0's state ("...
+        first", TreeProposer(first_drafts=True));
       - the standalone generator (--paths standalone): rltlab.engine.tree_spec over the
         model's reference modules, and "<tree> compiled" under torch.compile
         (--compile-nodes: which node counts);
@@ -87,11 +89,13 @@ def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
     from rltlab.engine.speculative import SpecStats
     from rltlab.engine.tree_graph import private_blocks
     bs = 16
-    proposers = {f"{name}{f' +lookup{n}' if n else ''}{' adaptive' * adaptive}":
-                 TreeProposer(heads, tree, lookup=n, ngram=args.ngram, adaptive_lookup=adaptive)
+    proposers = {f"{name}{f' +lookup{n}' if n else ''}{' adaptive' * adaptive}{' first' * first}":
+                 TreeProposer(heads, tree, lookup=n, ngram=args.ngram, adaptive_lookup=adaptive,
+                              first_drafts=first)
                  for name, tree in trees.items() for n in args.lookup
                  for adaptive in (False, True)[:1 + (args.adaptive_lookup and n > 0 and
-                                                     bool(tree))]}
+                                                     bool(tree))]
+                 for first in (False, True)[:1 + (args.first_drafts and bool(tree))]}
     private = sum(map(private_blocks, proposers.values()))
     configs = {}
     for compiled, chain, pipeline, gemv in itertools.product(
@@ -254,6 +258,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--adaptive-lookup", action="store_true",
                     help="also run each tree with a lookup chain as TreeProposer("
                          "adaptive_lookup=True) (' adaptive' rows)")
+    ap.add_argument("--first-drafts", action="store_true",
+                    help="also run each tree with TreeProposer(first_drafts=True) (' first' "
+                         "rows: a request's first iteration drafted from token 0's state)")
     ap.add_argument("--ngram", type=int, default=3,
                     help="the lookup chain's longest n-gram (TreeProposer(ngram=...))")
     ap.add_argument("--compile-nodes", type=int, nargs="*", default=[],

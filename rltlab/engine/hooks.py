@@ -133,12 +133,16 @@ class TreeProposer:
     were verified or not, and a request's first iteration; otherwise the heads' tree alone, on
     fewer rows. Where lookup rarely hits (arithmetic on the embedded model) the rounds skip
     rows that would accept nothing.
+
+    first_drafts=True: a request's first iteration verifies the heads' tree too, drafted inside
+    its program from the state that sampled token 0 (Sequence.emit_hidden), where that state
+    is at hand; otherwise (and by default) it verifies no heads' node.
     """
 
     adaptive = False   # the tree's shape is fixed (SpecDecoder's emit path reads this)
 
     def __init__(self, heads, tree, lookup: int = 0, ngram: int = 3,
-                 adaptive_lookup: bool = False):
+                 adaptive_lookup: bool = False, first_drafts: bool = False):
         depth = getattr(heads, "depth", None)
         if not callable(heads) or not isinstance(depth, int) or depth < 1:
             raise TypeError("TreeProposer needs lookahead heads: a callable with an int "
@@ -158,6 +162,9 @@ class TreeProposer:
             raise ValueError("adaptive_lookup needs a lookup chain (lookup > 0) and a tree of "
                              "the heads' to verify without it")
         self.adaptive_lookup = adaptive_lookup
+        if not isinstance(first_drafts, bool):
+            raise ValueError(f"first_drafts must be a bool, got {first_drafts!r}")
+        self.first_drafts = first_drafts and bool(self.tree)
         # head candidates per position (top-`ranks`); the lookup chain's nodes take rank
         # `ranks`, one column past them, so one rank path names every node
         self.ranks = max((p[-1] for p in self.tree), default=0) + 1

@@ -113,6 +113,10 @@ class TreeGraph:
         # drafted for `drafted_for`
         self.cand_in = torch.zeros(span, proposer.ranks, dtype=torch.long, device=runner.device)
         self.cand_out = torch.zeros_like(self.cand_in)
+        # with first_drafts: the state that sampled a request's token 0, copied for its program
+        self.first_hidden = torch.zeros(1, runner.model.config.hidden_size,
+                                        dtype=next(runner.model.parameters()).dtype,
+                                        device=runner.device)
         self.drafted_for: tuple[int, int] | None = None   # (seq_id, position of x_P)
         # the heads' nodes an iteration verifies, by its cap (spec_stats.drafted, with the
         # lookup chain's min(lookup, cap) and without the heads' where no candidates are valid)
@@ -121,13 +125,15 @@ class TreeGraph:
         self._static, self._programs = None, {}
         self.lookup_next = True   # with adaptive_lookup: the drafts' rows at drafted_for
 
-    def _program_of(self, static, chain: int, follow: bool, lookup_rows: bool) -> TreeProgram:
-        """The program of (chain, follow, lookup_rows); the one without the lookup chain's
-        rows shares its inputs and outputs with the one with them (which stages both)."""
-        key = (chain, follow, lookup_rows)
+    def _program_of(self, static, chain: int, follow: bool, lookup_rows: bool = True,
+                    first: bool = False) -> TreeProgram:
+        """The program of (chain, follow, lookup_rows, first); the others share their inputs
+        and outputs with (chain, follow, True, False), which stages them all."""
+        key = (chain, follow, lookup_rows, first)
         if key not in self._programs:
-            lead = None if lookup_rows else self._program_of(static, chain, follow, True)
-            self._programs[key] = TreeProgram(self, static, chain, follow, lookup_rows, lead)
+            lead = None if lookup_rows and not first else self._program_of(static, chain, follow)
+            self._programs[key] = TreeProgram(self, static, chain, follow, lookup_rows, lead,
+                                              first)
         return self._programs[key]
 
     def run(self, seq, chain: int, launches: int = 1, stops: frozenset = frozenset()):
@@ -145,13 +151,20 @@ class TreeGraph:
         programs = {rows: self._program_of(static, chain, follow, rows)
                     for rows in ((True, False) if adaptive else (True,))}
         start, left = seq.num_tokens - 1, seq.max_output_tokens - seq.num_output_tokens
-        valid = self.drafted_for == (seq.seq_id, start)
+        fresh = self.drafted_for != (seq.seq_id, start)     # no candidates drafted for it
+        emitted = seq.emit_hidden                           # (output index, state)
+        first = fresh and self.proposer.first_drafts and emitted is not None and \
+            emitted[0] == seq.num_output_tokens - 1
+        if first:
+            self.first_hidden.copy_(emitted[1].view(1, -1))
+        valid = not fresh or first
         cap = min(self.proposer.span, left - 1) if valid or self.proposer.lookup else 0
         programs[True].stage(seq.output_token_ids[-1], start, left, cap, valid,
                              seq.block_table, seq if self.proposer.lookup else None)
         depth, position = self.proposer.span, start
-        lookup = not adaptive or not valid or self.lookup_next   # the lookup chain's rows
-        program = programs[lookup]
+        lookup = not adaptive or fresh or self.lookup_next   # the lookup chain's rows
+        program = self._program_of(static, chain, follow, first=True) if first else \
+            programs[lookup]
         program.launch()
         for launch in range(launches):
             flat = program.read()

@@ -22,13 +22,17 @@ class TreeProgram(GraphProgram):
     """Buffers and (on CUDA) the captured graph of `chain` iterations."""
 
     def __init__(self, tree: TreeGraph, static, chain: int, follow: bool = False,
-                 lookup_rows: bool = True, lead: TreeProgram | None = None):
+                 lookup_rows: bool = True, lead: TreeProgram | None = None,
+                 first: bool = False):
         """follow: the program ends by writing the inputs of the program that follows it (the
         pending token, P, tokens left, cap, candidates valid; the lookup history; the
         candidates into cand_in), so that one can be launched without staging.
         lookup_rows=False: the rounds skip the lookup chain's rows (its leaf's, which come
-        last) and its nodes accept nothing; `lead`, the program with them, lends its buffers."""
+        last) and its nodes accept nothing; `lead`, the program with them, lends its buffers.
+        first: the first iteration's candidates are drafted from tree.first_hidden (the
+        state that sampled the pending token), not read from cand_in."""
         self.tree, self.static, self.chain, self.follow = tree, static, chain, follow
+        self.first_drafts = first
         shape = tree.shape
         self.lookup_rows, self.rows = lookup_rows, shape.num_rows if lookup_rows else \
             shape.heads_rows
@@ -55,7 +59,7 @@ class TreeProgram(GraphProgram):
         # With EngineConfig.compile, torch.compile fuses the ~70 small ops around the rounds
         # (indices, block copies, the walk, the commit, the heads, the step to the next
         # iteration) as it fuses the rounds' own.
-        glue = ("_prepare", "_conclude", "_advance")
+        glue = ("_prepare", "_conclude", "_advance", "_draft")
         for name in glue:
             setattr(self, name, getattr(self, name + "_eager"))
         if static.compiled:
@@ -100,6 +104,8 @@ class TreeProgram(GraphProgram):
         history = self.index[self._history_at:] if self.tree.proposer.lookup else None
         span = self.tree.proposer.span
         cand, width = self.tree.cand_in, span + 5
+        if self.first_drafts:
+            cand = self._draft(self.tree.first_hidden, token)
         for m in range(self.chain):
             n, bonus, cand, out = self._iteration(token, base, left, cap, valid, table, cand,
                                                   history)
@@ -199,12 +205,7 @@ class TreeProgram(GraphProgram):
         bonus = best.index_select(0, last)
         h_last = x.index_select(0, sh.node_row.index_select(0, last))
         if proposer.tree:
-            drafted = proposer.draft(h_last, bonus)[0]
-            # a chain's one rank: argmax, one reduction where topk sorts (the same token
-            # barring exact ties, and any draft keeps decoding exact)
-            cand = drafted.argmax(-1, keepdim=True) if proposer.ranks == 1 else \
-                drafted.topk(proposer.ranks, -1).indices
-            cand = F.pad(cand, (0, 0, 0, proposer.span - proposer.depth))   # [span, ranks]
+            cand = self._draft_eager(h_last, bonus)
         else:                 # a lookup chain alone: nothing for the heads to draft
             cand = self.tree.cand_in
         finite = torch.isfinite(logits).all(-1) | (sh.row_depth > cap) | ~self._computed
@@ -218,6 +219,17 @@ class TreeProgram(GraphProgram):
             hits = torch.zeros_like(n)
         out = torch.cat([n, emitted, bonus, finite.all().view(1), live, hits])
         return n, bonus, cand, out
+
+    def _draft_eager(self, h_last, token) -> torch.Tensor:
+        """The heads' candidates [span, ranks] from h_R [1, H] of the row that produced
+        `token` [1]."""
+        proposer = self.tree.proposer
+        drafted = proposer.draft(h_last, token)[0]
+        # a chain's one rank: argmax, one reduction where topk sorts (the same token barring
+        # exact ties, and any draft keeps decoding exact)
+        cand = drafted.argmax(-1, keepdim=True) if proposer.ranks == 1 else \
+            drafted.topk(proposer.ranks, -1).indices
+        return F.pad(cand, (0, 0, 0, proposer.span - proposer.depth))   # [span, ranks]
 
     def _commit(self, pos_p, first, table, leaf, levels, keep) -> None:
         """Copy positions P + levels[keep] of `leaf`'s private slots to the sequence's own,

@@ -78,7 +78,7 @@ def main():
         for name, tree in trees.items():
             llm.set_proposer(TreeProposer(heads, tree))
             llm.generate(prompts[:2], params)
-            program = llm.llm_engine._spec._tree._programs[chain, False, True]
+            program = llm.llm_engine._spec._tree._programs[chain, False, True, False]
             ms = _replay_ms(program, args.replays) / chain
             shape = TreeShape(tree, "cpu")
             row = {"tree": name, "chain": chain, "gemv_rows": gemv, "nodes": len(tree),

@@ -108,7 +108,7 @@ def main():
                   spec_pipeline=1)   # replayed over and over: a following program moves on
         llm.set_proposer(proposer)
         llm.generate(prompts[:2], params)
-        program = llm.llm_engine._spec._tree._programs[1, False, True]
+        program = llm.llm_engine._spec._tree._programs[1, False, True, False]
         iteration = _graph_ms(program._graph, args.replays)
         rounds = _graph_ms(_rounds_graph(program), args.replays)
         row = {"tree": name, "lookup": args.lookup, "gemv_rows": gemv, "compile": compiled,

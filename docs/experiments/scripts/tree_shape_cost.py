@@ -62,7 +62,7 @@ def main():
     for name, tree in trees.items():
         llm.set_proposer(TreeProposer(heads, tree))
         llm.generate(prompt, params)
-        program = llm.llm_engine._spec._tree._programs[1, False, True]
+        program = llm.llm_engine._spec._tree._programs[1, False, True, False]
         ms = _replay_ms(program, args.replays)
         rows.append({"tree": name, "nodes": len(tree), "rows": TreeShape(tree, "cpu").num_rows,
                      "ms_per_iteration": ms, "iteration_in_tokens": ms / token_ms})
