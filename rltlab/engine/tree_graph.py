@@ -28,10 +28,16 @@ paged KV cache) instead of the model's reference modules:
            token: all of them match, and any accepted path names the same tokens.
 
 Up to EngineConfig.spec_chain iterations run back to back in one program (each starting from
-the last one's bonus at the position after its path) and are read back once. The candidates
-live on the device between programs; they stay valid while the sequence's pending token is
-the one they were drafted for. Otherwise the first iteration accepts none of the heads' nodes:
-it verifies the root alone, or the root and the lookup chain, which needs no earlier draft.
+the last one's bonus at the position after its path) and are read back once; up to
+EngineConfig.spec_pipeline programs run in one engine step, each launched from the last one's
+state on the device as soon as the host has read that one back and seen the sequence go on
+(rltlab.engine.tree_program). The candidates live on the device between programs; they stay
+valid while the sequence's pending token is the one they were drafted for. Otherwise the first
+iteration accepts none of the heads' nodes: it verifies the root alone, or the root and the
+lookup chain, which needs no earlier draft (with TreeProposer(first_drafts=True) its program
+drafts them from the state that sampled the pending token). With
+TreeProposer(adaptive_lookup=True) a program without the lookup chain's rows runs except in a
+request's first iteration and after a lookup hit.
 Writes to the sequence's own slots never pass position P + cap <= its last reserved one.
 """
 from __future__ import annotations

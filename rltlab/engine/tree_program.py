@@ -1,8 +1,10 @@
 """The device program of a TreeGraph (rltlab.engine.tree_graph): `chain` tree iterations on
 the engine's static decoder, staged from the host or following the last program on the device
 (EngineConfig.spec_pipeline), over all of the tree's rows or the heads' alone
-(TreeProposer(adaptive_lookup=True)); one CUDA graph each on a GPU. With EngineConfig.compile
-the glue around the rounds (_prepare, _conclude, _advance) is torch.compile'd.
+(TreeProposer(adaptive_lookup=True)), its first candidates read from the last program or
+drafted from the state that sampled the pending token (TreeProposer(first_drafts=True)); one
+CUDA graph each on a GPU. With EngineConfig.compile the glue around the rounds (_prepare,
+_conclude, _advance, _draft) is torch.compile'd.
 """
 from __future__ import annotations
 
@@ -96,9 +98,9 @@ class TreeProgram(GraphProgram):
 
     @torch.no_grad()
     def _program(self) -> None:
-        """Reads only the staged inputs and cand_in, so running it twice (the capture's
-        warm-up) rewrites the same K/V and candidates (a following program also rewrites
-        those inputs: its _warmup restores them)."""
+        """Reads only the staged inputs and cand_in (or first_hidden), so running it twice
+        (the capture's warm-up) rewrites the same K/V and candidates (a following program also
+        rewrites those inputs: its _warmup restores them)."""
         token, base, left, cap, valid = (self.index[i: i + 1] for i in range(5))
         table = self.index[5: self._history_at]
         history = self.index[self._history_at:] if self.tree.proposer.lookup else None
