@@ -110,7 +110,7 @@ class EngineConfig:
     spec_pipeline: with a TreeProposer, up to this many programs (of spec_chain iterations)
     per engine step, each launched from the last one's acceptance on the device as soon as
     the host has read that one back and seen that the sequence goes on, so that the host's
-    handling of one program's tokens overlaps the next one's GPU time (tree_graph.py; 1.05x
+    handling of one program's tokens overlaps the next one's GPU time (tree_graph.py; 1.02-1.05x
     end to end over 1 at c = 1 on the H200, docs/benchmarks/2026-12-04-s19-h200.md); 1 = one
     program per step. Streamed requests take one at a time.
     whole_prompt_steps: a step whose rows are all fresh whole prompts, with no other sequence
