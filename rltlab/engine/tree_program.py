@@ -8,25 +8,21 @@ _conclude, _advance, _draft) is torch.compile'd.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 
 from rltlab.engine.prompt_lookup import prompt_lookup
 from rltlab.engine.spec_graph import GraphProgram
 
-if TYPE_CHECKING:
-    from rltlab.engine.tree_graph import TreeGraph
-
 
 class TreeProgram(GraphProgram):
     """Buffers and (on CUDA) the captured graph of `chain` iterations."""
 
-    def __init__(self, tree: TreeGraph, static, chain: int, follow: bool = False,
+    def __init__(self, tree, static, chain: int, follow: bool = False,
                  lookup_rows: bool = True, lead: TreeProgram | None = None,
                  first: bool = False):
-        """follow: the program ends by writing the inputs of the program that follows it (the
+        """tree: the TreeGraph it runs for (its shape, proposer, private blocks, candidates).
+        follow: the program ends by writing the inputs of the program that follows it (the
         pending token, P, tokens left, cap, candidates valid; the lookup history; the
         candidates into cand_in), so that one can be launched without staging.
         lookup_rows=False: the rounds skip the lookup chain's rows (its leaf's, which come
