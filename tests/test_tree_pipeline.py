@@ -131,10 +131,12 @@ def test_pipelined_programs_launch_only_while_the_sequence_goes_on(model, prompt
         assert launches[0] == steps[0] > 2
 
 
-def test_pipelined_capture_warm_up_restores_the_programs_inputs(model, prompts, monkeypatch):
+@pytest.mark.parametrize("pipeline, which", [(4, 1), (1, 2)])   # prompts that show the bug
+def test_pipelined_capture_warm_up_restores_the_programs_inputs(model, prompts, pipeline,
+                                                                which, monkeypatch):
     """Where CUDA graphs run, the capture runs the program twice before capturing it; a
-    following program rewrites its own inputs (pending token, P, cap, candidates), so its
-    warm-up must restore them. A stand-in capture (two warm-up runs, then the program at each
+    program rewrites its candidates (a following one, spec_pipeline > 1, its pending token, P
+    and cap too), so its warm-up must restore them. A stand-in capture (two warm-up runs, then the program at each
     replay), turned on after the request's first tree step so that it captures a program
     whose candidates are valid, must leave tokens and iterations as without it."""
     target = token_lists(make_engine(model).generate(prompts, greedy(24)))
@@ -150,13 +152,13 @@ def test_pipelined_capture_warm_up_restores_the_programs_inputs(model, prompts, 
 
     outs = {}
     for captured in (False, True):
-        llm = make_engine(model, spec_pipeline=4)
-        proposer = TreeProposer(Oracle(target[1], (0, 1, 0, 0)), TREE, lookup=3)
+        llm = make_engine(model, spec_pipeline=pipeline)
+        proposer = TreeProposer(Oracle(target[which], (0, 1, 0, 0)), TREE, lookup=3)
         llm.set_proposer(proposer)
         # the decoder the program runs on (grown to the tree's rows)
         static = llm.llm_engine.runner.static_rows(TreeShape(proposer.paths, "cpu").num_rows)
         engine, done = llm.llm_engine, []
-        engine.add_request(None, prompts[1], greedy(24))
+        engine.add_request(None, prompts[which], greedy(24))
         while engine.has_unfinished_requests():
             done += engine.step()
             running = engine.scheduler.running
@@ -165,7 +167,7 @@ def test_pipelined_capture_warm_up_restores_the_programs_inputs(model, prompts, 
                 monkeypatch.setattr(static, "cuda_graphs", True)
                 monkeypatch.setattr(static, "_capture", Replayed)
         outs[captured] = done
-        assert token_lists(done) == target[1:2]
+        assert token_lists(done) == target[which: which + 1]
     assert len(captures) == 1
     assert outs[True][0].outputs[0].spec_stats == outs[False][0].outputs[0].spec_stats
     assert outs[True][0].outputs[0].spec_stats["accepted"] > 0

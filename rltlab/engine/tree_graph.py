@@ -118,7 +118,6 @@ class TreeGraph:
         # the heads' candidates: [span, ranks] token ids (rows past their depth unused),
         # drafted for `drafted_for`
         self.cand_in = torch.zeros(span, proposer.ranks, dtype=torch.long, device=runner.device)
-        self.cand_out = torch.zeros_like(self.cand_in)
         # with first_drafts: the state that sampled a request's token 0, copied for its program
         self.first_hidden = torch.zeros(1, runner.model.config.hidden_size,
                                         dtype=next(runner.model.parameters()).dtype,
@@ -173,13 +172,10 @@ class TreeGraph:
             programs[lookup]
         program.launch()
         for launch in range(launches):
-            flat = program.read()
-            if not follow:
-                self.cand_in.copy_(self.cand_out)
+            flat, width = program.read(), program.width
             results, goes_on = [], launch + 1 < launches
             for m in range(chain):
-                n, *path, bonus, finite, live, hits = \
-                    flat[m * (depth + 5): (m + 1) * (depth + 5)]
+                n, *path, bonus, finite, live, hits = flat[m * width: (m + 1) * width]
                 if not live:
                     results.append(None)
                     goes_on = False

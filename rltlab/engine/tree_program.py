@@ -22,9 +22,10 @@ class TreeProgram(GraphProgram):
                  lookup_rows: bool = True, lead: TreeProgram | None = None,
                  first: bool = False):
         """tree: the TreeGraph it runs for (its shape, proposer, private blocks, candidates).
-        follow: the program ends by writing the inputs of the program that follows it (the
-        pending token, P, tokens left, cap, candidates valid; the lookup history; the
-        candidates into cand_in), so that one can be launched without staging.
+        The program ends by writing its next candidates into tree.cand_in. follow: it also
+        writes the other inputs of the program that follows it (the pending token, P, tokens
+        left, cap, candidates valid; the lookup history), so that one can be launched without
+        staging.
         lookup_rows=False: the rounds skip the lookup chain's rows (its leaf's, which come
         last) and its nodes accept nothing; `lead`, the program with them, lends its buffers.
         first: the first iteration's candidates are drafted from tree.first_hidden (the
@@ -41,19 +42,21 @@ class TreeProgram(GraphProgram):
         # table | with a lookup chain, the sequence's tokens by position (nb * block_size) and
         # a slot that takes the writes no position needs]
         self._history_at = 5 + nb
-        size = 5 + nb + (nb * tree.block_size + 1 if tree.proposer.lookup else 0)
-        self.index = torch.zeros(size, dtype=torch.long, device=dev)
-        self._staging = torch.zeros(size, dtype=torch.long, pin_memory=pin)
-        self._staged: tuple[int | None, int] = (None, 0)   # (seq_id, its tokens in history)
         # per iteration: [n | path tokens (span) | bonus | finite | live | lookup hits: how
-        # many of the lookup chain's drafts begin the emitted tokens]
-        self.out = torch.zeros(chain * (tree.proposer.span + 5), dtype=torch.long, device=dev)
-        # the output's copy on the host, queued right behind the program (pinned on CUDA)
-        self._out_host = torch.zeros(self.out.shape, dtype=torch.long, pin_memory=pin)
+        # many of the lookup chain's drafts begin the emitted tokens (adaptive_lookup only)]
+        self.width = tree.proposer.span + 5
         self._copied = torch.cuda.Event() if pin else None
-        if lead is not None:
-            self.index, self._staging, self.out = lead.index, lead._staging, lead.out
-            self._out_host = lead._out_host
+        if lead is not None:   # its inputs and outputs are the lead's (which stages them)
+            self.index, self._staging, self.out, self._out_host = (
+                lead.index, lead._staging, lead.out, lead._out_host)
+        else:
+            size = 5 + nb + (nb * tree.block_size + 1 if tree.proposer.lookup else 0)
+            self.index = torch.zeros(size, dtype=torch.long, device=dev)
+            self._staging = torch.zeros(size, dtype=torch.long, pin_memory=pin)
+            self._staged: tuple[int | None, int] = (None, 0)   # (seq_id, its tokens staged)
+            self.out = torch.zeros(chain * self.width, dtype=torch.long, device=dev)
+            # the output's copy on the host, queued right behind the program (pinned on CUDA)
+            self._out_host = torch.zeros(self.out.shape, dtype=torch.long, pin_memory=pin)
         # With EngineConfig.compile, torch.compile fuses the ~70 small ops around the rounds
         # (indices, block copies, the walk, the commit, the heads, the step to the next
         # iteration) as it fuses the rounds' own.
@@ -94,14 +97,13 @@ class TreeProgram(GraphProgram):
 
     @torch.no_grad()
     def _program(self) -> None:
-        """Reads only the staged inputs and cand_in (or first_hidden), so running it twice
-        (the capture's warm-up) rewrites the same K/V and candidates (a following program also
-        rewrites those inputs: its _warmup restores them)."""
+        """Reads only the staged inputs and cand_in (or first_hidden) and rewrites cand_in (a
+        following program its other inputs too), so a warm-up run that restores them
+        (_warmup) rewrites the same K/V and candidates."""
         token, base, left, cap, valid = (self.index[i: i + 1] for i in range(5))
         table = self.index[5: self._history_at]
         history = self.index[self._history_at:] if self.tree.proposer.lookup else None
-        span = self.tree.proposer.span
-        cand, width = self.tree.cand_in, span + 5
+        cand, width = self.tree.cand_in, self.width
         if self.first_drafts:
             cand = self._draft(self.tree.first_hidden, token)
         for m in range(self.chain):
@@ -113,9 +115,7 @@ class TreeProgram(GraphProgram):
                 token, base, left, cap, valid = (state[i: i + 1] for i in range(5))
         if self.follow:
             self.index[:5].copy_(state)
-            self.tree.cand_in.copy_(cand)
-        else:
-            self.tree.cand_out.copy_(cand)
+        self.tree.cand_in.copy_(cand)
 
     def _advance_eager(self, n, bonus, out, base, left, valid, history) -> torch.Tensor:
         """The next iteration's [pending token, P, tokens left, cap, candidates valid] after
@@ -130,9 +130,8 @@ class TreeProgram(GraphProgram):
         return torch.cat([bonus, base, left, (left - 1).clamp(0, span), torch.ones_like(valid)])
 
     def _warmup(self) -> None:
-        """A following program rewrites its own inputs: undo that after each warm-up run."""
-        if not self.follow:
-            return self._program()
+        """The program rewrites its candidates (a following one its other inputs too): undo
+        that after each warm-up run."""
         inputs, cand = self.index[:5].clone(), self.tree.cand_in.clone()
         self._program()
         self.index[:5].copy_(inputs)
@@ -208,7 +207,7 @@ class TreeProgram(GraphProgram):
             cand = self.tree.cand_in
         finite = torch.isfinite(logits).all(-1) | (sh.row_depth > cap) | ~self._computed
         emitted = tokens[path[1:]]
-        if proposer.lookup:
+        if proposer.adaptive_lookup:
             lookup_levels = levels[1: 1 + proposer.lookup]
             level_token = torch.where(lookup_levels <= n, emitted[:proposer.lookup], bonus)
             same = (tokens[sh.lookup_nodes] == level_token) & (lookup_levels <= n + 1)
