@@ -245,7 +245,7 @@ def test_ragged_whole_token_equals_one_depth_at_a_time():
     for i, d in enumerate(depths):
         decoder.kv_cache.copy_(start)
         decoder.stage([positions[i]], [0], [slots[i]], [tables[i]])
-        alone, _ = decoder.run_token(embeddings[i: i + 1], d)
+        alone = decoder.run_token(embeddings[i: i + 1], d)
         if d < 4:
             runner.last_exited_copy([slots[i]], [d])
         torch.testing.assert_close(ragged[i: i + 1], alone, rtol=1e-5, atol=1e-5)
@@ -285,12 +285,11 @@ def test_whole_token_run_is_idempotent_as_graph_capture_needs():
     decoder.stage([5, 2], [0, 0], [5, 10], [[0, 1], [2, 3]])
     gen = torch.Generator().manual_seed(0)
     embeddings = torch.randn(2, decoder.config.hidden_size, generator=gen)
-    first, gates = decoder.run_token(embeddings, 3)
+    first = decoder.run_token(embeddings, 3)
     cache = decoder.kv_cache.clone()
     decoder._token(2, 3)   # what the warm-up does, without copying the input in again
-    again, gates_again = decoder.run_token(embeddings, 3)
+    again = decoder.run_token(embeddings, 3)
     assert torch.equal(first, decoder.hidden_out[:2]) and torch.equal(first, again)
-    assert torch.equal(gates, gates_again) and gates.shape == (2, 3)
     assert torch.equal(cache, decoder.kv_cache)
     assert cache[:, :, :3].abs().sum() > 0 and not cache[:, :, 3].any()   # planes 1..3 only
 
@@ -335,3 +334,23 @@ def test_step_batches_reach_the_device_without_blocking_copies(monkeypatch, fuse
     batch = engine.runner.prepare(seqs)
     assert (batch.chunks is not None) == fused_prefill
     assert len(copies) >= 6 and {device.type for device in copies} == {"cuda"}
+
+
+def test_the_exit_gate_runs_only_where_its_logits_are_read():
+    """Fixed-depth decoding (token windows, whole tokens) reads no gate logits, and a whole
+    prompt step reads only its last round's: the gate runs once a prompt whatever the output
+    length. A policy that reads the gates (q_exit) still gets one per decode round."""
+    llm = LLM(tiny_engine_model(4), decode_path="static", max_num_seqs=1)
+    calls = []
+    llm.llm_engine.runner.model.model.early_exit_gate.register_forward_hook(
+        lambda *_: calls.append(1))
+    prompt = random_prompts(1, seed=5)
+    counts = {}
+    for tokens in (2, 9):
+        for policy in ("fixed", "q_exit"):
+            calls.clear()
+            llm.generate(prompt, SamplingParams(max_tokens=tokens, ignore_eos=True,
+                                                exit_policy=policy))
+            counts[policy, tokens] = len(calls)
+    assert counts["fixed", 2] == counts["fixed", 9] == 1, counts
+    assert counts["q_exit", 9] > counts["q_exit", 2] + 7, counts

@@ -116,15 +116,18 @@ class FusedPrefill:
     @torch.no_grad()
     def run(self, hidden: torch.Tensor, positions: torch.Tensor, planes: torch.Tensor,
             slots: torch.Tensor, chunks: list[tuple[int, int, int, int]],
-            tables: torch.Tensor | None, backends: list | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+            tables: torch.Tensor | None, backends: list | None = None,
+            rope: tuple | None = None, gates: bool = True
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """hidden [T, H] round inputs; positions, planes (0-based), slots: per token [T];
         chunks: per row (first token index, tokens, plane, first position); tables [B, blocks]
         int32 block tables (None if every chunk starts at position 0); backends: SDPA's for the
         whole prompts instead of self.backends' choice (prefill_graphs.py: no cuDNN inside
-        graphs). -> (h_r [T, H] after model.norm, gate logits fp32 [T])."""
+        graphs); rope: RoPE's (cos, sin) at positions where the caller has them; gates: False
+        skips the exit gate. -> (h_r [T, H] after model.norm, gate logits fp32 [T] or None)."""
         cfg, model = self.model.config, self.model.model
-        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, hidden.dtype)
+        cos, sin = rope if rope is not None else \
+            rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, hidden.dtype)
         heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         scale, eps = cfg.head_dim ** -0.5, cfg.rms_norm_eps
         planes = planes.to(torch.int32)
@@ -144,7 +147,7 @@ class FusedPrefill:
             x, y = post_attention(x, attn, w["w_o"], w["w_attn_out"], w["w_mlp_in"],
                                   w["w_gate_up"], w["w_down"], w["w_mlp_out"], w["w_next"], eps,
                                   self._add_rmsnorm, self._silu_mul)
-        return y, model.early_exit_gate(y).float().squeeze(-1)
+        return y, model.early_exit_gate(y).float().squeeze(-1) if gates else None
 
     def run_rounds(self, hidden: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                    chunks: list[tuple[int, int, int, int]], tables: torch.Tensor | None,
@@ -153,12 +156,15 @@ class FusedPrefill:
         """Rounds 1..rounds of whole prompts back to back (every position runs them all, so
         round r + 1's input is round r's output and its K/V goes to plane r): `run`'s
         arguments without planes (chunks' planes are ignored) -> round `rounds`' (h, gate
-        logits)."""
+        logits). Every round sits at the same positions (one RoPE table) and only the last
+        one's gate logits are returned (the others are not computed)."""
+        cfg = self.model.config
+        rope = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, hidden.dtype)
         for plane in range(rounds):
             planes = torch.full_like(positions, plane)
             plane_chunks = [(lo, n, plane, start) for lo, n, _, start in chunks]
             hidden, gates = self.run(hidden, positions, planes, slots, plane_chunks, tables,
-                                     backends)
+                                     backends, rope=rope, gates=plane == rounds - 1)
         return hidden, gates
 
     def _attend(self, idx: int, q, k_fresh, v_fresh, chunks, tables: torch.Tensor | None,

@@ -200,7 +200,7 @@ class ModelRunner:
         embedded = self.model.model.embed_tokens(ids)
         sorted_depths = [depths[i] for i in order]
         if len(set(depths)) == 1:
-            hidden, _ = self.static.run_token(embedded, depths[0])
+            hidden = self.static.run_token(embedded, depths[0])
         else:
             hidden = self.static.run_token_ragged(embedded, sorted_depths)
         short = [(slot, d) for slot, d in zip(slots, sorted_depths)

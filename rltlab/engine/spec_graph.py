@@ -288,8 +288,7 @@ class _Program(GraphProgram):
         return process_logits(logits, temperature, top_k, top_p, self.filtering)
 
     def _round(self, x, n: int, plane: int, rows) -> torch.Tensor:
-        self.static.hidden_in[:n].copy_(x)
-        self.static._round(n, plane=plane, rows=rows)
+        self.static._round(n, plane=plane, rows=rows, x=x)
         return self.static.hidden_out[:n]
 
 

@@ -134,6 +134,8 @@ class StaticDecoder:
                        if shared_prefix and use_triton else None)
         # Under torch.compile the torch reference norm is fused by inductor with its neighbours.
         self._norm = kernels.add_rmsnorm if use_triton and not compile else kernels.add_rmsnorm_ref
+        # A round's first norm: one kernel on CUDA, where the reference launches five.
+        self._first_norm = kernels.rmsnorm if use_triton else kernels.rmsnorm_ref
         # Under torch.compile inductor fuses SiLU * up itself.
         self._silu_mul = kernels.silu_mul if use_triton and not compile else kernels.silu_mul_ref
         self._small_rows = gemv_rows if use_triton and small_batch_kernels else 0
@@ -168,12 +170,11 @@ class StaticDecoder:
                                      device=self.device)
         self.hidden_out = torch.zeros_like(self.hidden_in)
         self.gate_out = torch.zeros(max_batch, dtype=torch.float32, device=self.device)
-        # Whole-token mode (run_token): round r's plane for every row, and the gates per round.
+        # Whole-token mode (run_token): round r's plane for every row.
         rounds = cfg.num_rounds
         self._plane_rows = torch.arange(rounds, dtype=torch.int32, device=self.device)[:, None] \
             .expand(rounds, max_batch).contiguous()
         self.token_in = torch.zeros_like(self.hidden_in)
-        self.token_gates = torch.zeros(max_batch, rounds, dtype=torch.float32, device=self.device)
         self._graphs: dict = {}   # bucket -> one round; (bucket, depth) -> a whole token
         self._pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
 
@@ -227,22 +228,25 @@ class StaticDecoder:
         -> (h_r [n, H] after model.norm, gate logits fp32 [n]), both fresh tensors."""
         n = hidden.shape[0]
         self.hidden_in[:n].copy_(hidden)
-        self.launch_round(n)
+        bucket = self._bucket(n)
+        self._launch((bucket, "gates"), lambda: self._round(bucket, gates=True))
         return self.hidden_out[:n].clone(), self.gate_out[:n].clone()
 
     def launch_round(self, n: int) -> None:
         """One round for the first n staged rows on whatever hidden_in holds (the caller keeps
-        inputs and outputs in hidden_in / hidden_out: rltlab.engine.round_window)."""
+        inputs and outputs in hidden_in / hidden_out: rltlab.engine.round_window); no gate
+        logits (round windows run host-fixed depths)."""
         bucket = self._bucket(n)
         self._launch(bucket, lambda: self._round(bucket))
 
-    def run_token(self, hidden: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def run_token(self, hidden: torch.Tensor, depth: int) -> torch.Tensor:
         """Rounds 1..depth of the staged rows' tokens in one go (one graph replay on CUDA):
         round r reads and writes plane r - 1 for every row, whatever stage() put in planes.
-        hidden [n, H]: the embeddings. -> (h_depth [n, H], gate logits fp32 [n, depth])."""
+        hidden [n, H]: the embeddings. -> h_depth [n, H] (whole tokens run host-fixed depths:
+        no gate logits)."""
         n = hidden.shape[0]
         self.launch_token(n, depth, hidden)
-        return self.hidden_out[:n].clone(), self.token_gates[:n, :depth].clone()
+        return self.hidden_out[:n].clone()
 
     def launch_token(self, n: int, depth: int, hidden: torch.Tensor) -> None:
         """run_token for the first n staged rows, its h_depth left in hidden_out (the caller
@@ -278,11 +282,12 @@ class StaticDecoder:
 
     def _token(self, n: int, depth: int) -> None:
         # Reads only token_in and the staged indices: running it again (the capture's warm-up
-        # does) recomputes the same values and rewrites the same K/V.
+        # does) recomputes the same values and rewrites the same K/V. Every round sits at the
+        # token's position: one RoPE table for all of them.
+        rope = self.rope(self._views(self.index)[0][:n])
         for r in range(depth):
-            self.hidden_in[:n].copy_(self.token_in[:n] if r == 0 else self.hidden_out[:n])
-            self._round(n, plane=r)
-            self.token_gates[:n, r].copy_(self.gate_out[:n])
+            self._round(n, plane=r, x=self.token_in[:n] if r == 0 else self.hidden_out[:n],
+                        rope=rope)
 
     def _grouped(self) -> bool:
         return self.groups is not None and self.groups.active
@@ -304,12 +309,23 @@ class StaticDecoder:
     def _capture(self, fn, warmup=None) -> torch.cuda.CUDAGraph:
         return capture_graph(fn, self._pool, warmup)
 
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's (cos, sin) [n, head_dim] at positions [n], for _round(rope=...): rounds at
+        the same positions share them (about ten small kernels each time on a GPU)."""
+        cfg = self.config
+        return rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, self.dtype)
+
     @torch.no_grad()
-    def _round(self, n: int, plane: int | None = None, rows: tuple | None = None) -> None:
+    def _round(self, n: int, plane: int | None = None, rows: tuple | None = None,
+               x: torch.Tensor | None = None, rope: tuple | None = None,
+               gates: bool = False) -> None:
         """One round for the first n staged rows; plane: the same plane for every row (whole
         tokens) instead of the staged ones; rows: (positions, slots, context lengths, block
         tables) device tensors of n rows instead of the staged ones (with a plane; the
-        speculative graphs of rltlab.engine.spec_graph build their own)."""
+        speculative graphs of rltlab.engine.spec_graph build their own); x: the round's input
+        [n, H] instead of hidden_in (it may be hidden_out: read before it is written); rope:
+        self.rope(positions) where the caller has it; gates: also write the exit gate's logits
+        into gate_out (only run() returns them)."""
         cfg, model = self.config, self.model.model
         positions, planes, slots, ctx, tables = self._views(self.index)
         if plane is not None:
@@ -319,11 +335,11 @@ class StaticDecoder:
         positions, planes, slots, ctx, tables = (positions[:n], planes[:n], slots[:n], ctx[:n],
                                                  tables[:n])
         shared = {"shared": self.groups.shared.rows(n)} if rows is None and self._grouped() else {}
-        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, self.dtype)
+        cos, sin = (t[:n] for t in rope) if rope is not None else self.rope(positions)
         scale, eps = cfg.head_dim ** -0.5, cfg.rms_norm_eps
         heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
-        x = self.hidden_in[:n]
-        y = kernels.rmsnorm_ref(x, model.layers[0].input_layernorm.weight, eps)
+        x = self.hidden_in[:n] if x is None else x
+        y = self._first_norm(x, model.layers[0].input_layernorm.weight, eps)
         small = n <= self._small_rows
         pdl = {"pdl": True} if small and self.pdl else {}
         for idx, w in enumerate(self.layers):
@@ -351,7 +367,8 @@ class StaticDecoder:
                                   w["w_gate_up"], w["w_down"], w["w_mlp_out"], w["w_next"], eps,
                                   self._norm, self._silu_mul)
         self.hidden_out[:n].copy_(y)
-        self.gate_out[:n].copy_(model.early_exit_gate(y).float().squeeze(-1))
+        if gates:
+            self.gate_out[:n].copy_(model.early_exit_gate(y).float().squeeze(-1))
 
     @staticmethod
     def _small_mlp(x, attn, w, eps, pdl: dict, fetch: dict):

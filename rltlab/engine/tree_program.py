@@ -140,12 +140,11 @@ class TreeProgram(GraphProgram):
     def _iteration(self, token, base, left, cap, valid, table, cand, history):
         """One iteration -> (accepted count [1], bonus [1], next candidates, output row)."""
         st, rows = self.static, self.rows
-        x, tokens, pos_p, first, live, index = self._prepare(token, base, left, cap, table, cand,
-                                                             history)
+        x, tokens, pos_p, first, live, index, rope = self._prepare(token, base, left, cap, table,
+                                                                   cand, history)
         x = x[:rows]
         for r in range(st.config.num_rounds):
-            st.hidden_in[:rows].copy_(x)
-            st._round(rows, plane=r, rows=index)
+            st._round(rows, plane=r, rows=index, x=x, rope=rope)
             x = st.hidden_out[:rows]
         x = st.hidden_out[:self.tree.shape.num_rows]   # rows past self.rows: not read
         return self._conclude(x, tokens, pos_p, first, live, cap, valid, table)
@@ -153,7 +152,8 @@ class TreeProgram(GraphProgram):
     def _prepare_eager(self, token, base, left, cap, table, cand, history):
         """The rows' inputs and indices, and the block holding P copied into every leaf's
         first private block -> (embeddings, node tokens, P, P's table column, live, the rows'
-        (positions, slots, context lengths, block tables))."""
+        (positions, slots, context lengths, block tables), their RoPE (cos, sin): every round
+        sits at the same positions)."""
         st, sh, bs = self.static, self.tree.shape, self.tree.block_size
         proposer = self.tree.proposer
         private = self.tree.private
@@ -179,7 +179,7 @@ class TreeProgram(GraphProgram):
         tokens = torch.cat([token, cand[sh.node_depth[1:] - 1, sh.node_rank[1:]]])   # [nodes]
         index = (positions.int(), slots.int(), positions.int() + 1, tables.int())
         return (st.model.model.embed_tokens(tokens[sh.row_node]), tokens, pos_p, first, live,
-                index)
+                index, st.rope(positions))
 
     def _conclude_eager(self, x, tokens, pos_p, first, live, cap, valid, table):
         """h_R of the rows -> the acceptance walk, the commit and the next candidates:

@@ -50,12 +50,12 @@ def _prepare(program, token, base, left, cap, valid, table, cand, history):
 def _rounds_graph(program):
     """The iteration's R rounds over its rows, on the indices its _prepare makes now."""
     st, rows = program.static, program.tree.shape.num_rows
-    x, *_, index = _prepare(program, *_glue_inputs(program))
+    x, *_, index, rope = _prepare(program, *_glue_inputs(program))
 
     def rounds():
         for r in range(st.config.num_rounds):
-            st.hidden_in[:rows].copy_(x if r == 0 else st.hidden_out[:rows])
-            st._round(rows, plane=r, rows=index)
+            st._round(rows, plane=r, rows=index, x=x if r == 0 else st.hidden_out[:rows],
+                      rope=rope)
     return capture_graph(rounds, None)
 
 
@@ -66,7 +66,7 @@ def _glue_kernels(program, calls: int = 5) -> dict:
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(calls):
-            x, tokens, pos_p, first, live, _ = _prepare(program, *args)
+            x, tokens, pos_p, first, live, _, _ = _prepare(program, *args)
             program._conclude(st.hidden_out[:rows], tokens, pos_p, first, live, *args[3:6])
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
