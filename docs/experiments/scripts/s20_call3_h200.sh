@@ -4,9 +4,9 @@
 # the lean-rounds commit before it (2d7b384, carried as .ab/: git archive 2d7b384 rltlab
 # kernels engine_patches), each in its own process on this machine start: the paired 32 x 32
 # bench (chain K = 4, with lookup 10, always and adaptive; 15 and 9 repeats), then 16 x 128
+# with lookup 16 (5 repeats) and the host-timer profile of 32 x 32.
 # Ran on 2d7b384 with docs/experiments/data/2026-12-04-s20-one-ahead.diff applied (git apply);
 # that change was reverted after this call (a negative result).
-# with lookup 16 (5 repeats) and the host-timer profile of 32 x 32.
 set -uo pipefail
 source "$(dirname "$0")/h200_common.sh"
 BENCH=(--only "chain K=4" --budgets --gemv-rows 64 --chains 1 --engine-compile on
