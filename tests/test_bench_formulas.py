@@ -70,3 +70,14 @@ def test_implied_at_measured_tau_uses_each_rows_d_and_tau():
     assert d1["by_kind"]["arithmetic"]["speedup_one_program"] == pytest.approx(2.5 * 3 / 6)
     assert d1["by_kind"]["text"]["speedup_host_loop"] == pytest.approx(1.5 * 3 / 8)
     assert d2["speedup_host_loop"] == pytest.approx(2.4 * 3 / (3 * 2 + 5))     # d = 2's draft
+
+
+def test_round_profile_times_the_c1_graph_the_run_captured():
+    """StaticDecoder._graphs keys are (key, grouped): a whole-token graph ((1, depth), g) is
+    timed per round over its depth, else the one-round graph (1, g); the gates graph of
+    StaticDecoder.run ((1, "gates"), g) and other buckets are not c = 1 rounds."""
+    from rltlab.bench.engine_checks import _c1_graph
+    token, one, gates, other = (object() for _ in range(4))
+    assert _c1_graph({((1, 4), False): token, (1, False): one}) == (4, token)
+    assert _c1_graph({((1, "gates"), False): gates, (1, True): one}) == (1, one)
+    assert _c1_graph({((2, 3), False): other, (2, False): other}) == (1, None)

@@ -91,13 +91,20 @@ def depth_gain(w3: dict, w4: dict, num_rounds: int) -> dict:
     return out
 
 
+def _c1_graph(graphs: dict) -> tuple[int, object]:
+    """(rounds, graph) of the c = 1 graph to time among StaticDecoder._graphs, keyed (key,
+    grouped): a whole-token graph (engine.token_step; key (1, depth)) if the run captured
+    one, else the one-round graph (key 1); (1, None) if neither."""
+    token = [(key[1], graph) for (key, _), graph in graphs.items()
+             if isinstance(key, tuple) and key[0] == 1 and isinstance(key[1], int)]
+    rounds = [graph for (key, _), graph in graphs.items() if key == 1]
+    return token[0] if token else (1, rounds[0] if rounds else None)
+
+
 def round_profile(decoder, repeats: int = 50, top: int = 8) -> dict:
     """Where a c=1 round's time goes: the GPU time of one round (graph replay, or the eager
     round), and the heaviest GPU kernels of an eager round (torch.profiler)."""
-    # A whole-token graph (engine.token_step) if the run used one, else the one-round graph.
-    token = [key for key in decoder._graphs if isinstance(key, tuple) and key[0] == 1]
-    rounds, graph = (token[0][1], decoder._graphs[token[0]]) if token else \
-        (1, decoder._graphs.get(1))
+    rounds, graph = _c1_graph(decoder._graphs)
     run = graph.replay if graph is not None else (lambda: decoder._round(1))
     run()
     sync()
