@@ -3,11 +3,11 @@
 A decode row is the single token of one sequence at its own round. One call runs ONE round of the
 shared layers for up to max_batch such rows (rows may sit at different rounds: each reads and
 writes its own plane). Everything the round needs lives in fixed device buffers, so on CUDA the
-whole round (24 layers, final norm, exit gate) is captured once per batch-size bucket and
-replayed: one launch per round instead of ~20 per layer (run_token chains all rounds of a
-fixed-depth token into one graph, see rltlab/engine/token_step.py). The host packs the rows'
-indices into a pinned staging buffer and issues one copy; nothing in a round reads the device
-back.
+whole round (24 layers, final norm; the exit gate only for run(), whose caller reads its logits)
+is captured once per batch-size bucket and replayed: one launch per round instead of ~20 per
+layer (run_token chains all rounds of a fixed-depth token into one graph, with one RoPE table
+for all of them, see rltlab/engine/token_step.py). The host packs the rows' indices into a
+pinned staging buffer and issues one copy; nothing in a round reads the device back.
 
 Math: the reference layer (rltlab.model.architecture), with the sandwich norms fused pairwise
 (kernels.add_rmsnorm: h + norm(x) * w_post, then the next norm) and q/k/v resp. gate/up as one
