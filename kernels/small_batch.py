@@ -197,22 +197,26 @@ TILES = {
     # --rows 1 5 16 37 --sweep` at 5, 16 and 37 rows (docs/benchmarks/2026-12-04-s16-h200.md)
     ("few_rows_fma", 1152, 384): (2, 64, 1, 3), ("few_rows_fma", 2048, 384): (2, 256, 1, 2),
     ("few_rows_fma", 384, 1024): (4, 256, 4, 3),
-    # ... and its q/k/v (with RoPE, kernels/rope_gemv.py) and o at 2..FMA_FEW_ROWS rows: the
-    # best in the tree program's rounds at 5 rows (the heads' leaves alone), 0.352 -> 0.305 ms
-    # for R rounds (docs/experiments/scripts/tree_rows_tiles.py, s20_call5_h200.sh). At 16
-    # rows they gained nothing, so larger rounds keep the entries above.
-    ("few_rows_fma", 1152, 384, "few"): (16, 64, 4, 2),
-    ("few_rows_fma", 384, 384, "few"): (1, 64, 4, 2),
+    # ... and by row count, ("few_rows_fma", N, K, T) for rounds of at most T rows (the
+    # smallest tier that holds them, FMA_ROW_TIERS), the best in the tree program's rounds
+    # (docs/experiments/scripts/tree_rows_tiles.py, s20_call5_h200.sh): at 5 rows (the heads'
+    # leaves alone) q/k/v (with RoPE, kernels/rope_gemv.py) and o, 0.352 -> 0.305 ms for R
+    # rounds; at 16 (the lead program) q/k/v 0.472 -> 0.449 and down 0.470 -> 0.457 ms.
+    ("few_rows_fma", 1152, 384, 8): (16, 64, 4, 2), ("few_rows_fma", 384, 384, 8): (1, 64, 4, 2),
+    ("few_rows_fma", 1152, 384, 16): (2, 128, 4, 2),
+    ("few_rows_fma", 384, 1024, 16): (1, 256, 4, 2),
 }
-FMA_FEW_ROWS = 8   # rounds of at most this many rows try the ("few_rows_fma", N, K, "few") tiles
+FMA_ROW_TIERS = (8, 16)
 
 
 def tiles_for(rows: int, n: int, k: int, fma: bool = False) -> tuple[int, ...]:
     """The tiles of a [rows, K] x [N, K]^T product; fma: several rows as FMA products (fp32)
     rather than tl.dot."""
     kind = "one_row" if rows == 1 else "few_rows_fma" if fma else "few_rows"
-    if kind == "few_rows_fma" and rows <= FMA_FEW_ROWS and (kind, n, k, "few") in TILES:
-        return TILES[kind, n, k, "few"]
+    if kind == "few_rows_fma":
+        for tier in FMA_ROW_TIERS:
+            if rows <= tier and (kind, n, k, tier) in TILES:
+                return TILES[kind, n, k, tier]
     return TILES.get((kind, n, k), TILES[kind])
 
 

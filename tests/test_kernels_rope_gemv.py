@@ -117,7 +117,8 @@ def test_bad_input_is_refused_before_anything_is_written():
 
 
 @pytest.mark.parametrize("rows,tiles", [(2, None), (5, None), (5, (16, 64, 4, 2)),
-                                        (16, (4, 32, 4, 2)), (21, None), (37, (8, 32, 4, 2))])
+                                        (16, (4, 32, 4, 2)), (16, (2, 128, 4, 2)), (21, None),
+                                        (37, (8, 32, 4, 2))])
 def test_rows_each_at_their_own_position_plane_and_slot_fp32(rows, tiles):
     """Rows in one or more blocks (21, 37: partial last block), a padding row (slot -1), K not a
     multiple of BLOCK_K: q and the cache equal the reference, and row m's own RoPE."""

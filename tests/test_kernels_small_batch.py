@@ -37,8 +37,8 @@ def _randn(*shape, seed, dtype=torch.float32):
 
 # (rows, tiles): None = the tuned default tiles; 17 and 37 rows take 2 and 3 row blocks.
 SHAPES = [(1, None), (1, (8, 64, 4, 2)), (1, (16, 32, 2, 3)), (2, None), (2, (16, 32, 2, 2)),
-          (5, (16, 64, 4, 3)), (5, (1, 64, 4, 2)), (16, None), (16, (8, 32, 4, 4)), (17, None),
-          (37, (4, 64, 4, 2))]
+          (5, (16, 64, 4, 3)), (5, (1, 64, 4, 2)), (16, None), (16, (1, 256, 4, 2)),
+          (16, (8, 32, 4, 4)), (17, None), (37, (4, 64, 4, 2))]
 
 
 @pytest.mark.parametrize("rows,tiles", SHAPES)
@@ -255,16 +255,20 @@ def test_rope_write_kv_rejects_bad_shapes():
         rope_write_kv(qkv, cos[:3], sin[:3], cache, 1, planes, slots, 4, 2, 12)
 
 
-def test_tiles_for_takes_the_few_rows_entries_up_to_fma_few_rows():
-    """fp32 rounds of 2..FMA_FEW_ROWS rows take a shape's ("few_rows_fma", N, K, "few") entry
-    where it has one; more rows, one row, other shapes and bf16 rows do not."""
-    tiles, few = small_batch.TILES, small_batch.FMA_FEW_ROWS
-    tiles_for = small_batch.tiles_for
-    for rows in (2, 5, few):
-        assert tiles_for(rows, 1152, 384, fma=True) == tiles["few_rows_fma", 1152, 384, "few"]
-        assert tiles_for(rows, 384, 384, fma=True) == tiles["few_rows_fma", 384, 384, "few"]
+def test_tiles_for_takes_the_smallest_row_tier_with_an_entry():
+    """fp32 rounds of 2..64 rows take a shape's ("few_rows_fma", N, K, T) entry of the smallest
+    tier T >= rows that has one, else the shape's entry without a tier; one row, other shapes
+    and bf16 rows do not."""
+    tiles, tiles_for = small_batch.TILES, small_batch.tiles_for
+    for rows in (2, 5, 8):
+        assert tiles_for(rows, 1152, 384, fma=True) == tiles["few_rows_fma", 1152, 384, 8]
+        assert tiles_for(rows, 384, 384, fma=True) == tiles["few_rows_fma", 384, 384, 8]
+        assert tiles_for(rows, 384, 1024, fma=True) == tiles["few_rows_fma", 384, 1024, 16]
         assert tiles_for(rows, 2048, 384, fma=True) == tiles["few_rows_fma", 2048, 384]
-    assert tiles_for(few + 1, 1152, 384, fma=True) == tiles["few_rows_fma", 1152, 384]
-    assert tiles_for(few + 1, 384, 384, fma=True) == tiles["few_rows_fma"]
+    for rows in (9, 16):
+        assert tiles_for(rows, 1152, 384, fma=True) == tiles["few_rows_fma", 1152, 384, 16]
+        assert tiles_for(rows, 384, 384, fma=True) == tiles["few_rows_fma"]
+    assert tiles_for(17, 1152, 384, fma=True) == tiles["few_rows_fma", 1152, 384]
+    assert tiles_for(17, 384, 1024, fma=True) == tiles["few_rows_fma", 384, 1024]
     assert tiles_for(1, 1152, 384, fma=True) == tiles["one_row"]
     assert tiles_for(5, 1152, 384) == tiles["few_rows"]

@@ -1,13 +1,14 @@
-"""The few-row FMA tiles of rounds of 2..8 rows (kernels.small_batch.TILES[..., "few"], the
-heads-only tree program's 5 rows) against the tiles before them, paired in one process: two
-tree engines (chain K = 4 + a lookup chain of --lookup, adaptive with --adaptive-lookup,
-gemv_rows 64, glue compiled), one captured with the "few" entries removed, beside target-only
+"""The few-row FMA tiles by row count (kernels.small_batch.TILES["few_rows_fma", N, K, T]: rounds
+of at most T rows, the heads-only tree program's 5 and the lead program's 16) against the
+tiles before them, paired in one process: two tree engines (chain K = 4 + a lookup chain of
+--lookup, adaptive with --adaptive-lookup, gemv_rows 64, glue compiled), one captured with the
+entries of the tiers in --tiers removed (default: every tier), beside target-only
 decoding (uncompiled and compiled), the held-out prompts at c = 1, greedy. Per repeat the
 engines run interleaved (the order rotating); ratios are medians of per-repeat time ratios,
 with mean ± SE (glue_combo_ab.py's pairing).
 
     python docs/experiments/scripts/tiles_ab.py --device cuda --lookup 10 --adaptive-lookup \\
-        --repeats 15
+        --repeats 15 [--tiers 16]
 Last line: JSON.
 """
 import argparse
@@ -33,6 +34,8 @@ def main() -> dict:
     ap.add_argument("--lookup", type=int, default=10)
     ap.add_argument("--adaptive-lookup", action="store_true")
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--tiers", type=int, nargs="+", default=list(kernels.small_batch.FMA_ROW_TIERS),
+                    help="the row tiers whose entries the 'tiles before' engine goes without")
     args = ap.parse_args()
     cuda = args.device == "cuda"
     model, tok, md = load_model(None, dtype="float32", device=args.device)
@@ -53,7 +56,7 @@ def main() -> dict:
         llm.set_proposer(proposer)
         engines[name] = llm
     tiles = kernels.small_batch.TILES
-    few = {key: tiles[key] for key in tiles if key[-1] == "few"}
+    few = {key: tiles[key] for key in tiles if len(key) == 4 and key[3] in args.tiers}
     for name, llm in engines.items():        # warm-up: graph captures (with their tiles)
         if name == "tree, tiles before":
             for key in few:
@@ -71,6 +74,7 @@ def main() -> dict:
     base = tokens["target only"]
     faster = [min(a, b) for a, b in zip(seconds["target only"], seconds["target only compiled"])]
     result = {"prompts": args.prompts, "max_tokens": args.max_tokens, "lookup": args.lookup,
+              "tiers": args.tiers,
               "adaptive_lookup": args.adaptive_lookup, "repeats": args.repeats,
               "few_tiles": {str(k): v for k, v in few.items()}, "seconds": seconds,
               "identical": {n: f"{sum(a == b for a, b in zip(tokens[n], base))}/{len(base)}"
