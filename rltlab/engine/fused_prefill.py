@@ -126,8 +126,7 @@ class FusedPrefill:
         graphs); rope: RoPE's (cos, sin) at positions where the caller has them; gates: False
         skips the exit gate. -> (h_r [T, H] after model.norm, gate logits fp32 [T] or None)."""
         cfg, model = self.model.config, self.model.model
-        cos, sin = rope if rope is not None else \
-            rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, hidden.dtype)
+        cos, sin = rope if rope is not None else self.rope(positions, hidden.dtype)
         heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         scale, eps = cfg.head_dim ** -0.5, cfg.rms_norm_eps
         planes = planes.to(torch.int32)
@@ -158,14 +157,18 @@ class FusedPrefill:
         arguments without planes (chunks' planes are ignored) -> round `rounds`' (h, gate
         logits). Every round sits at the same positions (one RoPE table) and only the last
         one's gate logits are returned (the others are not computed)."""
-        cfg = self.model.config
-        rope = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, hidden.dtype)
+        rope = self.rope(positions, hidden.dtype)
         for plane in range(rounds):
             planes = torch.full_like(positions, plane)
             plane_chunks = [(lo, n, plane, start) for lo, n, _, start in chunks]
             hidden, gates = self.run(hidden, positions, planes, slots, plane_chunks, tables,
                                      backends, rope=rope, gates=plane == rounds - 1)
         return hidden, gates
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """RoPE's (cos, sin) [T, head_dim] at positions [T], for run(rope=...)."""
+        cfg = self.model.config
+        return rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dtype)
 
     def _attend(self, idx: int, q, k_fresh, v_fresh, chunks, tables: torch.Tensor | None,
                 scale: float, plan, backends: list | None = None) -> torch.Tensor:

@@ -13,7 +13,6 @@ import argparse
 import itertools
 import json
 
-import torch
 
 from rltlab import kernels
 from rltlab.bench.tree_spec import HEADS
@@ -23,6 +22,7 @@ from rltlab.engine import LLM, SamplingParams, TreeProposer
 from rltlab.engine.static_decode import capture_graph
 from rltlab.engine.tree_graph import private_blocks
 from rltlab.model.checkpoint import load_model
+from tree_iteration_split import _graph_ms
 
 TILES = kernels.small_batch.TILES
 CHAIN = [tuple([0] * j) for j in range(1, 5)]
@@ -46,16 +46,10 @@ def _rounds_graph(program, n: int):
 
 
 def _ms(graph, replays: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    """tree_iteration_split's timer after five warm-up replays."""
     for _ in range(5):
         graph.replay()
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / replays
+    return _graph_ms(graph, replays)
 
 
 def _candidates(rope: bool):
