@@ -242,6 +242,27 @@ def test_bench_keeps_only_the_named_trees_and_adds_a_config_per_gemv_rows_and_lo
             tree_spec.main(["--device", "cpu", "--paths", "engine", *bad])
 
 
+def test_bench_pairs_other_heads_in_the_same_run(tmp_path):
+    """--also-heads: every engine config again with those heads, named after their folder, in
+    the same run (lossless too); untrained heads accept fewer drafts than the shipped ones."""
+    from rltlab.bench import tree_spec
+    from rltlab.model.checkpoint import load_model, model_hash
+    embedded, _, _ = load_model(None, dtype="float32", device="cpu")
+    _, tree, _ = lookahead.load(tree_spec.HEADS, embedded)
+    untrained = tmp_path / "untrained"
+    lookahead.save(LookaheadHeads(embedded, 4, 64), untrained, tree, model_hash(embedded), {})
+    res = tree_spec.main(["--device", "cpu", "--prompts", "4", "--max-tokens", "12",
+                          "--repeats", "1", "--budgets", "--paths", "engine", "--only",
+                          "chain K=4", "--also-heads", str(untrained)])
+    rows = {r["config"]: r for r in res["rows"]}
+    assert list(rows) == ["target only", "engine chain K=4 M=1",
+                          "engine chain K=4 heads=untrained M=1"]
+    assert all(r["identical"] == "4/4" for r in res["rows"])
+    assert rows["engine chain K=4 M=1"]["tau"] > rows["engine chain K=4 heads=untrained M=1"][
+        "tau"] + 0.3, res["rows"]
+    assert res["also_heads"] == [str(untrained)]
+
+
 def test_training_cli_writes_heads_the_generator_loads(tmp_path):
     """python -m rltlab.draft_heads.lookahead_train, tiny: rollouts of the embedded model,
     a few steps, a tree of the asked size; the saved heads load and decode losslessly, and

@@ -22,7 +22,9 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
         also with a prompt-lookup chain ("<tree> +lookupL"), and --adaptive-lookup with it
         verified only after a lookup hit ("... adaptive", TreeProposer(adaptive_lookup=True));
         --first-drafts also with the first iteration drafted from token 0's state ("...
-        first", TreeProposer(first_drafts=True));
+        first", TreeProposer(first_drafts=True)); --also-heads DIR... also with each of
+        these lookahead heads in place of --heads ("... heads=<DIR's name>"), paired in the
+        same run;
       - the standalone generator (--paths standalone): rltlab.engine.tree_spec over the
         model's reference modules, and "<tree> compiled" under torch.compile
         (--compile-nodes: which node counts);
@@ -83,15 +85,17 @@ def _trees(args, artifact_tree) -> dict:
 
 def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
     """One engine per (--engine-compile, --chains, --pipelines, --gemv-rows), holding a TreeProposer
-    per tree (their private blocks reserved beside one max_len sequence's) -> {name: generate
-    function}."""
+    per tree and heads (their private blocks reserved beside one max_len sequence's) -> {name:
+    generate function}. heads: {name suffix: LookaheadHeads}, "" for --heads."""
     from rltlab.engine import LLM, TreeProposer
     from rltlab.engine.speculative import SpecStats
     from rltlab.engine.tree_graph import private_blocks
     bs = 16
-    proposers = {f"{name}{f' +lookup{n}' if n else ''}{' adaptive' * adaptive}{' first' * first}":
-                 TreeProposer(heads, tree, lookup=n, ngram=args.ngram, adaptive_lookup=adaptive,
-                              first_drafts=first)
+    proposers = {f"{name}{f' +lookup{n}' if n else ''}{' adaptive' * adaptive}{' first' * first}"
+                 f"{label}":
+                 TreeProposer(drafter, tree, lookup=n, ngram=args.ngram,
+                              adaptive_lookup=adaptive, first_drafts=first)
+                 for label, drafter in heads.items()
                  for name, tree in trees.items() for n in args.lookup
                  for adaptive in (False, True)[:1 + (args.adaptive_lookup and n > 0 and
                                                      bool(tree))]
@@ -136,6 +140,8 @@ def run(args) -> dict:
     model, tok, md = load_model(args.model, dtype=args.dtype, device=args.device)
     model.eval()
     heads, artifact_tree, meta = lookahead.load(args.heads, model)
+    drafters = {"": heads, **{f" heads={Path(d).name}": lookahead.load(d, model)[0]
+                              for d in args.also_heads}}
     prompts = eval_prompts(tok, md, args.prompts)
     kinds = eval_prompt_kinds(args.prompts)
     max_len = max(map(len, prompts)) + args.max_tokens + 1
@@ -148,7 +154,7 @@ def run(args) -> dict:
         if len(tree) in args.compile_nodes:
             gens[name + " compiled"] = TreeSpecGenerator(model, heads, tree, max_len,
                                                          compile=True)
-    engines = (_engine_configs(args, model, trees, heads, max_len, params)
+    engines = (_engine_configs(args, model, trees, drafters, max_len, params)
                if "engine" in args.paths else {})
 
     def target_only(llm=llm):
@@ -216,7 +222,8 @@ def run(args) -> dict:
                 / max(sum(x.steps for x, k in zip(s, kinds) if k == kind), 1)
                 for kind in sorted(set(kinds))}
         rows.append(row)
-    return {"model": str(md), "dtype": args.dtype, "heads": args.heads, "failed": failed,
+    return {"model": str(md), "dtype": args.dtype, "heads": args.heads,
+            "also_heads": args.also_heads, "failed": failed,
             "paths": args.paths, "chains": args.chains, "pipelines": args.pipelines,
             "engine_compile": args.engine_compile,
             "gemv_rows": args.gemv_rows,
@@ -261,6 +268,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--first-drafts", action="store_true",
                     help="also run each tree with TreeProposer(first_drafts=True) (' first' "
                          "rows: a request's first iteration drafted from token 0's state)")
+    ap.add_argument("--also-heads", nargs="+", default=[], metavar="DIR",
+                    help="engine path: also run every engine config with these lookahead "
+                         "heads (' heads=<DIR name>' rows)")
     ap.add_argument("--ngram", type=int, default=3,
                     help="the lookup chain's longest n-gram (TreeProposer(ngram=...))")
     ap.add_argument("--compile-nodes", type=int, nargs="*", default=[],
