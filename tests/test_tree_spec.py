@@ -287,6 +287,11 @@ def test_training_cli_writes_heads_the_generator_loads(tmp_path):
     ranks = torch.cat(lookahead_train.true_ranks(heads, rollouts, "cpu"))
     base = torch.cat(lookahead_train.true_ranks(LookaheadHeads(model, 4, 64), rollouts, "cpu"))
     assert ranks.shape[1] == 4 and (ranks[:, 0] == -1).sum() == len(rollouts)
+    # positions in chunks that straddle rollouts: each rollout's ranks as on its own
+    chunked = lookahead_train.true_ranks(heads, rollouts, "cpu", chunk=5)
+    alone = [lookahead_train.true_ranks(heads, [r], "cpu")[0] for r in rollouts]
+    assert [r.shape[0] for r in chunked] == [len(y) for y, _ in rollouts]
+    assert all(torch.equal(a, b) for a, b in zip(chunked, alone))
     # head 1 on held-out prompts: trained top-1 hits beat the untrained head's (lm_head on h)
     assert (ranks[:, 0] == 0).sum() > (base[:, 0] == 0).sum()
     gen = TreeSpecGenerator(model, heads, tree, max_len=64)
