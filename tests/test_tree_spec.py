@@ -272,7 +272,12 @@ def test_training_cli_writes_heads_the_generator_loads(tmp_path):
     out = tmp_path / "heads"
     record = lookahead_train.main(["--device", "cpu", "--out", str(out), "--n-arith", "10",
                                    "--n-text", "20", "--steps", "60", "--batch", "128",
-                                   "--inner", "64", "--budget", "6", "--lr", "3e-3"])
+                                   "--inner", "64", "--budget", "6", "--lr", "3e-3",
+                                   "--rollout-batch", "7"])
+    with pytest.raises(SystemExit):
+        lookahead_train.main(["--device", "cpu", "--out", str(tmp_path / "bad"),
+                              "--rollout-batch", "0"])
+    assert not (tmp_path / "bad").exists()
     model, tok, md = load_model(None)
     heads, tree, meta = lookahead.load(out, model)
     assert len(tree) == 6 and meta["training"]["steps"] == 60

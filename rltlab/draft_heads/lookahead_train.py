@@ -158,16 +158,22 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--budget", type=int, default=16, help="tree nodes")
+    ap.add_argument("--rollout-batch", type=int, default=512,
+                    help="prompts decoded together for the rollouts (launch-bound on a GPU: "
+                         "larger is faster)")
     args = ap.parse_args(argv)
-    if min(args.n_arith + args.n_text, args.steps, args.batch, args.budget, args.depth) < 1:
-        ap.error("--n-arith + --n-text, --steps, --batch, --budget and --depth must be >= 1")
+    if min(args.n_arith + args.n_text, args.steps, args.batch, args.budget, args.depth,
+           args.rollout_batch) < 1:
+        ap.error("--n-arith + --n-text, --steps, --batch, --budget, --depth and --rollout-batch "
+                 "must be >= 1")
     from rltlab.draft_heads.rollout_data import training_prompts
     from rltlab.model.checkpoint import load_model, model_hash
     model, tok, md = load_model(args.model, dtype="float32", device=args.device)
     model.eval().requires_grad_(False)
     prompts = training_prompts(tok, args.n_arith, args.n_text, 24, 0)
     eos = model.config.eos_token_id
-    rollouts = capture_rollouts(model, [p for p, _ in prompts], args.max_new, 512, eos)
+    rollouts = capture_rollouts(model, [p for p, _ in prompts], args.max_new, args.rollout_batch,
+                                eos)
     heads, cal, record = train(model, rollouts, args.depth, args.inner, args.steps,
                                args.batch, args.lr)
     tree = tree_from_ranks(true_ranks(heads, cal, args.device), args.budget)
