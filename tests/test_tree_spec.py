@@ -166,6 +166,15 @@ def test_save_load_round_trip_and_hash_check(model, tmp_path):
     with pytest.raises(FileNotFoundError):
         lookahead.load(tmp_path / "missing", model)
     assert not list((tmp_path / "la").glob("*.tmp"))
+    # stored in bf16: the file holds bf16, and load gives the model's dtype at those values
+    from safetensors.torch import load_file
+    lookahead.save(heads, tmp_path / "bf16", [(0,)], model_hash(model), {}, torch.bfloat16)
+    assert {t.dtype for t in load_file(str(tmp_path / "bf16" / lookahead.WEIGHTS_FILE))
+            .values()} == {torch.bfloat16}
+    half, _, _ = lookahead.load(tmp_path / "bf16", model)
+    for (name, got), want in zip(half.state_dict().items(), heads.state_dict().values()):
+        assert got.dtype == torch.float32, name
+        torch.testing.assert_close(got, want.bfloat16().float(), rtol=0, atol=0)
 
 
 def test_bench_on_the_embedded_model_and_its_shipped_heads(tmp_path):

@@ -111,13 +111,15 @@ def tree_from_ranks(ranks: list[torch.Tensor], budget: int, max_rank: int = 64
     return sorted(tree, key=lambda p: (len(p), p))
 
 
-def save(heads: LookaheadHeads, path, tree, base_model_hash: str, training: dict) -> None:
+def save(heads: LookaheadHeads, path, tree, base_model_hash: str, training: dict,
+         dtype: torch.dtype | None = None) -> None:
+    """dtype: the weights' dtype on disk (None: as they are; `load` casts to the model's)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     meta = {"kind": "lookahead", "depth": heads.depth, "inner": heads.inner,
             "tree": [list(p) for p in validate_tree(tree, heads.depth)],
             "base_model_hash": base_model_hash, "training": training}
-    tensors = {k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}
+    tensors = {k: v.detach().to(dtype).contiguous().cpu() for k, v in heads.state_dict().items()}
     write_bytes_atomic(path / WEIGHTS_FILE, safetensors_bytes(tensors))
     write_json_atomic(path / META_FILE, meta, indent=1)
 

@@ -158,6 +158,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--budget", type=int, default=16, help="tree nodes")
+    ap.add_argument("--save-dtype", choices=["float32", "bfloat16"], default="bfloat16",
+                    help="the heads' weights on disk (bfloat16 halves the file; the engine "
+                         "casts them to the model's dtype on load)")
     ap.add_argument("--rollout-batch", type=int, default=512,
                     help="prompts decoded together for the rollouts (launch-bound on a GPU: "
                          "larger is faster)")
@@ -181,8 +184,9 @@ def main(argv=None) -> dict:
                   " ".join(argv if argv is not None else sys.argv[1:]),
                   description="self-distilled on the target's own greedy rollouts of "
                               "TRAINING-split prompts; held-out eval prompts never used",
-                  arith_prompts=args.n_arith, text_prompts=args.n_text)
-    save(heads, args.out, tree, model_hash(model), record)
+                  arith_prompts=args.n_arith, text_prompts=args.n_text,
+                  stored_dtype=args.save_dtype)
+    save(heads, args.out, tree, model_hash(model), record, getattr(torch, args.save_dtype))
     print(record)
     return record
 
