@@ -272,6 +272,32 @@ def test_bench_pairs_other_heads_in_the_same_run(tmp_path):
     assert res["also_heads"] == [str(untrained)]
 
 
+def test_rollouts_cache_is_reused_only_for_the_same_settings(tmp_path):
+    from rltlab.draft_heads.lookahead_train import cached_rollouts
+    cache, calls = tmp_path / "sub" / "rollouts.pt", []
+
+    def capture(seed):
+        def go():
+            calls.append(seed)
+            g = torch.Generator().manual_seed(seed)
+            return [(torch.randint(1, 50, (n,), generator=g), torch.randn(n, 8, generator=g))
+                    for n in (3, 5)]
+        return go
+
+    def never():
+        raise AssertionError("captured again")
+
+    first = cached_rollouts(str(cache), {"n_text": 2}, capture(1))
+    again = cached_rollouts(str(cache), {"n_text": 2}, never)
+    assert calls == [1] and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+                                for a, b in zip(first, again))
+    other = cached_rollouts(str(cache), {"n_text": 3}, capture(2))   # settings differ: anew
+    assert calls == [1, 2] and not torch.equal(other[0][1], first[0][1])
+    assert torch.load(cache)["settings"] == {"n_text": 3}
+    assert cached_rollouts(None, {"n_text": 3}, capture(3)) and calls == [1, 2, 3]
+    assert sorted(p.name for p in cache.parent.iterdir()) == ["rollouts.pt"]   # no temp files
+
+
 def test_training_cli_writes_heads_the_generator_loads(tmp_path):
     """python -m rltlab.draft_heads.lookahead_train, tiny: rollouts of the embedded model,
     a few steps, a tree of the asked size; the saved heads load and decode losslessly, and
@@ -282,7 +308,9 @@ def test_training_cli_writes_heads_the_generator_loads(tmp_path):
     record = lookahead_train.main(["--device", "cpu", "--out", str(out), "--n-arith", "10",
                                    "--n-text", "20", "--steps", "60", "--batch", "128",
                                    "--inner", "64", "--budget", "6", "--lr", "3e-3",
-                                   "--rollout-batch", "7"])
+                                   "--rollout-batch", "7", "--rollouts-cache",
+                                   str(tmp_path / "rollouts.pt")])
+    assert (tmp_path / "rollouts.pt").is_file()
     with pytest.raises(SystemExit):
         lookahead_train.main(["--device", "cpu", "--out", str(tmp_path / "bad"),
                               "--rollout-batch", "0"])

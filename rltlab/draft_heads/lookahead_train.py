@@ -20,13 +20,16 @@ at the last step, and accept more drafts: tau 3.05 -> 3.24 on the held-out 32 x 
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from rltlab.common.atomic import write_bytes_atomic
 from rltlab.draft_heads.lookahead import LookaheadHeads, save, tree_from_ranks
 
 
@@ -63,6 +66,23 @@ def capture_rollouts(model, prompts: list[list[int]], max_new: int, batch_size: 
             n = next((j + 1 for j, x in enumerate(t) if x == eos), len(t))
             out[i] = (toks[r, :n].clone(), hs[r, :n].clone())
     return out
+
+
+def cached_rollouts(cache: str | None, settings: dict, capture):
+    """capture()'s rollouts, or those a run with the same settings saved at `cache` (a file;
+    None: no cache). New ones are written there atomically, replacing any of other settings:
+    a run stopped after its rollouts (a device call's time limit) resumes from them."""
+    path = Path(cache) if cache else None
+    if path is not None and path.is_file():
+        saved = torch.load(path)
+        if saved["settings"] == settings:
+            return saved["rollouts"]
+    rollouts = capture()
+    if path is not None:
+        buffer = io.BytesIO()
+        torch.save({"settings": settings, "rollouts": rollouts}, buffer)
+        write_bytes_atomic(path, buffer.getvalue())
+    return rollouts
 
 
 def flatten(rollouts, depth: int):
@@ -164,6 +184,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--save-dtype", choices=["float32", "bfloat16"], default="bfloat16",
                     help="the heads' weights on disk (bfloat16 halves the file; the engine "
                          "casts them to the model's dtype on load)")
+    ap.add_argument("--rollouts-cache", default=None, metavar="FILE",
+                    help="reuse the rollouts saved here by a run of the same model and prompt "
+                         "settings, else save this run's there")
     ap.add_argument("--rollout-batch", type=int, default=512,
                     help="prompts decoded together for the rollouts (launch-bound on a GPU: "
                          "larger is faster)")
@@ -178,8 +201,10 @@ def main(argv=None) -> dict:
     model.eval().requires_grad_(False)
     prompts = training_prompts(tok, args.n_arith, args.n_text, 24, 0)
     eos = model.config.eos_token_id
-    rollouts = capture_rollouts(model, [p for p, _ in prompts], args.max_new, args.rollout_batch,
-                                eos)
+    settings = {"model": model_hash(model), "n_arith": args.n_arith, "n_text": args.n_text,
+                "max_new": args.max_new, "rollout_batch": args.rollout_batch, "eos": eos}
+    rollouts = cached_rollouts(args.rollouts_cache, settings, lambda: capture_rollouts(
+        model, [p for p, _ in prompts], args.max_new, args.rollout_batch, eos))
     heads, cal, record = train(model, rollouts, args.depth, args.inner, args.steps,
                                args.batch, args.lr)
     tree = tree_from_ranks(true_ranks(heads, cal, args.device), args.budget)
