@@ -254,8 +254,9 @@ def test_bad_proposers_are_refused(model):
                 dict(lookup=2, tree=[], adaptive_lookup=True)):
         with pytest.raises(ValueError, match="adaptive_lookup"):
             TreeProposer(heads, **{"tree": [(0,)], **bad})
-    with pytest.raises(ValueError, match="first_drafts"):
-        TreeProposer(heads, [(0,)], first_drafts="yes")
+    for bad in (dict(first_drafts="yes"), dict(tree=[], lookup=2, first_drafts=True)):
+        with pytest.raises(ValueError, match="first_drafts"):   # the second: nothing to draft
+            TreeProposer(heads, **{"tree": [(0,)], **bad})
     llm = make_engine(model)                       # block_size 4 < the lookup chain's 5
     with pytest.raises(ValueError, match="block_size >= 5"):
         llm.set_proposer(TreeProposer(heads, [(0,)], lookup=5))

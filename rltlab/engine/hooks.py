@@ -164,7 +164,10 @@ class TreeProposer:
         self.adaptive_lookup = adaptive_lookup
         if not isinstance(first_drafts, bool):
             raise ValueError(f"first_drafts must be a bool, got {first_drafts!r}")
-        self.first_drafts = first_drafts and bool(self.tree)
+        if first_drafts and not self.tree:
+            raise ValueError("first_drafts needs a tree of the heads' to draft (the tree is "
+                             "empty)")
+        self.first_drafts = first_drafts
         # head candidates per position (top-`ranks`); the lookup chain's nodes take rank
         # `ranks`, one column past them, so one rank path names every node
         self.ranks = max((p[-1] for p in self.tree), default=0) + 1
