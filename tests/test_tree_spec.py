@@ -270,6 +270,9 @@ def test_bench_pairs_other_heads_in_the_same_run(tmp_path):
     assert rows["engine chain K=4 M=1"]["tau"] > rows["engine chain K=4 heads=untrained M=1"][
         "tau"] + 0.3, res["rows"]
     assert res["also_heads"] == [str(untrained)]
+    trained, other = (rows[f"engine chain K=4{label} M=1"] for label in ("", " heads=untrained"))
+    want = [a / b for a, b in zip(trained["seconds_all"], other["seconds_all"])]
+    assert other["vs_heads"]["median"] == pytest.approx(want[0]) and "vs_heads" not in trained
 
 
 def test_rollouts_cache_is_reused_only_for_the_same_settings(tmp_path):
@@ -296,6 +299,22 @@ def test_rollouts_cache_is_reused_only_for_the_same_settings(tmp_path):
     assert torch.load(cache)["settings"] == {"n_text": 3}
     assert cached_rollouts(None, {"n_text": 3}, capture(3)) and calls == [1, 2, 3]
     assert sorted(p.name for p in cache.parent.iterdir()) == ["rollouts.pt"]   # no temp files
+
+
+def test_bench_pairs_against_the_faster_baseline_and_the_primary_heads():
+    from rltlab.bench.tree_spec import _pairings
+    seconds = {"target only": [2.0, 4.0, 1.0], "target only compiled": [3.0, 3.0, 2.0],
+               "engine x M=1": [1.0, 1.0, 0.5], "engine x heads=b M=1": [0.5, 2.0, 1.0]}
+    labels = ["", " heads=b"]
+    own = _pairings(seconds, "engine x M=1", labels)
+    assert own["vs_faster"]["median"] == 2.0 and own["vs_faster"]["mean"] == pytest.approx(7 / 3)
+    assert "vs_heads" not in own   # repeat by repeat: min(2, 3) / 1, min(4, 3) / 1, min(1, 2) / .5
+    other = _pairings(seconds, "engine x heads=b M=1", labels)
+    assert other["vs_heads"]["median"] == 0.5 and other["vs_heads"]["mean"] == pytest.approx(
+        (2.0 + 0.5 + 0.5) / 3)   # 1 / 0.5, 1 / 2, 0.5 / 1
+    assert other["vs_faster"]["median"] == 1.5
+    del seconds["target only compiled"]
+    assert "vs_faster" not in _pairings(seconds, "engine x M=1", labels)
 
 
 def test_training_cli_writes_heads_the_generator_loads(tmp_path):

@@ -34,7 +34,9 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
 
 Every config runs --repeats times, interleaved (the order rotates each repeat); a config's
 speedup is the median of its per-repeat time ratios against target only (paired), with mean,
-SE and range. identical: prompts whose tokens equal target only's. Last line: JSON.
+SE and range. With "target only compiled", vs_faster pairs each repeat against the faster of the
+two target-only rows; an --also-heads row's vs_heads pairs it against the same config with
+--heads. identical: prompts whose tokens equal target only's. Last line: JSON.
 
     python -m rltlab.bench.tree_spec --device cuda --paths engine --trees-from \\
         docs/experiments/data/2026-12-03-lookahead-tree-probe-h200.json --budgets 8 \\
@@ -61,6 +63,27 @@ PIPELINE = EngineConfig.spec_pipeline   # rows at another spec_pipeline are name
 def _sync(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
+
+
+def _paired(base_seconds: list[float], seconds: list[float]) -> dict:
+    """Per-repeat time ratios base / config: median, mean, SE."""
+    ratios = [b / t for b, t in zip(base_seconds, seconds)]
+    return {"median": statistics.median(ratios), "mean": statistics.mean(ratios),
+            "se": statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else 0.0}
+
+
+def _pairings(seconds: dict[str, list[float]], name: str, labels) -> dict:
+    """Config `name`'s vs_faster (against the faster of target only and target only compiled,
+    repeat by repeat, where both ran) and, for a name holding an --also-heads label, vs_heads
+    (against the same config with --heads)."""
+    out = {}
+    if "target only compiled" in seconds:
+        faster = list(map(min, seconds["target only"], seconds["target only compiled"]))
+        out["vs_faster"] = _paired(faster, seconds[name])
+    for label in filter(None, labels):
+        if label in name and name.replace(label, "") in seconds:
+            out["vs_heads"] = _paired(seconds[name.replace(label, "")], seconds[name])
+    return out
 
 
 def _trees(args, artifact_tree) -> dict:
@@ -221,6 +244,7 @@ def run(args) -> dict:
                 kind: sum(x.emitted for x, k in zip(s, kinds) if k == kind)
                 / max(sum(x.steps for x, k in zip(s, kinds) if k == kind), 1)
                 for kind in sorted(set(kinds))}
+        row.update(_pairings(seconds, name, drafters))
         rows.append(row)
     return {"model": str(md), "dtype": args.dtype, "heads": args.heads,
             "also_heads": args.also_heads, "failed": failed,
@@ -289,11 +313,15 @@ def main(argv=None) -> dict:
         ap.error("--repeats >= 1, --prompts >= 2, --max-tokens >= 1, --chains and --pipelines >= 1, "
                  "--gemv-rows in 1..64, --lookup in 0..16 (the block size) and --ngram >= 1")
     res = run(args)
-    print(f"{'config':>38} | nodes | tok/s | paired (median, mean ± SE) | tau | identical")
+    print(f"{'config':>38} | nodes | tok/s | paired (median, mean ± SE) | vs faster | tau | "
+          "identical | vs --heads")
     for r in res["rows"]:
+        extra = {key: f"{r[key]['median']:.3f} ({r[key]['mean']:.3f} ± {r[key]['se']:.3f})"
+                 for key in ("vs_faster", "vs_heads") if key in r}
         print(f"{r['config']:>38} | {str(r['nodes']):>5} | {r['tok_s']:7.1f} | "
               f"{r['paired_speedup']:.3f} ({r['paired_mean']:.3f} ± {r['paired_se']:.3f}) | "
-              f"{r.get('tau', 1.0):.2f} | {r['identical']}")
+              f"{extra.get('vs_faster', '-')} | {r.get('tau', 1.0):.2f} | {r['identical']} | "
+              f"{extra.get('vs_heads', '-')}")
     if args.out:
         write_json_atomic(args.out, res, indent=1)
     print(json.dumps({r["config"]: round(r["paired_speedup"], 3) for r in res["rows"]}))
