@@ -68,6 +68,7 @@ def test_lookup_chain_beside_the_tree_is_lossless_and_follows_the_rule(
     max_tokens = 32
     params = greedy(max_tokens)
     bs = max(DEPTH, lookup)
+    first = first and bool(tree)   # no heads' tree: nothing to draft first (refused)
     target = token_lists(make_engine(model, block_size=bs).generate(prompts, params))
     oracles = [Oracle(out, ranks) for out in target]
     outs = [make_engine(model, TreeProposer(oracle, tree, lookup=lookup, ngram=ngram,
