@@ -20,7 +20,7 @@ at the last step, and accept more drafts: tau 3.05 -> 3.24 on the held-out 32 x 
 from __future__ import annotations
 
 import argparse
-import io
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,7 +29,6 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from rltlab.common.atomic import write_bytes_atomic
 from rltlab.draft_heads.lookahead import LookaheadHeads, save, tree_from_ranks
 
 
@@ -78,10 +77,14 @@ def cached_rollouts(cache: str | None, settings: dict, capture):
         if saved["settings"] == settings:
             return saved["rollouts"]
     rollouts = capture()
-    if path is not None:
-        buffer = io.BytesIO()
-        torch.save({"settings": settings, "rollouts": rollouts}, buffer)
-        write_bytes_atomic(path, buffer.getvalue())
+    if path is not None:   # straight to a temporary sibling (GBs: no copy in memory), renamed
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            torch.save({"settings": settings, "rollouts": rollouts}, tmp)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
     return rollouts
 
 
