@@ -66,10 +66,20 @@ def _sync(device) -> None:
 
 
 def _paired(base_seconds: list[float], seconds: list[float]) -> dict:
-    """Per-repeat time ratios base / config: median, mean, SE."""
+    """Per-repeat time ratios base / config: median, mean, SE, range."""
     ratios = [b / t for b, t in zip(base_seconds, seconds)]
     return {"median": statistics.median(ratios), "mean": statistics.mean(ratios),
-            "se": statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else 0.0}
+            "se": statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else 0.0,
+            "range": [min(ratios), max(ratios)]}
+
+
+def tau_by_kind(steps_emitted: list[tuple[int, int]], kinds: list[str]) -> tuple[float, dict]:
+    """(steps, emitted tokens) per request and each request's prompt kind -> (tau over all
+    requests, {kind: tau over that kind's})."""
+    def tau(pairs):
+        return sum(e for _, e in pairs) / max(sum(s for s, _ in pairs), 1)
+    return tau(steps_emitted), {kind: tau([p for p, k in zip(steps_emitted, kinds) if k == kind])
+                                for kind in sorted(set(kinds))}
 
 
 def _pairings(seconds: dict[str, list[float]], name: str, labels) -> dict:
@@ -225,25 +235,19 @@ def run(args) -> dict:
     base = tokens["target only"]
     rows = []
     for name in names:
-        ratios = [t / s for t, s in zip(seconds["target only"], seconds[name])]
+        paired = _paired(seconds["target only"], seconds[name])
         nodes = (len(gens[name].paths) if name in gens else
                  engines[name].nodes if name in engines else None)
         row = {"config": name, "nodes": nodes,
                "tokens": sum(map(len, tokens[name])),
                "tok_s": sum(map(len, tokens[name])) / statistics.median(seconds[name]),
-               "seconds_all": seconds[name], "paired_speedup": statistics.median(ratios),
-               "paired_mean": statistics.mean(ratios),
-               "paired_se": statistics.stdev(ratios) / len(ratios) ** 0.5
-               if len(ratios) > 1 else 0.0, "paired_range": [min(ratios), max(ratios)],
+               "seconds_all": seconds[name], "paired_speedup": paired["median"],
+               "paired_mean": paired["mean"], "paired_se": paired["se"],
+               "paired_range": paired["range"],
                "identical": f"{sum(a == b for a, b in zip(tokens[name], base))}/{len(base)}"}
         if stats[name]:
-            s = stats[name]
-            steps = sum(x.steps for x in s)
-            row["tau"] = sum(x.emitted for x in s) / max(steps, 1)
-            row["tau_by_kind"] = {
-                kind: sum(x.emitted for x, k in zip(s, kinds) if k == kind)
-                / max(sum(x.steps for x, k in zip(s, kinds) if k == kind), 1)
-                for kind in sorted(set(kinds))}
+            row["tau"], row["tau_by_kind"] = tau_by_kind(
+                [(x.steps, x.emitted) for x in stats[name]], kinds)
         row.update(_pairings(seconds, name, drafters))
         rows.append(row)
     return {"model": str(md), "dtype": args.dtype, "heads": args.heads,

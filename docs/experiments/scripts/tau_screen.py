@@ -12,7 +12,7 @@ import json
 
 import torch
 
-from rltlab.bench.tree_spec import HEADS
+from rltlab.bench.tree_spec import HEADS, tau_by_kind
 from rltlab.draft_heads import lookahead
 from rltlab.draft_heads.evaluate import eval_prompt_kinds, eval_prompts
 from rltlab.engine import LLM, SamplingParams, TreeProposer
@@ -51,10 +51,8 @@ def main() -> dict:
         outs = llm.generate(prompts, params)
         stats = [o.spec_stats for o in outs]
         steps = sum(s["steps"] for s in stats)
-        by_kind = {kind: sum(s["emitted"] for s, k in zip(stats, kinds) if k == kind)
-                   / max(sum(s["steps"] for s, k in zip(stats, kinds) if k == kind), 1)
-                   for kind in sorted(set(kinds))}
-        row = {"tau": sum(s["emitted"] for s in stats) / steps, "tau_by_kind": by_kind,
+        tau, by_kind = tau_by_kind([(s["steps"], s["emitted"]) for s in stats], kinds)
+        row = {"tau": tau, "tau_by_kind": by_kind,
                "programs": steps,
                "rows_per_program": 1 + sum(s["drafted"] for s in stats) / steps,
                "identical": sum(list(o.outputs[0].token_ids) == r
