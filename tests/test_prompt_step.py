@@ -111,3 +111,32 @@ def test_round_observers_still_see_every_prompt_round():
 def test_whole_prompt_steps_must_be_a_bool():
     with pytest.raises(ValueError, match="whole_prompt_steps"):
         LLM(tiny_engine_model(0), whole_prompt_steps=1)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_prompt_whose_token_0_logits_are_not_finite_fails_alone(temperature):
+    """Token 0 sampled after a whole-prompt step (greedy rows: one kernel and one read-back;
+    sampled rows: the sampler): the prompt whose h_R is NaN ends with a "non-finite logits"
+    error and no token; the others' rollouts are those of an engine where nothing failed."""
+    model = tiny_engine_model(3)
+    prompts = random_prompts(3, seed=5)
+    params = [SamplingParams(temperature=temperature, max_tokens=6, seed=40 + i,
+                             exit_policy="fixed") for i in range(3)]
+    clean = LLM(model, block_size=4, max_num_seqs=3).generate(prompts, params)
+    llm = LLM(model, block_size=4, max_num_seqs=3)
+    runner = llm.llm_engine.runner
+    run_prompts = runner.run_prompts
+
+    def nan_in_row_1(seqs):
+        hidden = run_prompts(seqs).clone()
+        hidden[1] = float("nan")
+        return hidden
+    runner.run_prompts = nan_in_row_1
+    outs = llm.generate(prompts, params)
+    assert llm.llm_engine._whole_prompts.steps == 1
+    failed = outs[1].outputs[0]
+    assert (failed.finish_reason, failed.error, failed.token_ids) == \
+        ("error", "non-finite logits", [])
+    for i in (0, 2):
+        assert outs[i].outputs[0].token_ids == clean[i].outputs[0].token_ids
+        assert outs[i].outputs[0].finish_reason == "length"

@@ -32,7 +32,8 @@ from rltlab.engine.hooks import (DraftProposer, ObserverHandle, RoundEvent, Roun
                                  TreeProposer)
 from rltlab.engine.model_runner import ModelRunner, StepRows, place_model
 from rltlab.engine.outputs import RequestOutput, build_output
-from rltlab.engine.sampling import SamplingParams, sample
+from rltlab.engine.sampling import (SAMPLING_EPS, SampleResult, SamplingParams, needs_filtering,
+                                    sample)
 from rltlab.engine.scheduler import Scheduler
 from rltlab.engine import select_only
 from rltlab.engine.prompt_step import WholePrompts
@@ -294,8 +295,18 @@ class LLMEngine:
     def _sample(self, emitting) -> None:
         if not emitting:
             return
-        logits = self.runner.logits(torch.stack([h for _, h, _ in emitting]))
-        finite = torch.isfinite(logits).all(dim=-1).tolist()
+        hidden = torch.stack([h for _, h, _ in emitting])
+        params = [s.params for s, _, _ in emitting]
+        greedy = all(p.temperature < SAMPLING_EPS and p.logprobs is None for p in params) and \
+            not needs_filtering(params, self.model_config.vocab_size)
+        if greedy:   # token 0 of every request at c = 1: the argmax and the finite flags in
+            # one kernel and one read-back, where the sampler's path syncs twice
+            tokens, finite = self.runner.greedy(hidden)
+            flat = torch.cat([tokens, finite.long()]).tolist()
+            tokens, finite = flat[:len(params)], flat[len(params):]
+        else:
+            logits = self.runner.logits(hidden)
+            finite = torch.isfinite(logits).all(dim=-1).tolist()
         for (seq, _, _), ok in zip(emitting, finite):
             if not ok:
                 self._failed[seq.seq_id] = "non-finite logits"
@@ -304,10 +315,13 @@ class LLMEngine:
             return
         for seq, h, _ in emitting:   # the state output token num_output_tokens comes from
             seq.emit_hidden = (seq.num_output_tokens, h)
-        rows = [emitting[i] for i in keep]
-        result = sample(logits[keep], [s.params for s, _, _ in rows],
-                        [s.generator for s, _, _ in rows], self.config.logprobs_mode)
-        for i, (seq, _, depth) in enumerate(rows):
+        if greedy:
+            result = SampleResult([tokens[i] for i in keep], [None] * len(keep),
+                                  [None] * len(keep))
+        else:
+            result = sample(logits[keep], [params[i] for i in keep],
+                            [emitting[i][0].generator for i in keep], self.config.logprobs_mode)
+        for i, (seq, _, depth) in enumerate(emitting[i] for i in keep):
             self._accept_token(seq, result.tokens[i], result.logprobs[i], result.top_logprobs[i],
                                depth)
 
