@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from rltlab.engine.prompt_lookup import prompt_lookup, prompt_lookup_ref
+from rltlab.engine.prompt_lookup import prompt_lookup, prompt_lookup_match, prompt_lookup_ref
 
 
 def test_the_rule_on_hand_checked_cases():
@@ -20,6 +20,10 @@ def test_the_rule_on_hand_checked_cases():
     assert prompt_lookup_ref([8, 4, 4], 3, 3) == [4, 4, 4]      # period 1
     assert prompt_lookup_ref([1, 2, 3], 3, 3) == [3, 3, 3]      # no occurrence: repeat
     assert prompt_lookup_ref([4], 2, 3) == [4, 4]
+    # the match lengths behind them (TreeProposer's "agree" rule reads them)
+    assert prompt_lookup_match(tokens, 9, 3)[1] == 3 and prompt_lookup_match(tokens, 5, 2)[1] == 2
+    assert prompt_lookup_match([8, 4, 4], 3, 3)[1] == 1
+    assert prompt_lookup_match([1, 2, 3], 3, 3)[1] == 0 and prompt_lookup_match([4], 2, 3)[1] == 0
 
 
 @pytest.mark.parametrize("seed", range(24))
@@ -35,5 +39,6 @@ def test_device_drafts_equal_the_rule(seed):
     history = torch.tensor(tokens + [1000 + i for i in range(size - pos - 1)])
     for length in (1, 5, 16):
         for ngram in (1, 2, 3, 4):
-            got = prompt_lookup(history, torch.tensor([pos]), length, ngram).tolist()
-            assert got == prompt_lookup_ref(tokens, length, ngram), (length, ngram)
+            got, matched = prompt_lookup(history, torch.tensor([pos]), length, ngram, True)
+            assert (got.tolist(), int(matched)) == prompt_lookup_match(tokens, length, ngram), \
+                (length, ngram)

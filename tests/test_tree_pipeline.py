@@ -29,13 +29,15 @@ def prompts():
 @pytest.mark.parametrize("ranks", [(0, 0, 0, 0), (1, 0, 0, 0), (9, 9, 9, 9)])
 @pytest.mark.parametrize("chain, pipeline, first", [(1, 1, False), (1, 5, False), (2, 3, False),
                                                     (1, 5, True)])
+@pytest.mark.parametrize("rule", [True, "agree"])
 def test_adaptive_lookup_verifies_the_lookup_rows_after_a_hit(model, prompts, lookup, ngram,
                                                               ranks, chain, pipeline, first,
-                                                              monkeypatch):
-    """TreeProposer(adaptive_lookup=True): tokens equal target-only, iterations, acceptances
-    and verified nodes equal the host recompute of the rule (the lookup chain verified in a
-    request's first iteration and after a lookup hit), programs without the lookup rows run
-    where the recompute says, and they never read the rows they skip (made NaN)."""
+                                                              rule, monkeypatch):
+    """TreeProposer(adaptive_lookup=True or "agree"): tokens equal target-only, iterations,
+    acceptances and verified nodes equal the host recompute of the rule (the lookup chain
+    verified in a request's first iteration and after a lookup hit, or where the next lookup
+    draft agrees with the heads), programs without the lookup rows run where the recompute
+    says, and they never read the rows they skip (made NaN)."""
     max_tokens, bs = 32, max(DEPTH, lookup)
     params = greedy(max_tokens)
     target = token_lists(make_engine(model, block_size=bs).generate(prompts, params))
@@ -49,13 +51,13 @@ def test_adaptive_lookup_verifies_the_lookup_rows_after_a_hit(model, prompts, lo
         launch(program)
     monkeypatch.setattr(TreeProgram, "launch", launch_poisoned)
     outs = [make_engine(model, TreeProposer(oracle, TREE, lookup=lookup, ngram=ngram,
-                                            adaptive_lookup=True, first_drafts=first),
+                                            adaptive_lookup=rule, first_drafts=first),
                         spec_chain=chain, spec_pipeline=pipeline, block_size=bs)
             .generate([prompt], params)[0] for prompt, oracle in zip(prompts, oracles)]
     assert token_lists(outs) == target
     stats = [tuple(o.outputs[0].spec_stats[k] for k in ("steps", "accepted", "drafted"))
              for o in outs]
-    assert stats == [expected_stats(oracle, out, max_tokens, TREE, prompt, lookup, ngram, True,
+    assert stats == [expected_stats(oracle, out, max_tokens, TREE, prompt, lookup, ngram, rule,
                                     chain, first)
                      for oracle, out, prompt in zip(oracles, target, prompts)]
     always = [expected_stats(oracle, out, max_tokens, TREE, prompt, lookup, ngram,

@@ -6,7 +6,7 @@ import itertools
 import torch
 
 from rltlab.engine import LLM, SamplingParams
-from rltlab.engine.prompt_lookup import prompt_lookup_ref
+from rltlab.engine.prompt_lookup import prompt_lookup_match, prompt_lookup_ref
 from rltlab.model.architecture import OuroForCausalLM
 from rltlab.model.config import OuroConfig
 
@@ -72,7 +72,7 @@ def make_engine(model, proposer=None, **kw):
 
 
 def expected_stats(oracle: Oracle, output: list[int], max_tokens: int, tree=TREE, prompt=(),
-                   lookup: int = 0, ngram: int = 3, adaptive: bool = False, chain: int = 1,
+                   lookup: int = 0, ngram: int = 3, adaptive: bool | str = False, chain: int = 1,
                    first_drafts: bool = False) -> tuple[int, int, int]:
     """(iterations, accepted drafts, nodes verified) by the tree's acceptance rule, recomputed
     on the host: the pending token output[i] verifies the drafts the oracle made after it (the
@@ -81,8 +81,12 @@ def expected_stats(oracle: Oracle, output: list[int], max_tokens: int, tree=TREE
     accepted while the ranks of output[i + 1..i + j] form a tree path, or while the lookup
     chain's drafts from prompt + output[:i + 1] match output[i + 1..i + j]. adaptive: the
     lookup chain is verified in the first iteration and after one whose lookup drafts began
-    with the first token it emitted, decided once per program of `chain` iterations.
-    first_drafts: the first iteration verifies the oracle's drafts after token 0 too."""
+    with the first token it emitted, decided once per program of `chain` iterations (by its
+    last one); adaptive "agree": ... after one whose next lookup draft (from
+    prompt + output[:i' + 1], i' the next pending token) is the oracle's rank-0 token after
+    output[i'], or whose lookup drafts began with its first token and whose next drafts come
+    from a match of 2 tokens or more. first_drafts: the first iteration verifies the oracle's
+    drafts after token 0 too."""
     tree, i, steps, accepted, verified = set(tree), 0, 0, 0, 0
     drafted = first_drafts and bool(tree)
     hit = True
@@ -104,4 +108,8 @@ def expected_stats(oracle: Oracle, output: list[int], max_tokens: int, tree=TREE
         n = max(len(path), found)
         hit = bool(drafts) and drafts[0] == output[i + 1]
         steps, accepted, i, drafted = steps + 1, accepted + n, i + n + 1, True
+        if adaptive == "agree" and i < len(output):
+            following, matched = prompt_lookup_match(list(prompt) + output[:i + 1], 1, ngram)
+            first = int(oracle.table[output[i], 0].argmax())
+            hit = following[0] == first or (hit and matched >= 2)
     return steps, accepted, verified

@@ -111,6 +111,9 @@ def validate_tree(tree, depth: int) -> list[tuple[int, ...]]:
     return paths
 
 
+LOOKUP_RULES = ("hits", "agree")   # TreeProposer(adaptive_lookup=...): see its docstring
+
+
 class TreeProposer:
     """Tree speculative decoding for `LLMEngine.set_proposer` (rltlab.engine.tree_graph).
 
@@ -128,11 +131,17 @@ class TreeProposer:
     periodically past the present. It costs no model, and a looping continuation is accepted
     far deeper than the heads reach; the tree is then max(depth, L) deep.
 
-    adaptive_lookup=True: an iteration verifies the lookup chain's drafts (its rows in the
-    rounds) only where the last one's lookup drafts began the tokens it emitted, whether they
-    were verified or not, and a request's first iteration; otherwise the heads' tree alone, on
-    fewer rows. Where lookup rarely hits (arithmetic on the embedded model) the rounds skip
-    rows that would accept nothing.
+    adaptive_lookup: an iteration other than a request's first verifies the lookup chain's
+    drafts (its rows in the rounds) only where a rule says so; otherwise the heads' tree alone,
+    on fewer rows. Where lookup rarely hits (arithmetic on the embedded model) the rounds skip
+    rows that would accept nothing. The rules (each decided on the device by the iteration
+    before, from what it emitted):
+      - True or "hits": where the last iteration's lookup drafts began the tokens it emitted,
+        whether they were verified or not;
+      - "agree": where this iteration's first lookup draft is the heads' first candidate for
+        the same position, or where the last one's drafts began its tokens and this one's
+        come from a match of 2 tokens or more. Chosen on TRAINING-split rollouts with
+        rltlab.bench.tree_sim (docs/experiments/loop_speculation.md).
 
     first_drafts=True: a request's first iteration verifies the heads' tree too, drafted inside
     its program from the state that sampled token 0 (Sequence.emit_hidden), where that state
@@ -156,12 +165,18 @@ class TreeProposer:
         if not isinstance(ngram, int) or isinstance(ngram, bool) or ngram < 1:
             raise ValueError(f"ngram must be an int >= 1, got {ngram!r}")
         self.lookup, self.ngram = lookup, ngram
-        if not isinstance(adaptive_lookup, bool):
-            raise ValueError(f"adaptive_lookup must be a bool, got {adaptive_lookup!r}")
-        if adaptive_lookup and not (lookup and self.tree):
+        if isinstance(adaptive_lookup, bool):
+            rule = "hits" if adaptive_lookup else None
+        elif adaptive_lookup in LOOKUP_RULES:
+            rule = adaptive_lookup
+        else:
+            raise ValueError(f"adaptive_lookup must be a bool or one of {LOOKUP_RULES}, got "
+                             f"{adaptive_lookup!r}")
+        if rule and not (lookup and self.tree):
             raise ValueError("adaptive_lookup needs a lookup chain (lookup > 0) and a tree of "
                              "the heads' to verify without it")
-        self.adaptive_lookup = adaptive_lookup
+        self.adaptive_lookup = rule is not None
+        self.lookup_rule = rule   # None: the lookup chain in every iteration
         if not isinstance(first_drafts, bool):
             raise ValueError(f"first_drafts must be a bool, got {first_drafts!r}")
         if first_drafts and not self.tree:

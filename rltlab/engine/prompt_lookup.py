@@ -18,23 +18,30 @@ import torch
 
 def prompt_lookup_ref(tokens: list[int], length: int, ngram: int) -> list[int]:
     """Drafts for the `length` positions after tokens[-1] (module docstring)."""
+    return prompt_lookup_match(tokens, length, ngram)[0]
+
+
+def prompt_lookup_match(tokens: list[int], length: int, ngram: int) -> tuple[list[int], int]:
+    """-> (prompt_lookup_ref's drafts, the length of the match they came from: 0 for none)."""
     pos = len(tokens) - 1
     for n in range(min(ngram, pos), 0, -1):
         suffix = tokens[pos - n + 1:]
         for start in range(pos - n, -1, -1):       # latest first; ends before pos
             if tokens[start:start + n] == suffix:
                 begin, period = start + n, pos + 1 - (start + n)
-                return [tokens[begin + j % period] for j in range(length)]
-    return [tokens[pos]] * length
+                return [tokens[begin + j % period] for j in range(length)], n
+    return [tokens[pos]] * length, 0
 
 
-def prompt_lookup(history: torch.Tensor, pos: torch.Tensor, length: int, ngram: int
-                  ) -> torch.Tensor:
+def prompt_lookup(history: torch.Tensor, pos: torch.Tensor, length: int, ngram: int,
+                  with_match: bool = False):
     """prompt_lookup_ref on the device: history [T] int64 holds the tokens at positions
-    0..pos (later entries are never read), pos [1] int64 -> drafts [length] int64."""
+    0..pos (later entries are never read), pos [1] int64 -> drafts [length] int64 (with_match:
+    and the match length [1], prompt_lookup_match's)."""
     size = history.numel()
     at = torch.arange(size, device=history.device)
     begin = torch.full_like(pos, -1)       # where the chosen continuation starts, -1: none
+    matched = torch.zeros_like(pos)
     for n in range(1, ngram + 1):          # a longer match, where there is one, overrides
         match = at <= pos - n              # an occurrence at `at` ends before pos
         for i in range(n):
@@ -42,6 +49,8 @@ def prompt_lookup(history: torch.Tensor, pos: torch.Tensor, length: int, ngram: 
                 history[(pos - n + 1 + i).clamp(min=0)]
         latest = torch.where(match, at, -1).max().view(1)
         begin = torch.where(latest >= 0, latest + n, begin)
+        matched = torch.where(latest >= 0, n, matched)
     period = (pos + 1 - begin).clamp(min=1)
     j = torch.arange(length, device=history.device)
-    return history[torch.where(begin >= 0, begin + j % period, pos)]
+    drafts = history[torch.where(begin >= 0, begin + j % period, pos)]
+    return (drafts, matched) if with_match else drafts

@@ -36,8 +36,8 @@ valid while the sequence's pending token is the one they were drafted for. Other
 iteration accepts none of the heads' nodes: it verifies the root alone, or the root and the
 lookup chain, which needs no earlier draft (with TreeProposer(first_drafts=True) its program
 drafts them from the state that sampled the pending token). With
-TreeProposer(adaptive_lookup=True) a program without the lookup chain's rows runs except in a
-request's first iteration and after a lookup hit.
+TreeProposer(adaptive_lookup=...) a program without the lookup chain's rows runs except in a
+request's first iteration and where the proposer's rule calls for them.
 Writes to the sequence's own slots never pass position P + cap <= its last reserved one.
 """
 from __future__ import annotations
@@ -188,8 +188,8 @@ class TreeGraph:
                 valid = True                           # and its candidates, drafted by this one
                 goes_on = goes_on and bool(finite) and left > 0 and \
                     stops.isdisjoint(path[:n] + [bonus])
-            # adaptive: the next program verifies the lookup chain's drafts only where this
-            # one's drafts (verified or not) began the tokens it emitted
+            # adaptive: the next program verifies the lookup chain's drafts only where this one
+            # found that the proposer's rule holds (TreeProposer.lookup_rule)
             self.drafted_for, self.lookup_next = (seq.seq_id, position), hits > 0
             if goes_on:
                 lookup = not adaptive or self.lookup_next

@@ -42,8 +42,9 @@ class TreeProgram(GraphProgram):
         # table | with a lookup chain, the sequence's tokens by position (nb * block_size) and
         # a slot that takes the writes no position needs]
         self._history_at = 5 + nb
-        # per iteration: [n | path tokens (span) | bonus | finite | live | lookup hits: how
-        # many of the lookup chain's drafts begin the emitted tokens (adaptive_lookup only)]
+        # per iteration: [n | path tokens (span) | bonus | finite | live | lookup next:
+        # whether the next iteration verifies the lookup chain (adaptive_lookup only; "hits":
+        # how many of the chain's drafts begin the emitted tokens)]
         self.width = tree.proposer.span + 5
         self._copied = torch.cuda.Event() if pin else None
         if lead is not None:   # its inputs and outputs are the lead's (which stages them)
@@ -111,20 +112,16 @@ class TreeProgram(GraphProgram):
                                                   history)
             self.out[m * width: (m + 1) * width].copy_(out)
             if m + 1 < self.chain or self.follow:          # an iteration follows this one
-                state = self._advance(n, bonus, out, base, left, valid, history)
+                state = self._advance(n, bonus, base, left, valid)
                 token, base, left, cap, valid = (state[i: i + 1] for i in range(5))
         if self.follow:
             self.index[:5].copy_(state)
         self.tree.cand_in.copy_(cand)
 
-    def _advance_eager(self, n, bonus, out, base, left, valid, history) -> torch.Tensor:
+    def _advance_eager(self, n, bonus, base, left, valid) -> torch.Tensor:
         """The next iteration's [pending token, P, tokens left, cap, candidates valid] after
-        one that accepted n; with a lookup chain its accepted tokens go into the history
-        first (the next lookup reads positions up to its P: a re-run, the capture's warm-up,
-        writes them again, identically)."""
+        one that accepted n (_conclude has put its tokens into the lookup history)."""
         span = self.tree.proposer.span
-        if history is not None:
-            _extend(history, base, n, out[1: 1 + span], bonus, left > 0)
         emitted = torch.where(left > 0, n + 1, 0)
         base, left = base + emitted, left - emitted
         return torch.cat([bonus, base, left, (left - 1).clamp(0, span), torch.ones_like(valid)])
@@ -147,7 +144,7 @@ class TreeProgram(GraphProgram):
             st._round(rows, plane=r, rows=index, x=x, rope=rope)
             x = st.hidden_out[:rows]
         x = st.hidden_out[:self.tree.shape.num_rows]   # rows past self.rows: not read
-        return self._conclude(x, tokens, pos_p, first, live, cap, valid, table)
+        return self._conclude(x, tokens, pos_p, first, live, cap, valid, table, history)
 
     def _prepare_eager(self, token, base, left, cap, table, cand, history):
         """The rows' inputs and indices, and the block holding P copied into every leaf's
@@ -181,9 +178,10 @@ class TreeProgram(GraphProgram):
         return (st.model.model.embed_tokens(tokens[sh.row_node]), tokens, pos_p, first, live,
                 index, st.rope(positions))
 
-    def _conclude_eager(self, x, tokens, pos_p, first, live, cap, valid, table):
-        """h_R of the rows -> the acceptance walk, the commit and the next candidates:
-        (accepted count [1], bonus [1], next candidates, output row)."""
+    def _conclude_eager(self, x, tokens, pos_p, first, live, cap, valid, table, history):
+        """h_R of the rows -> the acceptance walk, the commit, the next candidates and, with a
+        lookup chain, the emitted tokens in the history: (accepted count [1], bonus [1], next
+        candidates, output row)."""
         sh, proposer = self.tree.shape, self.tree.proposer
         logits = self.static.model.lm_head(x).float()
         best = logits.argmax(-1)[sh.node_row]                                 # [nodes]
@@ -207,11 +205,18 @@ class TreeProgram(GraphProgram):
             cand = self.tree.cand_in
         finite = torch.isfinite(logits).all(-1) | (sh.row_depth > cap) | ~self._computed
         emitted = tokens[path[1:]]
+        if history is not None:   # the next lookup reads positions up to its P (a re-run,
+            # the capture's warm-up, writes them again, identically)
+            _extend(history, pos_p, n, emitted, bonus, live)
         if proposer.adaptive_lookup:
             lookup_levels = levels[1: 1 + proposer.lookup]
             level_token = torch.where(lookup_levels <= n, emitted[:proposer.lookup], bonus)
             same = (tokens[sh.lookup_nodes] == level_token) & (lookup_levels <= n + 1)
             hits = same.long().cumprod(0).sum().view(1)
+            if proposer.lookup_rule == "agree":   # TreeProposer's rule: the next iteration's
+                # first draft is the heads' first candidate there, or a hit and a 2+ match
+                drafts, matched = prompt_lookup(history, pos_p + n + 1, 1, proposer.ngram, True)
+                hits = ((drafts == cand[0, :1]) | (hits > 0) & (matched >= 2)).long()
         else:
             hits = torch.zeros_like(n)
         out = torch.cat([n, emitted, bonus, finite.all().view(1), live, hits])

@@ -67,7 +67,8 @@ def _glue_kernels(program, calls: int = 5) -> dict:
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(calls):
             x, tokens, pos_p, first, live, _, _ = _prepare(program, *args)
-            program._conclude(st.hidden_out[:rows], tokens, pos_p, first, live, *args[3:6])
+            program._conclude(st.hidden_out[:rows], tokens, pos_p, first, live, *args[3:6],
+                              args[7])
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     by_name = {}
