@@ -246,9 +246,38 @@ def test_bench_keeps_only_the_named_trees_and_adds_a_config_per_gemv_rows_and_lo
     assert [r["nodes"] for r in res["rows"]] == [None, None] + [4, 4, 7, 7, 7, 7] * 4
     assert res["pipelines"] == [1, 3]
     for bad in (["--only", "chain K=5"], ["--gemv-rows", "0"], ["--gemv-rows", "65"],
-                ["--lookup", "17"], ["--lookup", "2", "--ngram", "0"], ["--pipelines", "0"]):
+                ["--lookup", "17"], ["--lookup", "2", "--ngram", "0"], ["--pipelines", "0"],
+                ["--adaptive-lookup", "never"]):
         with pytest.raises(SystemExit):
             tree_spec.main(["--device", "cpu", "--paths", "engine", *bad])
+
+
+def test_bench_runs_each_named_lookup_rule():
+    """--adaptive-lookup hits agree: one row per rule, as TreeProposer(adaptive_lookup=rule);
+    the agreement rule's verified nodes are its own (tree_sim's replay of the same rule)."""
+    from rltlab.bench import tree_spec, tree_sim
+    res = tree_spec.main(["--device", "cpu", "--prompts", "4", "--max-tokens", "16",
+                          "--repeats", "1", "--budgets", "--paths", "engine", "--only",
+                          "chain K=4", "--lookup", "6", "--adaptive-lookup", "hits", "agree"])
+    names = [r["config"] for r in res["rows"]]
+    assert names == ["target only", "engine chain K=4 +lookup6 M=1",
+                     "engine chain K=4 +lookup6 adaptive M=1",
+                     "engine chain K=4 +lookup6 agree M=1"]
+    assert all(r["identical"] == "4/4" for r in res["rows"])
+    from rltlab.draft_heads import lookahead
+    from rltlab.draft_heads.evaluate import eval_prompts
+    from rltlab.engine import TreeProposer
+    from rltlab.model.checkpoint import load_model
+    model, tok, model_dir = load_model(None, dtype="float32", device="cpu")
+    heads, _, _ = lookahead.load(tree_spec.HEADS, model)
+    rollouts = tree_sim.record(model, heads, eval_prompts(tok, model_dir, 4), 16,
+                               model.config.eos_token_id)
+    chain = [(0,) * j for j in range(1, 5)]
+    for rule, row in (("hits", res["rows"][2]), ("agree", res["rows"][3])):
+        proposer = TreeProposer(heads, chain, lookup=6, adaptive_lookup=rule)
+        replayed = [tree_sim.replay(r, proposer, 16) for r in rollouts]
+        assert row["tau"] == pytest.approx(sum(it.emitted for its in replayed for it in its) /
+                                           sum(map(len, replayed)))
 
 
 def test_bench_pairs_other_heads_in_the_same_run(tmp_path):

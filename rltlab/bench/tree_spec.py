@@ -19,8 +19,10 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
         with EngineConfig.compile ("... compiled", beside a "target only compiled" baseline
         row); --gemv-rows G > 1 also with EngineConfig.gemv_rows = G ("... gemv<=G": trees of
         at most G rows through the Triton GEMV path, kernels/small_batch.py); --lookup L > 0
-        also with a prompt-lookup chain ("<tree> +lookupL"), and --adaptive-lookup with it
-        verified only after a lookup hit ("... adaptive", TreeProposer(adaptive_lookup=True));
+        also with a prompt-lookup chain ("<tree> +lookupL"), and --adaptive-lookup [RULE...]
+        with it verified only where each rule says (TreeProposer(adaptive_lookup=RULE)): after
+        a lookup hit ("hits", the default: "... adaptive") or where the next draft agrees with
+        the heads ("agree": "... agree");
         --first-drafts also with the first iteration drafted from token 0's state ("...
         first", TreeProposer(first_drafts=True)); --also-heads DIR... also with each of
         these lookahead heads in place of --heads ("... heads=<DIR's name>"), paired in the
@@ -55,6 +57,7 @@ import torch
 
 from rltlab.common.atomic import write_json_atomic
 from rltlab.engine.config import EngineConfig
+from rltlab.engine.hooks import LOOKUP_RULES
 
 HEADS = "artifacts/ouro-tiny/draft_heads/lookahead_h4"
 PIPELINE = EngineConfig.spec_pipeline   # rows at another spec_pipeline are named " P=<p>"
@@ -124,14 +127,14 @@ def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
     from rltlab.engine.speculative import SpecStats
     from rltlab.engine.tree_graph import private_blocks
     bs = 16
-    proposers = {f"{name}{f' +lookup{n}' if n else ''}{' adaptive' * adaptive}{' first' * first}"
+    rule_names = {False: "", "hits": " adaptive", "agree": " agree"}
+    proposers = {f"{name}{f' +lookup{n}' if n else ''}{rule_names[rule]}{' first' * first}"
                  f"{label}":
                  TreeProposer(drafter, tree, lookup=n, ngram=args.ngram,
-                              adaptive_lookup=adaptive, first_drafts=first)
+                              adaptive_lookup=rule, first_drafts=first)
                  for label, drafter in heads.items()
                  for name, tree in trees.items() for n in args.lookup
-                 for adaptive in (False, True)[:1 + (args.adaptive_lookup and n > 0 and
-                                                     bool(tree))]
+                 for rule in [False] + (args.adaptive_lookup if n > 0 and tree else [])
                  for first in (False, True)[:1 + (args.first_drafts and bool(tree))]}
     private = sum(map(private_blocks, proposers.values()))
     configs = {}
@@ -290,9 +293,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--lookup", type=int, nargs="+", default=[0],
                     help="engine path: also run each tree with a prompt-lookup chain of "
                          "these lengths (TreeProposer(lookup=L); 0: without, '+lookupL' rows)")
-    ap.add_argument("--adaptive-lookup", action="store_true",
+    ap.add_argument("--adaptive-lookup", nargs="*", choices=LOOKUP_RULES, default=None,
+                    metavar="RULE",
                     help="also run each tree with a lookup chain as TreeProposer("
-                         "adaptive_lookup=True) (' adaptive' rows)")
+                         "adaptive_lookup=RULE) for each RULE (hits, the default: ' adaptive' "
+                         "rows; agree: ' agree' rows)")
     ap.add_argument("--first-drafts", action="store_true",
                     help="also run each tree with TreeProposer(first_drafts=True) (' first' "
                          "rows: a request's first iteration drafted from token 0's state)")
@@ -310,12 +315,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     args.engine_compile = [c == "on" for c in args.engine_compile]
+    # a bare --adaptive-lookup: the hits rule
+    args.adaptive_lookup = ["hits"] if args.adaptive_lookup == [] else args.adaptive_lookup or []
     if args.repeats < 1 or args.prompts < 2 or args.max_tokens < 1 or min(args.chains) < 1 \
             or min(args.pipelines) < 1 \
             or not all(1 <= g <= 64 for g in args.gemv_rows) \
             or not all(0 <= n <= 16 for n in args.lookup) or args.ngram < 1:
-        ap.error("--repeats >= 1, --prompts >= 2, --max-tokens >= 1, --chains and --pipelines >= 1, "
-                 "--gemv-rows in 1..64, --lookup in 0..16 (the block size) and --ngram >= 1")
+        ap.error("--repeats >= 1, --prompts >= 2, --max-tokens >= 1, --chains and --pipelines "
+                 ">= 1, --gemv-rows in 1..64, --lookup in 0..16 (the block size) and --ngram >= 1")
     res = run(args)
     print(f"{'config':>38} | nodes | tok/s | paired (median, mean ± SE) | vs faster | tau | "
           "identical | vs --heads")

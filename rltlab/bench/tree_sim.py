@@ -1,0 +1,244 @@
+"""Tree proposers replayed on recorded greedy rollouts: the engine's tree path (issue 16,
+rltlab.engine.tree_graph) without the engine, to choose what to time on the GPU.
+
+A greedy request's tokens do not depend on the proposer (verification is exact), and neither
+do the heads' candidates at each position: they come from the final round's state of the token
+before it. So one full-depth greedy rollout per prompt (eos ignored, as verification reads past
+it) and the heads' ranks of the true tokens at every position determine every iteration of
+any TreeProposer: which nodes it verifies, how many tokens it emits, whether the lookup chain's
+rows run. `replay` walks them as TreeGraph.run does, and gives per request the engine's own
+spec_stats (steps, emitted, drafted); tests compare the two on the CPU.
+
+The speed figure is a **cost model**, not a measurement: a program costs an overhead plus R
+rounds over its rows, interpolated between two measured row counts; target only costs a fixed
+time per token; both pay the same prompt step per request (CostModel, H200 figures).
+
+    python -m rltlab.bench.tree_sim --prompts 32 --max-tokens 32 --lookup 10
+    python -m rltlab.bench.tree_sim --prompts 16 --max-tokens 128 --lookup 16 --verify
+    python -m rltlab.bench.tree_sim --split train --prompts 512
+
+Last line: JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass
+
+import torch
+
+from rltlab.engine.prompt_lookup import prompt_lookup_match
+from rltlab.engine.tree_graph import TreeShape
+
+RANK_CAP = 64   # ranks at or past this are stored as the cap (no tree reaches that far)
+
+
+@dataclass
+class Rollout:
+    prompt: list[int]
+    tokens: list[int]        # the greedy continuation, max_tokens long (eos not stopping it)
+    end: int                 # tokens the engine emits: through the first eos, else all
+    ranks: list[list[int]]   # [i][k - 1]: rank of tokens[i + k] under head k at root i, or -1
+    top1: list[list[int]]    # [i][k - 1]: head k's first candidate at root i
+
+
+@torch.no_grad()
+def record(model, heads, prompts: list[list[int]], max_tokens: int, eos: int | None,
+           batch_size: int = 64) -> list[Rollout]:
+    """Greedy full-depth rollouts and the heads' view of them. Root i is tokens[i]; the heads
+    read it with the state that produced it, as the engine's tree program does."""
+    from rltlab.draft_heads.lookahead_train import capture_rollouts
+    out, dtype = [], next(model.parameters()).dtype
+    for prompt, (y, h) in zip(prompts, capture_rollouts(model, prompts, max_tokens, batch_size,
+                                                        None)):
+        logits = heads(h.to(dtype), y).float()                           # [L, depth, V]
+        length, depth = len(y), heads.depth
+        ranks = torch.full((length, depth), -1, dtype=torch.long)
+        for k in range(1, min(depth, length - 1) + 1):
+            scores = logits[:length - k, k - 1]
+            true = scores.gather(-1, y[k:, None])
+            ranks[:length - k, k - 1] = (scores > true).sum(-1).clamp(max=RANK_CAP)
+        tokens = y.tolist()
+        end = next((i + 1 for i, t in enumerate(tokens) if t == eos), len(tokens))
+        out.append(Rollout(list(prompt), tokens, end, ranks.tolist(),
+                           logits.argmax(-1).tolist()))
+    return out
+
+
+@dataclass
+class Iteration:
+    rows: int           # rows the program computed (with or without the lookup chain's)
+    verified: int       # nodes it verified (spec_stats.drafted)
+    emitted: int        # tokens it emitted (spec_stats.emitted: accepted + 1)
+    lookup: bool        # whether the lookup chain's rows ran
+
+
+def replay(rollout: Rollout, proposer, max_tokens: int) -> list[Iteration]:
+    """The iterations TreeGraph.run takes for this request with this TreeProposer."""
+    shape = TreeShape(proposer.paths, "cpu", proposer.tree)
+    tree, depth, span, lookup = set(proposer.tree), proposer.depth, proposer.span, \
+        proposer.lookup
+    heads_within = [sum(len(p) <= cap for p in proposer.tree) for cap in range(span + 1)]
+    tokens, ranks, history = rollout.tokens, rollout.ranks, list(rollout.prompt)
+    iterations, i, use_lookup = [], 0, True
+    while i + 1 < rollout.end:           # tokens[i] pending: tokens[:i + 1] are emitted
+        history[len(rollout.prompt):] = tokens[:i + 1]
+        fresh = i == 0
+        valid = not fresh or proposer.first_drafts
+        cap = min(span, max_tokens - (i + 1) - 1) if valid or lookup else 0
+        use_lookup = lookup > 0 and (not proposer.adaptive_lookup or fresh or use_lookup)
+        n = 0
+        if valid:                        # the deepest accepted node of the heads' tree
+            while n < min(cap, depth) and tuple(ranks[i][:n + 1]) in tree:
+                n += 1
+        if lookup:
+            drafts, _ = prompt_lookup_match(history, lookup, proposer.ngram)
+            if use_lookup:
+                m = 0
+                while m < min(cap, lookup) and drafts[m] == tokens[i + 1 + m]:
+                    m += 1
+                n = max(n, m)
+            hit = drafts[0] == tokens[i + 1]   # the drafts began the tokens emitted
+        iterations.append(Iteration(shape.num_rows if use_lookup else shape.heads_rows,
+                                    heads_within[cap] * valid + min(lookup, cap) * use_lookup,
+                                    n + 1, use_lookup))
+        i += n + 1
+        if lookup and proposer.adaptive_lookup:
+            use_lookup = _lookup_next(proposer, hit, history, tokens, rollout, i)
+    return iterations
+
+
+def _lookup_next(proposer, hit: bool, history, tokens, rollout, i) -> bool:
+    """TreeProposer's adaptive rule for the iteration at root i."""
+    if proposer.lookup_rule == "hits" or i + 1 >= rollout.end:
+        return hit
+    history[len(rollout.prompt):] = tokens[:i + 1]
+    drafts, matched = prompt_lookup_match(history, proposer.lookup, proposer.ngram)
+    return drafts[0] == rollout.top1[i][0] or (hit and matched >= 2)
+
+
+def spec_stats(iterations: list[Iteration]) -> dict:
+    """The engine's spec_stats fields for these iterations."""
+    return {"steps": len(iterations), "drafted": sum(it.verified for it in iterations),
+            "emitted": sum(it.emitted for it in iterations)}
+
+
+@dataclass
+class CostModel:
+    """A cost model of the H200 engine at c = 1 (fp32, the embedded model; not a measurement).
+    R rounds over 5 and 16 rows: 0.305 and 0.471 ms (tree_rows_tiles.py,
+    docs/benchmarks/2026-12-04-s20-h200.md call 5), linear between and beyond; overhead: a
+    program's glue and host turn, and target_token: one target-only token, both fitted to
+    docs/benchmarks/2026-12-04-s21-h200.md call 4 (32 x 32: target only 2,369 tok/s, chain
+    K = 4 + lookup 10 adaptive 4,442 tok/s); prompt_step: one request's prompt step
+    (docs/experiments/loop_speculation.md, ~1.2 ms)."""
+    rounds_at_5: float = 0.305
+    rounds_at_16: float = 0.471
+    overhead: float = 0.217
+    target_token: float = 0.40
+    prompt_step: float = 1.2
+
+    def program_ms(self, rows: int) -> float:
+        return self.overhead + self.rounds_at_5 + \
+            (self.rounds_at_16 - self.rounds_at_5) * (rows - 5) / 11
+
+    def ratio(self, per_request: list[list[Iteration]], rollouts: list[Rollout]) -> float:
+        """Modelled target-only time over tree-path time for these requests."""
+        prompts = len(rollouts) * self.prompt_step
+        target = prompts + sum(r.end - 1 for r in rollouts) * self.target_token
+        tree = prompts + sum(self.program_ms(it.rows) for its in per_request for it in its)
+        return target / tree
+
+
+def summary(per_request: list[list[Iteration]], rollouts, cost: CostModel) -> dict:
+    its = [it for request in per_request for it in request]
+    return {"tau": sum(it.emitted for it in its) / len(its), "programs": len(its),
+            "rows_per_program": sum(it.rows for it in its) / len(its),
+            "lookup_share": sum(it.lookup for it in its) / len(its),
+            "model_ratio": cost.ratio(per_request, rollouts)}
+
+
+def proposers(heads, artifact_tree, lookup: int) -> dict:
+    """The chain K = 4 and the artifact's tree, each with a lookup chain verified always,
+    after hits and by the agreement rule, with and without first drafts."""
+    from rltlab.engine import TreeProposer
+    chain = [tuple([0] * j) for j in range(1, heads.depth + 1)]
+    out = {}
+    for name, tree in (("chain K=4", chain), (f"tree B={len(artifact_tree)}", artifact_tree)):
+        for rule in (False, "hits", "agree"):
+            for first in (False, True):
+                label = f"{name} +lookup{lookup} {rule or 'always'}{' first' * first}"
+                out[label] = TreeProposer(heads, tree, lookup=lookup, adaptive_lookup=rule,
+                                          first_drafts=first)
+    return out
+
+
+def verify(model, proposer, rollouts: list[Rollout], max_tokens: int) -> int:
+    """Requests whose replayed spec_stats and tokens equal the engine's (CPU, one at a time)."""
+    from rltlab.engine import LLM, SamplingParams
+    from rltlab.engine.tree_graph import private_blocks
+    max_len = max(len(r.prompt) for r in rollouts) + max_tokens + 1
+    llm = LLM(model, max_num_seqs=1, block_size=max(16, proposer.span), max_model_len=max_len,
+              num_blocks=-(-max_len // 16) + private_blocks(proposer), decode_path="static")
+    llm.set_proposer(proposer)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, exit_policy="fixed")
+    outs = llm.generate([r.prompt for r in rollouts], params)
+    same = 0
+    for out, rollout in zip(outs, rollouts):
+        engine = {k: out.spec_stats[k] for k in ("steps", "drafted", "emitted")}
+        same += engine == spec_stats(replay(rollout, proposer, max_tokens)) and \
+            list(out.outputs[0].token_ids) == rollout.tokens[:rollout.end]
+    return same
+
+
+def main(argv=None) -> dict:
+    from rltlab.bench.tree_spec import HEADS
+    ap = argparse.ArgumentParser(prog="python -m rltlab.bench.tree_sim",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--heads", default=HEADS)
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--lookup", type=int, default=10)
+    ap.add_argument("--split", choices=["eval", "train"], default="eval",
+                    help="eval: the held-out prompts the H200 benches run (half arithmetic, half "
+                         "text); train: TRAINING-split prompts (rollout_data.training_prompts, "
+                         "--seed), where a rule is chosen before it meets the held-out ones")
+    ap.add_argument("--seed", type=int, default=7, help="--split train's prompt seed")
+    ap.add_argument("--verify", action="store_true",
+                    help="also run every proposer through the engine (CPU) and count the "
+                         "requests whose spec_stats and tokens the replay reproduced")
+    args = ap.parse_args(argv)
+    if min(args.prompts, args.max_tokens, args.lookup) < 1:
+        ap.error("--prompts, --max-tokens and --lookup must be >= 1")
+    from rltlab.draft_heads import lookahead
+    from rltlab.draft_heads.evaluate import eval_prompts
+    from rltlab.model.checkpoint import load_model
+    model, tok, model_dir = load_model(None, dtype="float32", device="cpu")
+    heads, artifact_tree, _ = lookahead.load(args.heads, model)
+    if args.split == "eval":
+        prompts = eval_prompts(tok, model_dir, args.prompts)
+    else:
+        from rltlab.draft_heads.rollout_data import training_prompts
+        prompts = [p for p, _ in training_prompts(tok, args.prompts - args.prompts // 2,
+                                                  args.prompts // 2, 24, args.seed)]
+    rollouts = record(model, heads, prompts, args.max_tokens, model.config.eos_token_id)
+    cost = CostModel()
+    result = {"prompts": args.prompts, "max_tokens": args.max_tokens, "split": args.split,
+              "seed": args.seed if args.split == "train" else None, "heads": args.heads,
+              "lookup": args.lookup, "cost_model": asdict(cost), "configs": {}}
+    for name, proposer in proposers(heads, artifact_tree, args.lookup).items():
+        row = summary([replay(r, proposer, args.max_tokens) for r in rollouts], rollouts, cost)
+        if args.verify:
+            row["engine_matches"] = verify(model, proposer, rollouts, args.max_tokens)
+        result["configs"][name] = row
+        print(f"{name:>40}: tau {row['tau']:.2f}, {row['rows_per_program']:4.1f} rows a "
+                   f"program, lookup {row['lookup_share']:.2f}, cost model "
+                   f"{row['model_ratio']:.3f}x" + (f", engine matches {row['engine_matches']}/"
+                                                  f"{len(rollouts)}" if args.verify else ""),
+              flush=True)
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""rltlab.bench.tree_sim replays TreeProposers on recorded greedy rollouts: for every request,
+the engine's own spec_stats (iterations, nodes verified, tokens emitted) and tokens, with oracle
+heads on a tiny random model (deep and partial acceptances, lookup hits, caps from max_tokens,
+each adaptive rule, first drafts) and with the shipped heads on the embedded model; the cost
+model's arithmetic; the CLI."""
+import pytest
+import torch
+
+from rltlab.bench import tree_sim
+from rltlab.engine import TreeProposer
+from tree_oracle import DEPTH, TREE, Oracle, greedy, make_engine, token_lists, tree_model, \
+    tree_prompts
+
+STATS = ("steps", "drafted", "emitted")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tree_model()
+
+
+@pytest.mark.parametrize("max_tokens", [32, 13])
+@pytest.mark.parametrize("ranks", [(0, 0, 0, 0), (1, 0, 2, 0)])
+@pytest.mark.parametrize("lookup, rule, first", [(0, False, False), (0, False, True),
+                                                 (6, False, False), (6, True, False),
+                                                 (4, "agree", False), (6, "agree", True)])
+def test_replay_gives_the_engines_spec_stats(model, max_tokens, ranks, lookup, rule, first):
+    params = greedy(max_tokens)
+    block = max(DEPTH, lookup)
+    prompts = tree_prompts()
+    target = token_lists(make_engine(model, block_size=block).generate(prompts, params))
+    decisions = set()
+    for prompt, out in zip(prompts, target):
+        oracle = Oracle(out, ranks)
+        proposer = TreeProposer(oracle, TREE, lookup=lookup, adaptive_lookup=rule,
+                                first_drafts=first)
+        engine = make_engine(model, proposer, block_size=block).generate([prompt], params)[0]
+        rollout, = tree_sim.record(model, oracle, [prompt], max_tokens,
+                                   model.config.eos_token_id)
+        assert rollout.tokens[:rollout.end] == list(engine.outputs[0].token_ids)
+        iterations = tree_sim.replay(rollout, proposer, max_tokens)
+        assert tree_sim.spec_stats(iterations) == \
+            {k: engine.outputs[0].spec_stats[k] for k in STATS}
+        decisions |= {it.lookup for it in iterations[1:]}
+    if rule:   # the adaptive rule both ran and skipped the lookup chain somewhere
+        assert decisions == {True, False}
+
+
+def test_replay_gives_the_engines_spec_stats_with_the_shipped_heads():
+    """The embedded model, its lookahead heads and four held-out prompts (two arithmetic, two
+    text): chain K = 4 with lookup 10 by the agreement rule and first drafts, the artifact's
+    tree with lookup by hits."""
+    from rltlab.bench.tree_spec import HEADS
+    from rltlab.draft_heads import lookahead
+    from rltlab.draft_heads.evaluate import eval_prompts
+    from rltlab.model.checkpoint import load_model
+    model, tok, model_dir = load_model(None, dtype="float32", device="cpu")
+    heads, tree, _ = lookahead.load(HEADS, model)
+    prompts = eval_prompts(tok, model_dir, 4)
+    rollouts = tree_sim.record(model, heads, prompts, 24, model.config.eos_token_id)
+    chain = [(0,) * j for j in range(1, 5)]
+    for proposer in (TreeProposer(heads, chain, lookup=10, adaptive_lookup="agree",
+                                  first_drafts=True),
+                     TreeProposer(heads, tree, lookup=10, adaptive_lookup=True)):
+        assert tree_sim.verify(model, proposer, rollouts, 24) == len(prompts)
+
+
+def test_cost_model_arithmetic():
+    cost = tree_sim.CostModel(rounds_at_5=0.3, rounds_at_16=0.52, overhead=0.1,
+                              target_token=0.4, prompt_step=1.0)
+    assert cost.program_ms(5) == pytest.approx(0.4)
+    assert cost.program_ms(16) == pytest.approx(0.62)
+    assert cost.program_ms(27) == pytest.approx(0.84)      # extrapolated: 0.02 ms a row
+    rollouts = [tree_sim.Rollout([1], [5] * 9, 9, [], []), tree_sim.Rollout([1], [5] * 9, 3, [],
+                                                                            [])]
+    its = [[tree_sim.Iteration(5, 4, 4, False), tree_sim.Iteration(16, 14, 4, True)],
+           [tree_sim.Iteration(5, 0, 2, False)]]
+    # target: 2 prompt steps + (8 + 2) tokens; tree: 2 prompt steps + 0.4 + 0.62 + 0.4
+    assert cost.ratio(its, rollouts) == pytest.approx((2 + 10 * 0.4) / (2 + 1.42))
+
+
+def test_cli_prints_every_proposer_and_refuses_bad_input(capsys):
+    result = tree_sim.main(["--prompts", "2", "--max-tokens", "8", "--lookup", "4"])
+    assert len(result["configs"]) == 12
+    for row in result["configs"].values():
+        assert 1 <= row["tau"] <= 8 and row["programs"] >= 2 and row["model_ratio"] > 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("{")
+    with pytest.raises(SystemExit):
+        tree_sim.main(["--lookup", "0"])
