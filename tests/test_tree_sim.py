@@ -66,8 +66,8 @@ def test_replay_gives_the_engines_spec_stats_with_the_shipped_heads():
 
 
 def test_cost_model_arithmetic():
-    cost = tree_sim.CostModel(rounds_at_5=0.3, rounds_at_16=0.52, overhead=0.1,
-                              target_token=0.4, prompt_step=1.0)
+    cost = tree_sim.CostModel(program_at_5=0.4, program_at_16=0.62, target_token=0.4,
+                              prompt_step=1.0)
     assert cost.program_ms(5) == pytest.approx(0.4)
     assert cost.program_ms(16) == pytest.approx(0.62)
     assert cost.program_ms(27) == pytest.approx(0.84)      # extrapolated: 0.02 ms a row
