@@ -38,7 +38,9 @@ Every config runs --repeats times, interleaved (the order rotates each repeat); 
 speedup is the median of its per-repeat time ratios against target only (paired), with mean,
 SE and range. With "target only compiled", vs_faster pairs each repeat against the faster of the
 two target-only rows; an --also-heads row's vs_heads pairs it against the same config with
---heads. identical: prompts whose tokens equal target only's. Last line: JSON.
+--heads. identical: prompts whose tokens equal target only's. "host": rltlab.bench.host's
+probes before the warm-up and after the last repeat (python loop, op dispatch, read-back), to
+tell a slow host from a slow config. Last line: JSON.
 
     python -m rltlab.bench.tree_spec --device cuda --paths engine --trees-from \\
         docs/experiments/data/2026-12-03-lookahead-tree-probe-h200.json --budgets 8 \\
@@ -213,6 +215,8 @@ def run(args) -> dict:
     configs = {"target only": target_only, **baselines,
                **{name: tree_config(name) for name in gens},
                **{name: partial(go, prompts=prompts) for name, go in engines.items()}}
+    from rltlab.bench.host import host_speed
+    host = {"start": host_speed(args.device)}   # the host this run saw (rltlab.bench.host)
     failed = {}
     for name, fn in list(configs.items()):   # warm-up: graph captures, compiles
         try:
@@ -235,6 +239,7 @@ def run(args) -> dict:
             seconds[name].append(time.perf_counter() - started)
             fn = configs[name]
             stats[name] = getattr(getattr(fn, "func", fn), "stats", None)
+    host["end"] = host_speed(args.device)
     base = tokens["target only"]
     rows = []
     for name in names:
@@ -259,7 +264,7 @@ def run(args) -> dict:
             "engine_compile": args.engine_compile,
             "gemv_rows": args.gemv_rows,
             "heads_training": meta.get("training", {}).get("script"), "prompts": args.prompts,
-            "max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows}
+            "max_tokens": args.max_tokens, "repeats": args.repeats, "host": host, "rows": rows}
 
 
 def main(argv=None) -> dict:
@@ -324,6 +329,9 @@ def main(argv=None) -> dict:
         ap.error("--repeats >= 1, --prompts >= 2, --max-tokens >= 1, --chains and --pipelines "
                  ">= 1, --gemv-rows in 1..64, --lookup in 0..16 (the block size) and --ngram >= 1")
     res = run(args)
+    print("host (start / end): " + ", ".join(
+        f"{k} {res['host']['start'][k]:.1f} / {res['host']['end'][k]:.1f}"
+        for k in res["host"]["start"]))
     print(f"{'config':>38} | nodes | tok/s | paired (median, mean ± SE) | vs faster | tau | "
           "identical | vs --heads")
     for r in res["rows"]:
