@@ -146,12 +146,12 @@ def load(path, model: OuroForCausalLM, check_hash: bool = True
 
 
 def load_proposer(path, model: OuroForCausalLM, tree=None, check_hash: bool = True,
-                  lookup: int = 0, ngram: int = 3, adaptive_lookup: bool = False,
+                  lookup: int = 0, ngram: int = 3, adaptive_lookup: bool | str = False,
                   first_drafts: bool = False):
     """A rltlab.engine.TreeProposer from saved heads, with their own tree or `tree` (and a
-    prompt-lookup chain of `lookup` nodes, TreeProposer's lookup / ngram / adaptive_lookup /
-    first_drafts);
-    load it onto the model the engine runs (same dtype and device)."""
+    prompt-lookup chain of `lookup` nodes, TreeProposer's lookup / ngram / adaptive_lookup
+    (False, True or "hits", "agree") / first_drafts); load it onto the model the engine runs
+    (same dtype and device)."""
     heads, own_tree, _ = load(path, model, check_hash=check_hash)
     return TreeProposer(heads, own_tree if tree is None else tree, lookup=lookup, ngram=ngram,
                         adaptive_lookup=adaptive_lookup, first_drafts=first_drafts)
