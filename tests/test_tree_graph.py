@@ -252,7 +252,9 @@ def test_bad_proposers_are_refused(model):
     with pytest.raises(ValueError, match="ngram"):
         TreeProposer(heads, [(0,)], lookup=2, ngram=0)
     for bad in (dict(lookup=2, adaptive_lookup=1), dict(adaptive_lookup=True),
-                dict(lookup=2, tree=[], adaptive_lookup=True)):
+                dict(lookup=2, tree=[], adaptive_lookup=True),
+                dict(lookup=2, adaptive_lookup="sometimes"), dict(lookup=2, adaptive_lookup=None),
+                dict(adaptive_lookup="agree")):
         with pytest.raises(ValueError, match="adaptive_lookup"):
             TreeProposer(heads, **{"tree": [(0,)], **bad})
     for bad in (dict(first_drafts="yes"), dict(tree=[], lookup=2, first_drafts=True)):
