@@ -81,9 +81,51 @@ def test_cost_model_arithmetic():
 
 def test_cli_prints_every_proposer_and_refuses_bad_input(capsys):
     result = tree_sim.main(["--prompts", "2", "--max-tokens", "8", "--lookup", "4"])
-    assert len(result["configs"]) == 12
+    assert len(result["configs"]) == 14   # 12 proposers and 2 oracle bounds
     for row in result["configs"].values():
         assert 1 <= row["tau"] <= 8 and row["programs"] >= 2 and row["model_ratio"] > 0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("{")
     with pytest.raises(SystemExit):
         tree_sim.main(["--lookup", "0"])
+
+
+@pytest.mark.parametrize("chain", [2, 3])
+@pytest.mark.parametrize("rule", [True, "agree"])
+def test_replay_at_spec_chain_decides_the_lookup_once_a_program(model, chain, rule):
+    params, max_tokens = greedy(28), 28
+    prompts = tree_prompts()
+    target = token_lists(make_engine(model, block_size=6).generate(prompts, params))
+    for prompt, out in zip(prompts, target):
+        oracle = Oracle(out, (1, 0, 0, 0))
+        proposer = TreeProposer(oracle, TREE, lookup=6, adaptive_lookup=rule)
+        engine = make_engine(model, proposer, block_size=6, spec_chain=chain).generate(
+            [prompt], params)[0]
+        rollout, = tree_sim.record(model, oracle, [prompt], max_tokens,
+                                   model.config.eos_token_id)
+        assert tree_sim.spec_stats(tree_sim.replay(rollout, proposer, max_tokens, chain)) == \
+            {k: engine.outputs[0].spec_stats[k] for k in STATS}
+
+
+def test_oracle_rule_takes_always_on_iterations_on_fewer_rows(model):
+    """rule="oracle" emits exactly what the chain verified in every iteration emits (it runs
+    the lookup rows only where they win), on no more rows, and no adaptive rule beats its tau;
+    bad replay arguments are refused."""
+    prompts, max_tokens = tree_prompts(), 32
+    target = token_lists(make_engine(model, block_size=6).generate(prompts, greedy(32)))
+    for prompt, out in zip(prompts, target):
+        oracle = Oracle(out, (1, 0, 2, 0))
+        rollout, = tree_sim.record(model, oracle, [prompt], max_tokens,
+                                   model.config.eos_token_id)
+        always = tree_sim.replay(rollout, TreeProposer(oracle, TREE, lookup=6), max_tokens)
+        bound = tree_sim.replay(rollout, TreeProposer(oracle, TREE, lookup=6), max_tokens,
+                                rule="oracle")
+        assert [it.emitted for it in bound] == [it.emitted for it in always]
+        assert sum(it.rows for it in bound) <= sum(it.rows for it in always)
+        for rule in (True, "agree"):
+            ruled = tree_sim.replay(rollout, TreeProposer(oracle, TREE, lookup=6,
+                                                          adaptive_lookup=rule), max_tokens)
+            assert len(ruled) >= len(bound)
+    with pytest.raises(ValueError):
+        tree_sim.replay(rollout, TreeProposer(oracle, TREE, lookup=6), max_tokens, chain=0)
+    with pytest.raises(ValueError):
+        tree_sim.replay(rollout, TreeProposer(oracle, TREE, lookup=6), max_tokens, rule="x")

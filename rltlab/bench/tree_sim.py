@@ -7,11 +7,13 @@ before it. So one full-depth greedy rollout per prompt (eos ignored, as verifica
 it) and the heads' ranks of the true tokens at every position determine every iteration of
 any TreeProposer: which nodes it verifies, how many tokens it emits, whether the lookup chain's
 rows run. `replay` walks them as TreeGraph.run does, and gives per request the engine's own
-spec_stats (steps, emitted, drafted); tests compare the two on the CPU.
+spec_stats (steps, emitted, drafted); tests compare the two on the CPU. The CLI adds, per
+tree, an " oracle first (bound)" row: the lookup chain verified exactly where it beats the
+heads (replay only), the most any adaptive rule could reach.
 
 The speed figure is a **cost model**, not a measurement: a program's cost is linear in its
 rows between two costs fitted to H200 runs; target only costs a fixed time per token; both pay
-the same prompt step per request (CostModel).
+the same prompt step per request (CostModel; at spec_chain = 1, one iteration a program).
 
     python -m rltlab.bench.tree_sim --prompts 32 --max-tokens 32 --lookup 10
     python -m rltlab.bench.tree_sim --prompts 16 --max-tokens 128 --lookup 16 --verify \
@@ -74,38 +76,47 @@ class Iteration:
     lookup: bool        # whether the lookup chain's rows ran
 
 
-def replay(rollout: Rollout, proposer, max_tokens: int) -> list[Iteration]:
-    """The iterations TreeGraph.run takes for this request with this TreeProposer."""
+def replay(rollout: Rollout, proposer, max_tokens: int, chain: int = 1,
+           rule: str | None = None) -> list[Iteration]:
+    """The iterations TreeGraph.run takes for this request with this TreeProposer, at
+    EngineConfig.spec_chain = chain (an adaptive lookup chain is decided once a program, by
+    its last iteration). rule="oracle" (replay only, no engine rule) verifies the lookup chain
+    exactly where it accepts more than the heads' tree, and in a request's first iteration:
+    the upper bound of any adaptive rule, which cannot know that in advance."""
+    if chain < 1 or rule not in (None, "oracle"):
+        raise ValueError(f"chain must be >= 1 and rule None or 'oracle', got {chain}, {rule!r}")
     shape = TreeShape(proposer.paths, "cpu", proposer.tree)
     tree, depth, span, lookup = set(proposer.tree), proposer.depth, proposer.span, \
         proposer.lookup
     heads_within = [sum(len(p) <= cap for p in proposer.tree) for cap in range(span + 1)]
     tokens, ranks, history = rollout.tokens, rollout.ranks, list(rollout.prompt)
-    iterations, i, use_lookup = [], 0, True
+    iterations, i, lookup_next = [], 0, True
     while i + 1 < rollout.end:           # tokens[i] pending: tokens[:i + 1] are emitted
         history[len(rollout.prompt):] = tokens[:i + 1]
         fresh = i == 0
         valid = not fresh or proposer.first_drafts
         cap = min(span, max_tokens - (i + 1) - 1) if valid or lookup else 0
-        use_lookup = lookup > 0 and (not proposer.adaptive_lookup or fresh or use_lookup)
+        if len(iterations) % chain == 0:   # a program starts: its lookup rows or not
+            use_lookup = lookup > 0 and (not proposer.adaptive_lookup or fresh or lookup_next)
         n = 0
         if valid:                        # the deepest accepted node of the heads' tree
             while n < min(cap, depth) and tuple(ranks[i][:n + 1]) in tree:
                 n += 1
         if lookup:
             drafts, _ = prompt_lookup_match(history, lookup, proposer.ngram)
-            if use_lookup:
-                m = 0
-                while m < min(cap, lookup) and drafts[m] == tokens[i + 1 + m]:
-                    m += 1
-                n = max(n, m)
+            m = 0
+            while m < min(cap, lookup) and drafts[m] == tokens[i + 1 + m]:
+                m += 1
+            if rule == "oracle":
+                use_lookup = fresh or m > n
+            n = max(n, m) if use_lookup else n
             hit = drafts[0] == tokens[i + 1]   # the drafts began the tokens emitted
         iterations.append(Iteration(shape.num_rows if use_lookup else shape.heads_rows,
                                     heads_within[cap] * valid + min(lookup, cap) * use_lookup,
                                     n + 1, use_lookup))
         i += n + 1
         if lookup and proposer.adaptive_lookup:
-            use_lookup = _lookup_next(proposer, hit, history, tokens, rollout, i)
+            lookup_next = _lookup_next(proposer, hit, history, tokens, rollout, i)
     return iterations
 
 
@@ -236,15 +247,22 @@ def main(argv=None) -> dict:
     result = {"prompts": args.prompts, "max_tokens": args.max_tokens, "split": args.split,
               "seed": args.seed if args.split == "train" else None, "heads": args.heads,
               "lookup": args.lookup, "cost_model": asdict(cost), "configs": {}}
-    for name, proposer in proposers(heads, artifact_tree, args.lookup).items():
-        row = summary([replay(r, proposer, args.max_tokens) for r in rollouts], rollouts, cost)
-        if args.verify:
+    configs = {name: (proposer, None)
+               for name, proposer in proposers(heads, artifact_tree, args.lookup).items()}
+    for name, (proposer, _) in list(configs.items()):   # the bound of any adaptive rule
+        if name.endswith(" hits first"):
+            configs[name.replace(" hits first", " oracle first (bound)")] = (proposer, "oracle")
+    for name, (proposer, rule) in configs.items():
+        row = summary([replay(r, proposer, args.max_tokens, rule=rule) for r in rollouts],
+                      rollouts, cost)
+        if args.verify and rule is None:
             row["engine_matches"] = verify(model, proposer, rollouts, args.max_tokens)
         result["configs"][name] = row
         print(f"{name:>40}: tau {row['tau']:.2f}, {row['rows_per_program']:4.1f} rows a "
                    f"program, lookup {row['lookup_share']:.2f}, cost model "
                    f"{row['model_ratio']:.3f}x" + (f", engine matches {row['engine_matches']}/"
-                                                  f"{len(rollouts)}" if args.verify else ""),
+                                                  f"{len(rollouts)}" if rule is None and
+                                                  args.verify else ""),
               flush=True)
     print(json.dumps(result))
     return result
