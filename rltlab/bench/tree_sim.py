@@ -51,10 +51,11 @@ def record(model, heads, prompts: list[list[int]], max_tokens: int, eos: int | N
     """Greedy full-depth rollouts and the heads' view of them. Root i is tokens[i]; the heads
     read it with the state that produced it, as the engine's tree program does."""
     from rltlab.draft_heads.lookahead_train import capture_rollouts
-    out, dtype = [], next(model.parameters()).dtype
+    param = next(model.parameters())
+    out = []
     for prompt, (y, h) in zip(prompts, capture_rollouts(model, prompts, max_tokens, batch_size,
                                                         None)):
-        logits = heads(h.to(dtype), y).float()                           # [L, depth, V]
+        logits = heads(h.to(param.device, param.dtype), y.to(param.device)).float().cpu()
         length, depth = len(y), heads.depth
         ranks = torch.full((length, depth), -1, dtype=torch.long)
         for k in range(1, min(depth, length - 1) + 1):
@@ -195,9 +196,9 @@ def verify(model, proposer, rollouts: list[Rollout], max_tokens: int) -> int:
     """Requests whose replayed spec_stats and tokens equal the engine's (CPU, one at a time)."""
     from rltlab.engine import LLM, SamplingParams
     from rltlab.engine.tree_graph import private_blocks
-    max_len = max(len(r.prompt) for r in rollouts) + max_tokens + 1
-    llm = LLM(model, max_num_seqs=1, block_size=max(16, proposer.span), max_model_len=max_len,
-              num_blocks=-(-max_len // 16) + private_blocks(proposer), decode_path="static")
+    max_len, block = max(len(r.prompt) for r in rollouts) + max_tokens + 1, max(16, proposer.span)
+    llm = LLM(model, max_num_seqs=1, block_size=block, max_model_len=max_len,
+              num_blocks=-(-max_len // block) + private_blocks(proposer), decode_path="static")
     llm.set_proposer(proposer)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, exit_policy="fixed")
     outs = llm.generate([r.prompt for r in rollouts], params)
