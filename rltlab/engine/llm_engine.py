@@ -32,8 +32,7 @@ from rltlab.engine.hooks import (DraftProposer, ObserverHandle, RoundEvent, Roun
                                  TreeProposer)
 from rltlab.engine.model_runner import ModelRunner, StepRows, place_model
 from rltlab.engine.outputs import RequestOutput, build_output
-from rltlab.engine.sampling import (SAMPLING_EPS, SampleResult, SamplingParams, needs_filtering,
-                                    sample)
+from rltlab.engine.sampling import SamplingParams, sample_finite
 from rltlab.engine.scheduler import Scheduler
 from rltlab.engine import select_only
 from rltlab.engine.prompt_step import WholePrompts
@@ -295,33 +294,19 @@ class LLMEngine:
     def _sample(self, emitting) -> None:
         if not emitting:
             return
-        hidden = torch.stack([h for _, h, _ in emitting])
-        params = [s.params for s, _, _ in emitting]
-        greedy = all(p.temperature < SAMPLING_EPS and p.logprobs is None for p in params) and \
-            not needs_filtering(params, self.model_config.vocab_size)
-        if greedy:   # token 0 of every request at c = 1: the argmax and the finite flags in
-            # one kernel and one read-back, where the sampler's path syncs twice
-            tokens, finite = self.runner.greedy(hidden)
-            flat = torch.cat([tokens, finite.long()]).tolist()
-            tokens, finite = flat[:len(params)], flat[len(params):]
-        else:
-            logits = self.runner.logits(hidden)
-            finite = torch.isfinite(logits).all(dim=-1).tolist()
+        finite, result = sample_finite(self.runner, torch.stack([h for _, h, _ in emitting]),
+                                       [s.params for s, _, _ in emitting],
+                                       [s.generator for s, _, _ in emitting],
+                                       self.config.logprobs_mode)
         for (seq, _, _), ok in zip(emitting, finite):
             if not ok:
                 self._failed[seq.seq_id] = "non-finite logits"
-        keep = [i for i, ok in enumerate(finite) if ok]
-        if not keep:
+        if result is None:
             return
         for seq, h, _ in emitting:   # the state output token num_output_tokens comes from
             seq.emit_hidden = (seq.num_output_tokens, h)
-        if greedy:
-            result = SampleResult([tokens[i] for i in keep], [None] * len(keep),
-                                  [None] * len(keep))
-        else:
-            result = sample(logits[keep], [params[i] for i in keep],
-                            [emitting[i][0].generator for i in keep], self.config.logprobs_mode)
-        for i, (seq, _, depth) in enumerate(emitting[i] for i in keep):
+        kept = [row for row, ok in zip(emitting, finite) if ok]
+        for i, (seq, _, depth) in enumerate(kept):
             self._accept_token(seq, result.tokens[i], result.logprobs[i], result.top_logprobs[i],
                                depth)
 

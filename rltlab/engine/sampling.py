@@ -222,6 +222,36 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     return result
 
 
+def plain_greedy(params: list[SamplingParams], vocab_size: int) -> bool:
+    """Every row greedy, unfiltered and without log-probs: its argmax is the whole sample
+    (ModelRunner.greedy takes it in one kernel, with the finite flags)."""
+    return all(p.temperature < SAMPLING_EPS and p.logprobs is None for p in params) and \
+        not needs_filtering(params, vocab_size)
+
+
+def sample_finite(runner, hidden: torch.Tensor, params: list[SamplingParams],
+                  generators: list[torch.Generator], logprobs_mode: str
+                  ) -> tuple[list[bool], SampleResult | None]:
+    """Tokens for the host from rows h [N, H] (runner: a ModelRunner) -> (each row's logits
+    finite, `sample`'s result over the finite rows in order, None if none is). Plain greedy
+    rows (token 0 of every request at c = 1) take runner.greedy's argmax and finite flags in
+    one read-back, where the sampler's path syncs twice."""
+    if plain_greedy(params, runner.model.config.vocab_size):
+        tokens, finite = runner.greedy(hidden)
+        flat = torch.cat([tokens, finite.long()]).tolist()
+        finite = [bool(ok) for ok in flat[len(params):]]
+        kept = [token for token, ok in zip(flat, finite) if ok]
+        none = [None] * len(kept)
+        return finite, SampleResult(kept, none, list(none)) if kept else None
+    logits = runner.logits(hidden)
+    finite = torch.isfinite(logits).all(dim=-1).tolist()
+    keep = [i for i, ok in enumerate(finite) if ok]
+    if not keep:
+        return finite, None
+    return finite, sample(logits[keep], [params[i] for i in keep],
+                          [generators[i] for i in keep], logprobs_mode)
+
+
 def q_exit_params(threshold: float, max_tokens: int, *, min_loops: int = 1, seed: int = 0,
                   temperature: float = 0.0, eos_token_id: int | None = None):
     """SamplingParams of the stock Q-exit at `threshold` (1.0 = full depth)."""

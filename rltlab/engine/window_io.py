@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from rltlab.common.device import tensor_to_device
-from rltlab.engine.sampling import SAMPLING_EPS, needs_filtering, sample_on_device
+from rltlab.engine.sampling import plain_greedy, sample_on_device
 from rltlab.engine.sequence import Sequence
 
 
@@ -57,8 +57,7 @@ def sample_rows(engine, hidden: torch.Tensor, pending: torch.Tensor, rows: torch
     greedy, unfiltered and without log-probs take the argmax in one kernel (runner.greedy):
     the same tokens, without the sampler's fp32 copy and reductions."""
     params = [seq.params for seq in seqs]
-    if all(p.temperature < SAMPLING_EPS and p.logprobs is None for p in params) and \
-            not needs_filtering(params, engine.model_config.vocab_size):
+    if plain_greedy(params, engine.model_config.vocab_size):
         tokens, finite = engine.runner.greedy(hidden.index_select(0, rows))
         pending.index_copy_(0, rows, tokens)
         return tokens, finite, torch.full(tokens.shape, float("nan"), device=tokens.device)
