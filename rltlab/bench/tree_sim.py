@@ -91,20 +91,22 @@ def replay(rollout: Rollout, proposer, max_tokens: int, chain: int = 1,
         proposer.lookup
     heads_within = [sum(len(p) <= cap for p in proposer.tree) for cap in range(span + 1)]
     tokens, ranks, history = rollout.tokens, rollout.ranks, list(rollout.prompt)
-    iterations, i, lookup_next = [], 0, True
+    iterations, i, hit = [], 0, True
     while i + 1 < rollout.end:           # tokens[i] pending: tokens[:i + 1] are emitted
         history[len(rollout.prompt):] = tokens[:i + 1]
         fresh = i == 0
         valid = not fresh or proposer.first_drafts
         cap = min(span, max_tokens - (i + 1) - 1) if valid or lookup else 0
+        drafts, matched = prompt_lookup_match(history, lookup, proposer.ngram) if lookup else \
+            ([], 0)
         if len(iterations) % chain == 0:   # a program starts: its lookup rows or not
-            use_lookup = lookup > 0 and (not proposer.adaptive_lookup or fresh or lookup_next)
+            use_lookup = lookup > 0 and (not proposer.adaptive_lookup or fresh or _rule_holds(
+                proposer.lookup_rule, hit, drafts, matched, rollout.top1[i][0]))
         n = 0
         if valid:                        # the deepest accepted node of the heads' tree
             while n < min(cap, depth) and tuple(ranks[i][:n + 1]) in tree:
                 n += 1
         if lookup:
-            drafts, _ = prompt_lookup_match(history, lookup, proposer.ngram)
             m = 0
             while m < min(cap, lookup) and drafts[m] == tokens[i + 1 + m]:
                 m += 1
@@ -116,18 +118,15 @@ def replay(rollout: Rollout, proposer, max_tokens: int, chain: int = 1,
                                     heads_within[cap] * valid + min(lookup, cap) * use_lookup,
                                     n + 1, use_lookup))
         i += n + 1
-        if lookup and proposer.adaptive_lookup:
-            lookup_next = _lookup_next(proposer, hit, history, tokens, rollout, i)
     return iterations
 
 
-def _lookup_next(proposer, hit: bool, history, tokens, rollout, i) -> bool:
-    """TreeProposer's adaptive rule for the iteration at root i."""
-    if proposer.lookup_rule == "hits" or i + 1 >= rollout.end:
-        return hit
-    history[len(rollout.prompt):] = tokens[:i + 1]
-    drafts, matched = prompt_lookup_match(history, proposer.lookup, proposer.ngram)
-    return drafts[0] == rollout.top1[i][0] or (hit and matched >= 2)
+def _rule_holds(rule: str, hit: bool, drafts: list[int], matched: int, heads_first: int
+                ) -> bool:
+    """TreeProposer's adaptive rule for the iteration at a root, as the iteration before
+    decided it on the device: that one's hit, and this root's drafts, their match length and
+    the heads' first candidate after it."""
+    return hit if rule == "hits" else drafts[0] == heads_first or (hit and matched >= 2)
 
 
 def spec_stats(iterations: list[Iteration]) -> dict:
