@@ -24,6 +24,7 @@ else:
     from .activation import silu_mul, silu_mul_ref
     from .fused_norm import add_rmsnorm, add_rmsnorm_ref, rmsnorm, rmsnorm_ref
     from .greedy import greedy_tokens, greedy_tokens_ref
+    from .interpreter import interpreter_problem
     from .l2_prefetch import prefetch_bytes
     from .kv_copy import last_exited_copy, last_exited_copy_ref, write_kv, write_kv_ref
     from .paged_attention import (
@@ -40,8 +41,8 @@ else:
     from .small_batch import rope_write_kv, rope_write_kv_ref, small_m_linear, small_m_linear_ref
 
     __all__ = [
-        "add_rmsnorm", "add_rmsnorm_ref", "greedy_tokens", "greedy_tokens_ref", "rmsnorm",
-        "rmsnorm_ref",
+        "add_rmsnorm", "add_rmsnorm_ref", "greedy_tokens", "greedy_tokens_ref",
+        "interpreter_problem", "rmsnorm", "rmsnorm_ref",
         "last_exited_copy", "last_exited_copy_ref", "prefetch_bytes", "write_kv", "write_kv_ref",
         "paged_decode_attention", "paged_decode_attention_ref", "paged_decode_attention_torch",
         "paged_prefill_attention", "paged_prefill_attention_ref", "pdl_available",

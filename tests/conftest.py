@@ -1,7 +1,18 @@
 """Test-wide setup: Triton kernels run in the interpreter when there is no GPU."""
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_configure(config):
+    """Under the interpreter, stop before any test with what to install where the installed
+    Triton and NumPy cannot run the kernels (kernels/interpreter.py), rather than fail most
+    kernel tests with an error from inside the interpreter."""
+    from rltlab.kernels import interpreter_problem
+    problem = interpreter_problem() if os.environ.get("TRITON_INTERPRET") == "1" else None
+    if problem:
+        raise pytest.UsageError(problem)
