@@ -63,24 +63,33 @@ class LookaheadHeads(nn.Module):
         return torch.stack([model.lm_head(head(h, emb)) for head in self.heads], dim=-2)
 
     def draft(self, h: torch.Tensor, next_token: torch.Tensor) -> torch.Tensor:
-        """forward's logits with the heads batched: one normalisation of h and of the
-        embedding, one batched matmul per projection (about 15 kernels instead of ~75; a
-        decode-time draft inside a device program is launch-bound). Reads the heads' weights
-        as they are at the first call (frozen after training)."""
-        if not hasattr(self, "_stacked"):
-            heads = self.heads
-            self._stacked = (torch.stack([hd.norm.weight for hd in heads]),
-                             torch.stack([hd.norm_e.weight for hd in heads]),
-                             torch.stack([hd.up.weight.t() for hd in heads]),
-                             torch.stack([hd.down.weight.t() for hd in heads]))
-        w_norm, w_norm_e, w_up, w_down = self._stacked
-        model, eps = self._model[0], self.heads[0].norm.eps
-        emb = model.model.embed_tokens(next_token).to(h.dtype)
-        parts = torch.cat([_unit_rms(h, eps)[None] * w_norm[:, None],
-                           _unit_rms(emb, eps)[None] * w_norm_e[:, None]], -1)  # [depth, N, 2H]
-        inner = F.silu(torch.bmm(parts, w_up))
-        out = h[None] + torch.bmm(inner, w_down)                                # [depth, N, H]
-        return model.lm_head(out).transpose(0, 1)                               # [N, depth, V]
+        """forward's logits through drafter(): the heads' weights as they are at this call."""
+        return self.drafter()(h, next_token)
+
+    @torch.no_grad()
+    def drafter(self):
+        """-> draft(h, next_token), forward's logits with the heads batched: one normalisation
+        of h and of the embedding, one batched matmul per projection (about 15 kernels instead
+        of ~75; a decode-time draft inside a device program is launch-bound). It reads the
+        heads' weights as they are now, stacked once: a TreeProposer built after more training
+        drafts with the new ones, one built before keeps the old (as its captured programs
+        do)."""
+        heads = self.heads
+        w_norm, w_norm_e, w_up, w_down = (
+            torch.stack([hd.norm.weight for hd in heads]),
+            torch.stack([hd.norm_e.weight for hd in heads]),
+            torch.stack([hd.up.weight.t() for hd in heads]),
+            torch.stack([hd.down.weight.t() for hd in heads]))
+        model, eps = self._model[0], heads[0].norm.eps
+
+        def draft(h: torch.Tensor, next_token: torch.Tensor) -> torch.Tensor:
+            emb = model.model.embed_tokens(next_token).to(h.dtype)
+            parts = torch.cat([_unit_rms(h, eps)[None] * w_norm[:, None],
+                               _unit_rms(emb, eps)[None] * w_norm_e[:, None]], -1)  # [d, N, 2H]
+            inner = F.silu(torch.bmm(parts, w_up))
+            out = h[None] + torch.bmm(inner, w_down)                             # [depth, N, H]
+            return model.lm_head(out).transpose(0, 1)                            # [N, depth, V]
+        return draft
 
 
 def _unit_rms(x: torch.Tensor, eps: float) -> torch.Tensor:

@@ -157,8 +157,11 @@ class TreeProposer:
             raise TypeError("TreeProposer needs lookahead heads: a callable with an int "
                             f"`depth` >= 1, got {type(heads).__name__}")
         self.heads, self.depth = heads, depth
-        # the heads' batched drafting where they have one (LookaheadHeads.draft), same logits
-        self.draft = getattr(heads, "draft", heads)
+        # the heads' batched drafting where they have one (LookaheadHeads.drafter: their
+        # weights as they are now, so a proposer built after more training sees the new ones),
+        # same logits
+        drafter = getattr(heads, "drafter", None)
+        self.draft = drafter() if drafter is not None else getattr(heads, "draft", heads)
         self.tree = validate_tree(tree, depth)
         if not isinstance(lookup, int) or isinstance(lookup, bool) or lookup < 0:
             raise ValueError(f"lookup is a chain length >= 0, got {lookup!r}")
