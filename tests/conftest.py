@@ -12,7 +12,9 @@ def pytest_configure(config):
     """Under the interpreter, stop before any test with what to install where the installed
     Triton and NumPy cannot run the kernels (kernels/interpreter.py), rather than fail most
     kernel tests with an error from inside the interpreter."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return   # (importing the kernels here would fix triton's mode before a test file sets it)
     from rltlab.kernels import interpreter_problem
-    problem = interpreter_problem() if os.environ.get("TRITON_INTERPRET") == "1" else None
+    problem = interpreter_problem()
     if problem:
         raise pytest.UsageError(problem)
