@@ -129,3 +129,26 @@ def test_oracle_rule_takes_always_on_iterations_on_fewer_rows(model):
         tree_sim.replay(rollout, TreeProposer(oracle, TREE, lookup=6), max_tokens, chain=0)
     with pytest.raises(ValueError):
         tree_sim.replay(rollout, TreeProposer(oracle, TREE, lookup=6), max_tokens, rule="x")
+
+
+def test_cli_replays_a_prompts_file_of_texts_and_ids(tmp_path, capsys):
+    """--prompts-file: texts get the tokenizer's special tokens (the embedded model's bos), as
+    the engine's text prompts do; id lists are taken as they are; bad files are refused."""
+    from rltlab.engine.tokenize import encode_prompt
+    from rltlab.model.checkpoint import load_model
+    _, tok, _ = load_model(None)
+    text = "def add(a, b):\n    return"
+    path = tmp_path / "prompts.json"
+    path.write_text(__import__("json").dumps([text, [0, 5, 9, 17], "x = 1"]))
+    assert tree_sim.file_prompts(str(path), tok, 1024, 2) == [encode_prompt(tok, text),
+                                                                [0, 5, 9, 17]]
+    assert encode_prompt(tok, text)[0] == 0    # the bos the embedded tokenizer adds
+    result = tree_sim.main(["--prompts-file", str(path), "--prompts", "2", "--max-tokens", "6",
+                            "--lookup", "4"])
+    assert result["prompts"] == 2 and result["split"] == f"file {path}"
+    assert all(1 <= row["tau"] <= 6 for row in result["configs"].values())
+    for bad in ("[]", "{\"a\": 1}", "[[0, 2000]]", "[[]]", "[3.5]", "not json"):
+        path.write_text(bad)
+        with pytest.raises(SystemExit):
+            tree_sim.main(["--prompts-file", str(path)])
+    assert "prompts.json" in capsys.readouterr().err

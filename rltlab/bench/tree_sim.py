@@ -19,6 +19,7 @@ the same prompt step per request (CostModel; at spec_chain = 1, one iteration a 
     python -m rltlab.bench.tree_sim --prompts 16 --max-tokens 128 --lookup 16 --verify \
         --target-token-ms 0.321
     python -m rltlab.bench.tree_sim --split train --prompts 512
+    python -m rltlab.bench.tree_sim --prompts-file my_prompts.json --model DIR --heads HEADS
 
 Last line: JSON.
 """
@@ -209,10 +210,43 @@ def verify(model, proposer, rollouts: list[Rollout], max_tokens: int) -> int:
     return same
 
 
+def file_prompts(path: str, tokenizer, vocab_size: int, limit: int) -> list[list[int]]:
+    """The first `limit` prompts of a JSON list: each a text (encoded with the tokenizer's
+    special tokens, rltlab.engine.tokenize) or a list of token ids. Refused, naming the item,
+    where an item is neither, is empty or holds an id outside the vocabulary."""
+    from pathlib import Path
+
+    from rltlab.engine.tokenize import encode_prompt
+    try:
+        items = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--prompts-file {path}: not a readable JSON file ({err})") from err
+    if not isinstance(items, list) or not items:
+        raise ValueError(f"--prompts-file {path}: expected a non-empty JSON list of prompts")
+    prompts = []
+    for i, item in enumerate(items[:limit]):
+        if isinstance(item, str):
+            ids = encode_prompt(tokenizer, item)
+        elif isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool)
+                                            for t in item):
+            ids = item
+        else:
+            raise ValueError(f"--prompts-file {path}: prompt {i} is neither a text nor a list "
+                             f"of token ids")
+        if not ids or not all(0 <= t < vocab_size for t in ids):
+            raise ValueError(f"--prompts-file {path}: prompt {i} is empty or holds an id "
+                             f"outside the vocabulary (0..{vocab_size - 1})")
+        prompts.append(ids)
+    return prompts
+
+
 def main(argv=None) -> dict:
     from rltlab.bench.tree_spec import HEADS
     ap = argparse.ArgumentParser(prog="python -m rltlab.bench.tree_sim",
                                  description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None,
+                    help="checkpoint directory (default: the embedded model); --heads must have "
+                         "been trained for it")
     ap.add_argument("--heads", default=HEADS)
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=32)
@@ -222,6 +256,9 @@ def main(argv=None) -> dict:
                          "text); train: TRAINING-split prompts (rollout_data.training_prompts, "
                          "--seed), where a rule is chosen before it meets the held-out ones")
     ap.add_argument("--seed", type=int, default=7, help="--split train's prompt seed")
+    ap.add_argument("--prompts-file", default=None, metavar="JSON",
+                    help="replay these prompts instead of --split's: a JSON list of texts or "
+                         "token-id lists (the first --prompts of them)")
     ap.add_argument("--target-token-ms", type=float, default=CostModel.target_token,
                     help="the cost model's target-only token in ms (CostModel: 0.388 fits "
                          "32 x 32, 0.321 fits 16 x 128)")
@@ -234,9 +271,14 @@ def main(argv=None) -> dict:
     from rltlab.draft_heads import lookahead
     from rltlab.draft_heads.evaluate import eval_prompts
     from rltlab.model.checkpoint import load_model
-    model, tok, model_dir = load_model(None, dtype="float32", device="cpu")
+    model, tok, model_dir = load_model(args.model, dtype="float32", device="cpu")
     heads, artifact_tree, _ = lookahead.load(args.heads, model)
-    if args.split == "eval":
+    if args.prompts_file:
+        try:
+            prompts = file_prompts(args.prompts_file, tok, model.config.vocab_size, args.prompts)
+        except ValueError as err:
+            ap.error(str(err))
+    elif args.split == "eval":
         prompts = eval_prompts(tok, model_dir, args.prompts)
     else:
         from rltlab.draft_heads.rollout_data import training_prompts
@@ -244,8 +286,10 @@ def main(argv=None) -> dict:
                                                   args.prompts // 2, 24, args.seed)]
     rollouts = record(model, heads, prompts, args.max_tokens, model.config.eos_token_id)
     cost = CostModel(target_token=args.target_token_ms)
-    result = {"prompts": args.prompts, "max_tokens": args.max_tokens, "split": args.split,
-              "seed": args.seed if args.split == "train" else None, "heads": args.heads,
+    result = {"prompts": len(prompts), "max_tokens": args.max_tokens,
+              "split": f"file {args.prompts_file}" if args.prompts_file else args.split,
+              "seed": args.seed if args.split == "train" and not args.prompts_file else None,
+              "model": args.model or "embedded", "heads": args.heads,
               "lookup": args.lookup, "cost_model": asdict(cost), "configs": {}}
     configs = {name: (proposer, None)
                for name, proposer in proposers(heads, artifact_tree, args.lookup).items()}

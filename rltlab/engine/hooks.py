@@ -157,11 +157,6 @@ class TreeProposer:
             raise TypeError("TreeProposer needs lookahead heads: a callable with an int "
                             f"`depth` >= 1, got {type(heads).__name__}")
         self.heads, self.depth = heads, depth
-        # the heads' batched drafting where they have one (LookaheadHeads.drafter: their
-        # weights as they are now, so a proposer built after more training sees the new ones),
-        # same logits
-        drafter = getattr(heads, "drafter", None)
-        self.draft = drafter() if drafter is not None else getattr(heads, "draft", heads)
         self.tree = validate_tree(tree, depth)
         if not isinstance(lookup, int) or isinstance(lookup, bool) or lookup < 0:
             raise ValueError(f"lookup is a chain length >= 0, got {lookup!r}")
@@ -186,6 +181,11 @@ class TreeProposer:
             raise ValueError("first_drafts needs a tree of the heads' to draft (the tree is "
                              "empty)")
         self.first_drafts = first_drafts
+        # the heads' batched drafting where they have one (LookaheadHeads.drafter: their
+        # weights as they are now, so a proposer built after more training sees the new ones),
+        # same logits
+        drafter = getattr(heads, "drafter", None)
+        self.draft = drafter() if drafter is not None else getattr(heads, "draft", heads)
         # head candidates per position (top-`ranks`); the lookup chain's nodes take rank
         # `ranks`, one column past them, so one rank path names every node
         self.ranks = max((p[-1] for p in self.tree), default=0) + 1
