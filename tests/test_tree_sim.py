@@ -152,3 +152,22 @@ def test_cli_replays_a_prompts_file_of_texts_and_ids(tmp_path, capsys):
         with pytest.raises(SystemExit):
             tree_sim.main(["--prompts-file", str(path)])
     assert "prompts.json" in capsys.readouterr().err
+
+
+def test_cli_cache_reuses_a_recording_and_refuses_one_of_other_inputs(tmp_path, monkeypatch):
+    cache = tmp_path / "rollouts.pt"
+    argv = ["--prompts", "2", "--max-tokens", "6", "--lookup", "4", "--cache", str(cache)]
+    first = tree_sim.main(argv)
+    saved = cache.read_bytes()
+
+    def no_recording(*args, **kwargs):
+        raise AssertionError("recorded again although the cache holds these rollouts")
+    monkeypatch.setattr(tree_sim, "record", no_recording)
+    assert tree_sim.main(argv)["configs"] == first["configs"]
+    for other in (["--max-tokens", "7"], ["--split", "train"]):
+        with pytest.raises(SystemExit):
+            tree_sim.main(argv + other)
+    assert cache.read_bytes() == saved            # refused, untouched
+    cache.write_bytes(b"not a recording")
+    with pytest.raises(SystemExit):
+        tree_sim.main(argv)

@@ -70,6 +70,39 @@ def record(model, heads, prompts: list[list[int]], max_tokens: int, eos: int | N
     return out
 
 
+def recorded(model, heads, prompts: list[list[int]], max_tokens: int, eos: int | None,
+             cache: str | None = None) -> list[Rollout]:
+    """record(), or the rollouts `cache` holds for exactly these inputs (model and heads by
+    their weights' hash, prompts, max_tokens, eos), so proposers can be replayed again without
+    recording again. A new recording is saved there (atomically); a cache recorded for other
+    inputs is refused, untouched."""
+    if cache is None:
+        return record(model, heads, prompts, max_tokens, eos)
+    import hashlib
+    import io
+    from pathlib import Path
+
+    from rltlab.common.atomic import write_bytes_atomic
+    from rltlab.model.checkpoint import model_hash
+    key = {"model": model_hash(model), "heads": model_hash(heads), "max_tokens": max_tokens,
+           "eos": eos, "prompts": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16]}
+    path = Path(cache)
+    if path.exists():
+        try:
+            saved = torch.load(path, weights_only=True)
+        except Exception as err:
+            raise ValueError(f"--cache {path}: not a tree_sim recording ({err})") from err
+        if not isinstance(saved, dict) or saved.get("key") != key:
+            raise ValueError(f"--cache {path} was recorded for other inputs (model, heads, "
+                             f"prompts, --max-tokens); remove it or pick another path")
+        return [Rollout(**r) for r in saved["rollouts"]]
+    rollouts = record(model, heads, prompts, max_tokens, eos)
+    buffer = io.BytesIO()
+    torch.save({"key": key, "rollouts": [asdict(r) for r in rollouts]}, buffer)
+    write_bytes_atomic(path, buffer.getvalue())
+    return rollouts
+
+
 @dataclass
 class Iteration:
     rows: int           # rows the program computed (with or without the lookup chain's)
@@ -262,6 +295,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--target-token-ms", type=float, default=CostModel.target_token,
                     help="the cost model's target-only token in ms (CostModel: 0.388 fits "
                          "32 x 32, 0.321 fits 16 x 128)")
+    ap.add_argument("--cache", default=None, metavar="FILE",
+                    help="the recorded rollouts: reused where the model, heads, prompts and "
+                         "--max-tokens match, refused where they do not, written after a new "
+                         "recording")
     ap.add_argument("--verify", action="store_true",
                     help="also run every proposer through the engine (CPU) and count the "
                          "requests whose spec_stats and tokens the replay reproduced")
@@ -284,7 +321,11 @@ def main(argv=None) -> dict:
         from rltlab.draft_heads.rollout_data import training_prompts
         prompts = [p for p, _ in training_prompts(tok, args.prompts - args.prompts // 2,
                                                   args.prompts // 2, 24, args.seed)]
-    rollouts = record(model, heads, prompts, args.max_tokens, model.config.eos_token_id)
+    try:
+        rollouts = recorded(model, heads, prompts, args.max_tokens, model.config.eos_token_id,
+                            args.cache)
+    except ValueError as err:
+        ap.error(str(err))
     cost = CostModel(target_token=args.target_token_ms)
     result = {"prompts": len(prompts), "max_tokens": args.max_tokens,
               "split": f"file {args.prompts_file}" if args.prompts_file else args.split,
