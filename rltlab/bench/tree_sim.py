@@ -26,13 +26,19 @@ Last line: JSON.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import io
 import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
+from rltlab.common.atomic import write_bytes_atomic
 from rltlab.engine.prompt_lookup import prompt_lookup_match
+from rltlab.engine.tokenize import encode_prompt
 from rltlab.engine.tree_graph import TreeShape
+from rltlab.model.checkpoint import load_model, model_hash
 
 RANK_CAP = 64   # ranks at or past this are stored as the cap (no tree reaches that far)
 
@@ -78,12 +84,6 @@ def recorded(model, heads, prompts: list[list[int]], max_tokens: int, eos: int |
     inputs is refused, untouched."""
     if cache is None:
         return record(model, heads, prompts, max_tokens, eos)
-    import hashlib
-    import io
-    from pathlib import Path
-
-    from rltlab.common.atomic import write_bytes_atomic
-    from rltlab.model.checkpoint import model_hash
     key = {"model": model_hash(model), "heads": model_hash(heads), "max_tokens": max_tokens,
            "eos": eos, "prompts": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16]}
     path = Path(cache)
@@ -247,9 +247,6 @@ def file_prompts(path: str, tokenizer, vocab_size: int, limit: int) -> list[list
     """The first `limit` prompts of a JSON list: each a text (encoded with the tokenizer's
     special tokens, rltlab.engine.tokenize) or a list of token ids. Refused, naming the item,
     where an item is neither, is empty or holds an id outside the vocabulary."""
-    from pathlib import Path
-
-    from rltlab.engine.tokenize import encode_prompt
     try:
         items = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
@@ -307,7 +304,6 @@ def main(argv=None) -> dict:
         ap.error("--prompts, --max-tokens and --lookup must be >= 1, --target-token-ms > 0")
     from rltlab.draft_heads import lookahead
     from rltlab.draft_heads.evaluate import eval_prompts
-    from rltlab.model.checkpoint import load_model
     model, tok, model_dir = load_model(args.model, dtype="float32", device="cpu")
     heads, artifact_tree, _ = lookahead.load(args.heads, model)
     if args.prompts_file:
