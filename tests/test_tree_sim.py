@@ -79,7 +79,8 @@ def test_cost_model_arithmetic():
     assert cost.ratio(its, rollouts) == pytest.approx((2 + 10 * 0.4) / (2 + 1.42))
 
 
-def test_cli_prints_every_proposer_and_refuses_bad_input(capsys):
+def test_cli_prints_every_proposer_and_refuses_bad_input(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)   # the shipped heads are found from any working directory
     result = tree_sim.main(["--prompts", "2", "--max-tokens", "8", "--lookup", "4"])
     assert len(result["configs"]) == 14   # 12 proposers and 2 oracle bounds
     for row in result["configs"].values():
