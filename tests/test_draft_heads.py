@@ -286,3 +286,21 @@ def test_text_agreement_rows_compare_drafters_on_both_texts():
         assert same["prompt_agree"] == d2["prompt_agree"]
         assert same["continuation_agree"] == d2["continuation_agree"]
         assert 0 < d1["prompt_agree"] < 1 and d1["prompt_agree"] != d2["prompt_agree"]
+def test_selfdistill_writes_into_the_models_own_draft_heads_folder(tmp_path, monkeypatch):
+    """Without --out-root the components land in <model>/draft_heads, where shipped_components
+    and the benches look, whatever the working directory (tiny run: 8 prompts, 2 steps)."""
+    import shutil
+
+    from rltlab.common.paths import embedded_model_dir
+    from rltlab.draft_heads import selfdistill
+    model_dir = tmp_path / "model"
+    shutil.copytree(embedded_model_dir(), model_dir, ignore=shutil.ignore_patterns("draft_heads"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    selfdistill.main(["--model", str(model_dir), "--draft-rounds", "1", "--arith", "4",
+                      "--text", "4", "--max-tokens", "4", "--temperatures", "0", "--steps", "2",
+                      "--eval-every", "1", "--batch-size", "4"])
+    assert selfdistill.shipped_components(model_dir) == [model_dir / "draft_heads" /
+                                                         "residual_mlp_d1"]
+    assert not any(elsewhere.iterdir())

@@ -148,8 +148,6 @@ def distill_sequences(head, feats: SequenceFeatures, d: int, lm_head, *, steps: 
     return log
 
 
-SHIPPED_ROOT = "artifacts/ouro-tiny/draft_heads"
-
 
 def shipped_components(model_dir=None) -> list:
     """Directories of the components shipped with the embedded model (sorted)."""
@@ -212,8 +210,9 @@ def main(argv=None) -> dict:
     from rltlab.draft_heads.heads import build_component, save_component
     ap = argparse.ArgumentParser(prog="python -m rltlab.draft_heads.selfdistill",
                                  description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out-root", default=SHIPPED_ROOT,
-                    help="components land in OUT_ROOT/<kind>_d<d>")
+    ap.add_argument("--out-root", default=None,
+                    help="components land in OUT_ROOT/<kind>_d<d> (default: the model's own "
+                         "draft_heads folder, where shipped_components and the benches look)")
     ap.add_argument("--model", default=None, help="model dir (default: the embedded model)")
     ap.add_argument("--draft-rounds", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--kind", default="residual_mlp", choices=["residual_mlp", "lora_lm_head"])
@@ -273,7 +272,7 @@ def main(argv=None) -> dict:
         metrics = {"heldout_shallow": evaluate_features(None, held, d, model.lm_head),
                    "heldout_trained": evaluate_features(head, held, d, model.lm_head),
                    "best_step": log[-1]["best_step"]}
-        out = Path(args.out_root) / f"{args.kind}_d{d}"
+        out = Path(args.out_root or Path(model_dir) / "draft_heads") / f"{args.kind}_d{d}"
         training = {"description": description, "data": {**data, **split},
                     "kind": args.kind, "component": cfg, "steps": args.steps,
                     "batch_size": args.batch_size, "lr": args.lr,
