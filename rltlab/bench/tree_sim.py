@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from rltlab.common.atomic import write_bytes_atomic
 from rltlab.engine.prompt_lookup import prompt_lookup_match
 from rltlab.engine.tokenize import encode_prompt
 from rltlab.engine.tree_graph import TreeShape
@@ -80,27 +78,17 @@ def recorded(model, heads, prompts: list[list[int]], max_tokens: int, eos: int |
              cache: str | None = None) -> list[Rollout]:
     """record(), or the rollouts `cache` holds for exactly these inputs (model and heads by
     their weights' hash, prompts, max_tokens, eos), so proposers can be replayed again without
-    recording again. A new recording is saved there (atomically); a cache recorded for other
-    inputs is refused, untouched."""
+    recording again (lookahead_train.cached_rollouts). A new recording is saved there
+    (atomically); a cache recorded for other inputs is refused, untouched."""
+    from rltlab.draft_heads.lookahead_train import cached_rollouts
     if cache is None:
         return record(model, heads, prompts, max_tokens, eos)
-    key = {"model": model_hash(model), "heads": model_hash(heads), "max_tokens": max_tokens,
-           "eos": eos, "prompts": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16]}
-    path = Path(cache)
-    if path.exists():
-        try:
-            saved = torch.load(path, weights_only=True)
-        except Exception as err:
-            raise ValueError(f"--cache {path}: not a tree_sim recording ({err})") from err
-        if not isinstance(saved, dict) or saved.get("key") != key:
-            raise ValueError(f"--cache {path} was recorded for other inputs (model, heads, "
-                             f"prompts, --max-tokens); remove it or pick another path")
-        return [Rollout(**r) for r in saved["rollouts"]]
-    rollouts = record(model, heads, prompts, max_tokens, eos)
-    buffer = io.BytesIO()
-    torch.save({"key": key, "rollouts": [asdict(r) for r in rollouts]}, buffer)
-    write_bytes_atomic(path, buffer.getvalue())
-    return rollouts
+    settings = {"model": model_hash(model), "heads": model_hash(heads), "max_tokens": max_tokens,
+                "eos": eos,
+                "prompts": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16]}
+    saved = cached_rollouts(cache, settings, lambda: [
+        asdict(r) for r in record(model, heads, prompts, max_tokens, eos)], refuse_other=True)
+    return [Rollout(**r) for r in saved]
 
 
 @dataclass

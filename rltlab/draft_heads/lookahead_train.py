@@ -67,15 +67,25 @@ def capture_rollouts(model, prompts: list[list[int]], max_new: int, batch_size: 
     return out
 
 
-def cached_rollouts(cache: str | None, settings: dict, capture):
+def cached_rollouts(cache: str | None, settings: dict, capture, refuse_other: bool = False):
     """capture()'s rollouts, or those a run with the same settings saved at `cache` (a file;
     None: no cache). New ones are written there atomically, replacing any of other settings:
-    a run stopped after its rollouts (a device call's time limit) resumes from them."""
+    a run stopped after its rollouts (a device call's time limit) resumes from them.
+    refuse_other: a cache of other settings (or not a cache at all) raises ValueError instead,
+    and stays as it is."""
     path = Path(cache) if cache else None
     if path is not None and path.is_file():
-        saved = torch.load(path)
-        if saved["settings"] == settings:
+        try:
+            saved = torch.load(path)
+        except Exception as err:
+            if refuse_other:
+                raise ValueError(f"cache {path}: not a saved rollouts file ({err})") from err
+            raise
+        if isinstance(saved, dict) and saved.get("settings") == settings:
             return saved["rollouts"]
+        if refuse_other:
+            raise ValueError(f"cache {path} was saved for other settings; remove it or pick "
+                             f"another path")
     rollouts = capture()
     if path is not None:   # straight to a temporary sibling (GBs: no copy in memory), renamed
         path.parent.mkdir(parents=True, exist_ok=True)

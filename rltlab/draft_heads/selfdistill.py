@@ -148,7 +148,6 @@ def distill_sequences(head, feats: SequenceFeatures, d: int, lm_head, *, steps: 
     return log
 
 
-
 def shipped_components(model_dir=None) -> list:
     """Directories of the components shipped with the embedded model (sorted)."""
     from pathlib import Path
