@@ -27,5 +27,6 @@ def interpreter_problem(triton_version: str | None = None,
                 f"converts 1-element arrays to Python ints, which NumPy 2.4 refuses (TypeError: "
                 f"only 0-dimensional arrays can be converted to Python scalars; "
                 f"triton-lang/triton issue 9171). Install 'numpy<2.4', or triton>=3.7 where "
-                f"your torch allows it.")
+                f"your torch allows it; or set TRITON_INTERPRET=0 to run the other tests on a "
+                f"CPU (the kernel tests then skip).")
     return None
