@@ -148,13 +148,19 @@ def distill_sequences(head, feats: SequenceFeatures, d: int, lm_head, *, steps: 
     return log
 
 
-def shipped_components(model_dir=None) -> list:
-    """Directories of the components shipped with the embedded model (sorted)."""
+def draft_heads_dir(model_dir=None):
+    """The folder where a model's trained components live (the embedded model's by default):
+    selfdistill writes there, shipped_components and the benches look there."""
     from pathlib import Path
 
-    from rltlab.draft_heads.heads import META_FILE
     from rltlab.common.paths import embedded_model_dir
-    root = Path(model_dir or embedded_model_dir()) / "draft_heads"
+    return Path(model_dir or embedded_model_dir()) / "draft_heads"
+
+
+def shipped_components(model_dir=None) -> list:
+    """Directories of the components shipped with the embedded model (sorted)."""
+    from rltlab.draft_heads.heads import META_FILE
+    root = draft_heads_dir(model_dir)
     return sorted(p.parent for p in root.glob(f"*/{META_FILE}")) if root.is_dir() else []
 
 
@@ -271,7 +277,7 @@ def main(argv=None) -> dict:
         metrics = {"heldout_shallow": evaluate_features(None, held, d, model.lm_head),
                    "heldout_trained": evaluate_features(head, held, d, model.lm_head),
                    "best_step": log[-1]["best_step"]}
-        out = Path(args.out_root or Path(model_dir) / "draft_heads") / f"{args.kind}_d{d}"
+        out = Path(args.out_root or draft_heads_dir(model_dir)) / f"{args.kind}_d{d}"
         training = {"description": description, "data": {**data, **split},
                     "kind": args.kind, "component": cfg, "steps": args.steps,
                     "batch_size": args.batch_size, "lr": args.lr,
