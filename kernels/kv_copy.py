@@ -56,7 +56,8 @@ def _last_exited_copy_kernel(
 
 
 def last_exited_copy(kv_cache, slots, exit_planes):
-    """Triton version of last_exited_copy_ref (in place). slots: int64 [N], exit_planes: int32 [N]."""
+    """Triton version of last_exited_copy_ref (in place). slots: int64 [N],
+    exit_planes: int32 [N]."""
     num_layers, _, num_planes, _, block_size, num_kv_heads, head_dim = kv_cache.shape
     if slots.numel() == 0:
         return

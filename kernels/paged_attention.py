@@ -210,7 +210,8 @@ def paged_decode_attention(q, k_cache, v_cache, planes, block_tables, context_le
     batch, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[2], k_cache.shape[3]
     group = num_heads // num_kv_heads
-    assert q.stride(-1) == k_cache.stride(-1) == v_cache.stride(-1) == 1, "head_dim must be contiguous"
+    assert q.stride(-1) == k_cache.stride(-1) == v_cache.stride(-1) == 1, \
+        "head_dim must be contiguous"
     assert block_tables.stride(-1) == 1, "block table rows must be contiguous"
     block_n = block_n or DECODE_CONFIG["block_n"]
     if max_context_len is None:
@@ -317,7 +318,8 @@ def paged_prefill_attention(q, k_cache, v_cache, plane, block_table, start_pos, 
     block_n = block_n or PREFILL_CONFIG["block_n"]
     num_q, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[2], k_cache.shape[3]
-    assert q.stride(-1) == k_cache.stride(-1) == v_cache.stride(-1) == 1, "head_dim must be contiguous"
+    assert q.stride(-1) == k_cache.stride(-1) == v_cache.stride(-1) == 1, \
+        "head_dim must be contiguous"
     assert block_table.stride(-1) == 1, "block table must be contiguous"
     # Slice the plane on the host: the kernel sees one plane, [num_blocks, block_size, Hkv, D].
     k_plane, v_plane = k_cache[plane], v_cache[plane]

@@ -1,4 +1,5 @@
-"""The depth-gain benchmark script runs and reports both policies from one run (not a timing test)."""
+"""The depth-gain benchmark script runs and reports both policies from one run
+(not a timing test)."""
 import pytest
 
 from rltlab.bench.depth_gain import main

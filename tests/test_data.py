@@ -1,5 +1,5 @@
-"""Tests of rltlab.pretrain.data: stdlib corpus, arithmetic task, tokenizer, packed tensors (CPU, < 30 s).
-The k-hop task and the package corpus are in tests/test_data_v2.py."""
+"""Tests of rltlab.pretrain.data: stdlib corpus, arithmetic task, tokenizer, packed tensors
+(CPU, < 30 s). The k-hop task and the package corpus are in tests/test_data_v2.py."""
 import random
 import re
 import sysconfig
@@ -23,7 +23,8 @@ def _random_strings(seed, n=60):
     rng = random.Random(seed)
     pools = [
         [chr(c) for c in range(0x20, 0x7F)] + ["\n", "\t", "\r", "  ", "\u00a0", "\u3000"],
-        ["def f(x):\n", "    return x**2", " # é", "'s", "'ll", "１２３", "٣", "²", "Ⅻ", "\x1c", "\x0b"],
+        ["def f(x):\n", "    return x**2", " # é", "'s", "'ll", "１２３", "٣", "²", "Ⅻ",
+         "\x1c", "\x0b"],
         [chr(rng.randrange(0x80, 0x2FFFF)) for _ in range(500)],
     ]
     out = []
@@ -55,7 +56,8 @@ def test_text_split_is_disjoint_and_deterministic():
     docs = D.load_text_documents(200_000, "train")
     assert docs == D.load_text_documents(200_000, "train")
     assert sum(len(d.encode()) for d in docs) <= 200_000 and len(docs) > 3
-    assert D.load_text_corpus(50_000, "heldout") == "\n\n".join(D.load_text_documents(50_000, "heldout"))
+    assert D.load_text_corpus(50_000, "heldout") == "\n\n".join(
+        D.load_text_documents(50_000, "heldout"))
     with pytest.raises(ValueError):
         D.load_text_documents(1000, "valid")
 
@@ -65,7 +67,8 @@ def test_problems_deterministic_and_seeded():
     a, b = D.make_arithmetic_problems(300, 0), D.make_arithmetic_problems(300, 0)
     assert a == b and len(a) == 300 and len({p.question for p in a}) == 300
     assert a != D.make_arithmetic_problems(300, 1)
-    assert D.make_arithmetic_problems(50, 0, "heldout") == D.make_arithmetic_problems(50, 0, "heldout")
+    assert (D.make_arithmetic_problems(50, 0, "heldout")
+            == D.make_arithmetic_problems(50, 0, "heldout"))
 
 
 def test_train_heldout_disjoint():
@@ -125,7 +128,8 @@ def test_auto_tokenizer_loads_saved_dir(tok, tmp_path, monkeypatch):
     for hf in (AutoTokenizer.from_pretrained(str(d)),
                PreTrainedTokenizerFast(tokenizer_file=str(d / "tokenizer.json"))):
         s = "def f(x):\n    return 12 + x  # é 世界"
-        assert hf.encode(s) == tok.encode(s).ids == [0] + tok.encode(s, add_special_tokens=False).ids
+        assert (hf.encode(s) == tok.encode(s).ids
+                == [0] + tok.encode(s, add_special_tokens=False).ids)
         assert hf.decode(hf.encode(s), skip_special_tokens=True) == s
     hf = AutoTokenizer.from_pretrained(str(d))
     assert hf.bos_token_id == hf.eos_token_id == 0

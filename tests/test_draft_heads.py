@@ -120,7 +120,7 @@ def test_save_component_records_digests_and_replaces_an_earlier_component(model,
     assert not component_files_ok(out)
 
 
-# ------------------------------------------------- self-distillation (rltlab.draft_heads.selfdistill)
+# ---------------------------------------------- self-distillation (rltlab.draft_heads.selfdistill)
 def test_seq_metrics_by_hand():
     from rltlab.draft_heads.selfdistill import seq_metrics
     target = torch.log_softmax(torch.tensor([[[3.0, 0, 0], [0, 3.0, 0], [0, 0, 3.0],

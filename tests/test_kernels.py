@@ -81,7 +81,8 @@ def test_decode_ref_matches_naive(hq, hkv, dim, block_size, ctx, planes):
     planes_t = torch.tensor(planes, dtype=torch.int32, device=DEVICE)
     out = paged_decode_attention_ref(q, k_cache, v_cache, planes_t, bt, ctx_t, 0.2)
     for b in range(len(ctx)):
-        expected = naive_attention(q[b].cpu(), k_cache.cpu(), v_cache.cpu(), planes[b], bt[b], ctx[b], 0.2)
+        expected = naive_attention(q[b].cpu(), k_cache.cpu(), v_cache.cpu(), planes[b], bt[b],
+                                   ctx[b], 0.2)
         torch.testing.assert_close(out[b].cpu().double(), expected, **FP32)
 
 
@@ -143,7 +144,8 @@ def test_prefill_ref_matches_naive_and_decode(hq, hkv, dim, block_size, start, n
     q = torch.randn(num_q, hq, dim, device=DEVICE)
     out = paged_prefill_attention_ref(q, k_cache, v_cache, 1, bt, start, 0.2)
     for i in range(num_q):
-        expected = naive_attention(q[i].cpu(), k_cache.cpu(), v_cache.cpu(), 1, bt, start + i + 1, 0.2)
+        expected = naive_attention(q[i].cpu(), k_cache.cpu(), v_cache.cpu(), 1, bt,
+                                   start + i + 1, 0.2)
         torch.testing.assert_close(out[i].cpu().double(), expected, **FP32)
     # The chunk's last query is a decode step over start + num_q keys.
     last = paged_decode_attention_ref(
@@ -250,7 +252,8 @@ def naive_rmsnorm(x, w, eps):
 def test_norm_refs_match_naive(hidden):
     h, x = torch.randn(2, 3, hidden, device=DEVICE)
     w_post, w_next = torch.rand(2, hidden, device=DEVICE) + 0.5
-    torch.testing.assert_close(rmsnorm_ref(x, w_post, 1e-6).double(), naive_rmsnorm(x, w_post, 1e-6), **FP32)
+    torch.testing.assert_close(rmsnorm_ref(x, w_post, 1e-6).double(),
+                               naive_rmsnorm(x, w_post, 1e-6), **FP32)
     h_new, y = add_rmsnorm_ref(h, x, w_post, w_next, 1e-6)
     expected_h = h.double() + naive_rmsnorm(x, w_post, 1e-6)
     torch.testing.assert_close(h_new.double(), expected_h, **FP32)

@@ -1,5 +1,5 @@
-"""rltlab.pretrain.recipe: the training forward, the two losses, config validation, the CPU smoke run
-(end to end through the CLI), and resumption from train_state/."""
+"""rltlab.pretrain.recipe: the training forward, the two losses, config validation, the CPU smoke
+run (end to end through the CLI), and resumption from train_state/."""
 from __future__ import annotations
 
 import json

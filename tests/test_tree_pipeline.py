@@ -138,9 +138,10 @@ def test_pipelined_capture_warm_up_restores_the_programs_inputs(model, prompts, 
                                                                 which, monkeypatch):
     """Where CUDA graphs run, the capture runs the program twice before capturing it; a
     program rewrites its candidates (a following one, spec_pipeline > 1, its pending token, P
-    and cap too), so its warm-up must restore them. A stand-in capture (two warm-up runs, then the program at each
-    replay), turned on after the request's first tree step so that it captures a program
-    whose candidates are valid, must leave tokens and iterations as without it."""
+    and cap too), so its warm-up must restore them. A stand-in capture (two warm-up runs, then
+    the program at each replay), turned on after the request's first tree step so that it
+    captures a program whose candidates are valid, must leave tokens and iterations as without
+    it."""
     target = token_lists(make_engine(model).generate(prompts, greedy(24)))
 
     captures = []

@@ -178,7 +178,8 @@ def bf16_agreement(model, kv_gib: float, num_prompts: int = 8, max_tokens: int =
     agree, diffs = [], []
     with torch.no_grad():
         for prompt, out in zip(prompts, outs):
-            ids = torch.tensor([prompt + out.token_ids[:-1]], device=reference.lm_head.weight.device)
+            ids = torch.tensor([prompt + out.token_ids[:-1]],
+                               device=reference.lm_head.weight.device)
             logp = torch.log_softmax(reference(ids).final_logits[0].float(), -1)[len(prompt) - 1:]
             tokens = torch.tensor(out.token_ids, device=logp.device)
             agree += (logp.argmax(-1) == tokens).tolist()

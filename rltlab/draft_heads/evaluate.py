@@ -1,6 +1,6 @@
 """Loop-aware speculative decoding on the embedded model, CPU: train the draft components, then
-measure tau, acceptance, speed vs target-only decoding (full depth, rltlab.model.generate) and vs the
-untrained shallow drafters (d=1, d=2) in the same run, at T=0 (identical-output check on every
+measure tau, acceptance, speed vs target-only decoding (full depth, rltlab.model.generate) and vs
+the untrained shallow drafters (d=1, d=2) in the same run, at T=0 (identical-output check on every
 prompt) and T=1, concurrency 1 (one prompt at a time) and 8 (one batch of 8).
 
     python -m rltlab.draft_heads.evaluate --out runs/loop_speculation

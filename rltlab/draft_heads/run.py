@@ -1,7 +1,8 @@
 """A checkpointed, resumable, data-parallel draft-component training run, and its CLI.
 
     python -m rltlab.draft_heads.run --out DIR [--kind lora_lm_head --steps 150 ...]
-    accelerate launch --multi_gpu --num_processes 2 -m rltlab.workbench.scale train-draft --out DIR ...
+    accelerate launch --multi_gpu --num_processes 2 -m rltlab.workbench.scale train-draft
+        --out DIR ...
 
 The distillation itself is rltlab.draft_heads.train (distill, distill_features); this module
 adds the run around it: rank-0 atomic saves, resume when a finished checkpoint has the same

@@ -11,7 +11,8 @@ layers' rounds 1..d for the layer LoRA). Logged per step and on a held-out batch
 Data parallel with the same code (state= an accelerate PartialState; see docs/scale_out.md):
 
     python -m rltlab.draft_heads.run --out DIR [--kind lora_lm_head --steps 150 ...]
-    accelerate launch --multi_gpu --num_processes 2 -m rltlab.workbench.scale train-draft --out DIR ...
+    accelerate launch --multi_gpu --num_processes 2 -m rltlab.workbench.scale train-draft
+        --out DIR ...
 """
 from __future__ import annotations
 
@@ -141,8 +142,8 @@ def _kl_step(draft_logits, target_logp, params, opt, sched, share: float = 1.0,
     Data parallel (state: accelerate PartialState of several ranks): draft / target are this
     rank's slice of a global batch (None: an empty slice) and share = slice / global batch;
     the slice's mean KL is weighted by share and the gradients are summed over the ranks
-    (rltlab.common.distributed.sum_gradients), so every rank clips and steps with the gradient of the
-    global batch's mean and the returned loss, summed over the ranks, is the global batch's.
+    (rltlab.common.distributed.sum_gradients), so every rank clips and steps with the gradient of
+    the global batch's mean and the returned loss, summed over the ranks, is the global batch's.
     One process: share 1.0, no communication (the plain single-process step)."""
     from rltlab.common.distributed import sum_gradients
 

@@ -139,7 +139,8 @@ class ExitDecider:
                 for row in rows:
                     self._ask_policy(policy, [row], hidden, exits)
             else:
-                self.engine._failed[rows[0][1].seq_id] = f"exit policy {policy.name!r} failed: {err!r}"
+                self.engine._failed[rows[0][1].seq_id] = (f"exit policy {policy.name!r} "
+                                                          f"failed: {err!r}")
             return
         for (lo, seq), target, rnd in zip(rows, targets, rounds.tolist()):
             if target == rnd:

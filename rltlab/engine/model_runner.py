@@ -208,7 +208,8 @@ class ModelRunner:
         self.last_exited_copy([slot for slot, _ in short], [d for _, d in short])
         if order == sorted(order):
             return hidden
-        return hidden[tensor_to_device(torch.tensor(order).argsort(), hidden.device)]   # seqs' order
+        # seqs' order
+        return hidden[tensor_to_device(torch.tensor(order).argsort(), hidden.device)]
 
     def _decode_inputs(self, seqs: list[Sequence]) -> torch.Tensor:
         """Round input per row: the embedding (round 1) or the span's last hidden state."""

@@ -52,7 +52,8 @@ def selected_rounds(gate_logits: torch.Tensor, params: list, fixed: list[bool]) 
     cdf = gates.exit_cdf(gate_logits)
     q_fires = (rounds >= max_loops) | ((threshold < 1.0) & (rounds >= min_loops)
                                        & (cdf >= threshold))
-    fires = torch.where(column(fixed, torch.bool), rounds >= depth, q_fires)   # round max_loops <= R always fires
+    # round max_loops <= R always fires
+    fires = torch.where(column(fixed, torch.bool), rounds >= depth, q_fires)
     return (fires.int().argmax(dim=-1) + 1).tolist()        # argmax: the first True
 
 

@@ -56,8 +56,9 @@ def as_gen_output(obj: Any) -> GenOutput:
 
 def plain_generate_fn(model, max_new_tokens: int, *, batch_size: int = 32,
                       eos_token_id: int | None = 0, **policy) -> GenerateFn:
-    """generate_fn over rltlab.model.generate.generate_plain; `policy`: depth / threshold / min_loops /
-    max_loops / temperature / seed, as generate_plain takes them. Executed = selected."""
+    """generate_fn over rltlab.model.generate.generate_plain; `policy`: depth / threshold /
+    min_loops / max_loops / temperature / seed, as generate_plain takes them.
+    Executed = selected."""
     from rltlab.model.generate import generate_plain
 
     def generate(prompts: list[list[int]]) -> list[GenOutput]:

@@ -277,9 +277,11 @@ def _print_summary(out: dict[str, Any]) -> None:
                   f"vs Q-exit {p['diff_pp']:+.1f} +- {p['se_pp']:.1f} pp, z {p['z']:.2f}")
     for c in out["select_only_vs_last_exited"]:
         print(f"Q-exit {c['setting']}: LAST_EXITED {c['last_exited_quality']:.1f}% at "
-              f"{c['last_exited_rounds']:.3f} rounds vs select-only {c['select_only_quality']:.1f}% "
+              f"{c['last_exited_rounds']:.3f} rounds vs select-only "
+              f"{c['select_only_quality']:.1f}% "
               f"(selects {c['select_only_selected_rounds']:.3f}, executes "
-              f"{c['select_only_executed_rounds']:.0f}): {c['diff_pp']:+.1f} +- {c['se_pp']:.1f} pp")
+              f"{c['select_only_executed_rounds']:.0f}): {c['diff_pp']:+.1f} +- "
+              f"{c['se_pp']:.1f} pp")
 
 
 def training_record(train_dir) -> dict[str, Any]:

@@ -248,7 +248,8 @@ def describe_iteration(res: dict[str, Any]) -> str:
     ep, dh = res.get("exit_predictor"), res.get("draft_head")
     if ep:
         cal = next((r for r in ep["rows"] if r.get("calibrated")), ep["rows"][0])
-        line += (f"\n  N+{ep['exit_round'] - ep['decision_round']} predictor (v{ep['weight_version']}"
+        line += (f"\n  N+{ep['exit_round'] - ep['decision_round']} predictor "
+                 f"(v{ep['weight_version']}"
                  f"): {cal['quality']:.1f}% at {cal['mean_rounds']:.3f} rounds "
                  f"(threshold {ep['threshold']:.3f}; test split: label rate "
                  f"{f(ep['test']['label_rate'], 3)}, fire rate {f(ep['test']['fire_rate'], 3)}"

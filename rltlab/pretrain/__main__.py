@@ -3,6 +3,7 @@ import argparse
 
 from rltlab.pretrain.recipe import add_arguments, main
 
-parser = argparse.ArgumentParser(prog="python -m rltlab.pretrain", description="train the embedded model")
+parser = argparse.ArgumentParser(prog="python -m rltlab.pretrain",
+                                 description="train the embedded model")
 add_arguments(parser)
 raise SystemExit(main(parser.parse_args()))

@@ -178,7 +178,8 @@ def _task_examples(tokenizer, tokens: float, arith_frac: float, hop_frac: float,
                                                   for p in make(500, seed + 1, "train")])
                 want[kind] = int(tokens * frac / (arith_frac + hop_frac) * 500 / len(sample)) + 1
     jobs = [(tokenizer.to_str(), kind, n // _TASK_SHARDS + (shard < n % _TASK_SHARDS),
-             seed * _TASK_SHARDS + shard) for kind, n in want.items() for shard in range(_TASK_SHARDS)]
+             seed * _TASK_SHARDS + shard)
+            for kind, n in want.items() for shard in range(_TASK_SHARDS)]
     jobs = [job for job in jobs if job[2] > 0]
     if workers > 1:
         with ProcessPoolExecutor(workers) as pool:

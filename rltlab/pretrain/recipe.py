@@ -2,10 +2,10 @@
 
 Stage I (all weights): L = sum_r p(r) CE_r + beta KL(p || pi); p = exit distribution of the gate
 (fp32), CE_r = next-token CE of lm_head(h_r) at every round; beta_start for the first half, beta_end
-after. The prior pi_r is proportional to depth_prior^(r-1): depth_prior 1 is the uniform prior, where
-beta KL(p || pi) = -beta H(p) + const is Ouro's entropy term; depth_prior > 1 favours deep exits
-(Ouro's prior ablation, the other way round), so round R's loss weighs more than round R-1's and
-the shared layers keep refining through the last round instead of settling one round early.
+after. The prior pi_r is proportional to depth_prior^(r-1): depth_prior 1 is the uniform prior,
+where beta KL(p || pi) = -beta H(p) + const is Ouro's entropy term; depth_prior > 1 favours deep
+exits (Ouro's prior ablation, the other way round), so round R's loss weighs more than round R-1's
+and the shared layers keep refining through the last round instead of settling one round early.
 Stage II (gate only, LM frozen): I_r = max(0, CE_{r-1} - CE_r), w_r = sigmoid(slope (I_r - margin)),
 BCE between the continue probability 1 - lambda_r and w_r for r = 2..R. Round 1 has no I_1; its
 hazard (the same shared gate applied to h_1) gets the label of the step it decides on, w_2:

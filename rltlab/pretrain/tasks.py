@@ -159,7 +159,8 @@ def make_hop_problems(n: int, seed: int, split: str = "train",
             return out
         k = rng.randint(lo, hi)
         n_distract = rng.randint(2, 6)
-        cuts = sorted(rng.sample(range(1, n_distract), 1)) if n_distract > 2 and rng.random() < .5 else []
+        cuts = (sorted(rng.sample(range(1, n_distract), 1))
+                if n_distract > 2 and rng.random() < .5 else [])
         lengths = [b - a for a, b in zip([0, *cuts], [*cuts, n_distract])]
         names = rng.sample(string.ascii_lowercase, k + n_distract)
         target, value = _chain(rng, names[:k], k)

@@ -101,7 +101,8 @@ def collect_sharded(llm, prompts: Sequence[Sequence[int]], params, out_dir: str 
     try:
         for blk in blocks:
             outs = collector.generate([prompts[i] for i in blk], [params_list[i] for i in blk],
-                                      [ids[i] for i in blk], shard_group=f"w{blk.start // block:05d}")
+                                      [ids[i] for i in blk],
+                                      shard_group=f"w{blk.start // block:05d}")
             pairs += list(zip(blk, outs))
     finally:
         collector.close()

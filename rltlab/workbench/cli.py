@@ -13,8 +13,10 @@ SUBCOMMANDS = {
     "pretrain": ("rltlab.pretrain.recipe", "train the embedded default model (Stage I + Stage II)"),
     "rounds": ("rltlab.pretrain.rounds",
                "generate with a model and print per-round depth and quality figures"),
-    "run": ("rltlab.workbench.runs_cli", "execute a workbench notebook with papermill into a run directory"),
-    "runs": ("rltlab.workbench.runs_cli", "list notebook runs with their status and headline metrics"),
+    "run": ("rltlab.workbench.runs_cli",
+            "execute a workbench notebook with papermill into a run directory"),
+    "runs": ("rltlab.workbench.runs_cli",
+             "list notebook runs with their status and headline metrics"),
 }
 
 
