@@ -78,6 +78,28 @@ def test_round_profile_times_the_c1_graph_the_run_captured():
     StaticDecoder.run ((1, "gates"), g) and other buckets are not c = 1 rounds."""
     from rltlab.bench.engine_checks import _c1_graph
     token, one, gates, other = (object() for _ in range(4))
-    assert _c1_graph({((1, 4), False): token, (1, False): one}) == (4, token)
-    assert _c1_graph({((1, "gates"), False): gates, (1, True): one}) == (1, one)
-    assert _c1_graph({((2, 3), False): other, (2, False): other}) == (1, None)
+    assert _c1_graph({((1, 4), False): token, (1, False): one}) == (4, token, "whole-token graph")
+    assert _c1_graph({((1, "gates"), False): gates, (1, True): one}) == (1, one, "one-round graph")
+    assert _c1_graph({((2, 3), False): other, (2, False): other}) == (1, None, "eager")
+
+
+def test_round_profile_replays_the_graph_and_reports_it():
+    """round_profile itself (the W1 bench calls it at c = 1 on the static path): it replays the
+    graph _c1_graph picks, once to warm up and `repeats` times timed, and says which it timed."""
+    from rltlab.bench.engine_checks import round_profile
+
+    class Graph:
+        replays = 0
+
+        def replay(self):
+            Graph.replays += 1
+
+    class Decoder:
+        _graphs = {((1, 4), False): Graph(), (1, False): object()}
+
+        def _round(self, batch):
+            raise AssertionError("timed an eager round though a graph was captured")
+
+    out = round_profile(Decoder(), repeats=7)
+    assert Graph.replays == 8 and out["timed"] == "whole-token graph"
+    assert out["gpu_ms_per_round"] >= 0

@@ -91,20 +91,22 @@ def depth_gain(w3: dict, w4: dict, num_rounds: int) -> dict:
     return out
 
 
-def _c1_graph(graphs: dict) -> tuple[int, object]:
-    """(rounds, graph) of the c = 1 graph to time among StaticDecoder._graphs, keyed (key,
-    grouped): a whole-token graph (engine.token_step; key (1, depth)) if the run captured
-    one, else the one-round graph (key 1); (1, None) if neither."""
+def _c1_graph(graphs: dict) -> tuple[int, object, str]:
+    """(rounds, graph, what) of the c = 1 graph to time among StaticDecoder._graphs, keyed
+    (key, grouped): a whole-token graph (engine.token_step; key (1, depth)) if the run captured
+    one, else the one-round graph (key 1); (1, None, "eager") if neither."""
     token = [(key[1], graph) for (key, _), graph in graphs.items()
              if isinstance(key, tuple) and key[0] == 1 and isinstance(key[1], int)]
+    if token:
+        return (*token[0], "whole-token graph")
     rounds = [graph for (key, _), graph in graphs.items() if key == 1]
-    return token[0] if token else (1, rounds[0] if rounds else None)
+    return (1, rounds[0], "one-round graph") if rounds else (1, None, "eager")
 
 
 def round_profile(decoder, repeats: int = 50, top: int = 8) -> dict:
     """Where a c=1 round's time goes: the GPU time of one round (graph replay, or the eager
     round), and the heaviest GPU kernels of an eager round (torch.profiler)."""
-    rounds, graph = _c1_graph(decoder._graphs)
+    rounds, graph, timed = _c1_graph(decoder._graphs)
     run = graph.replay if graph is not None else (lambda: decoder._round(1))
     run()
     sync()
@@ -113,7 +115,7 @@ def round_profile(decoder, repeats: int = 50, top: int = 8) -> dict:
         run()
     sync()
     out = {"gpu_ms_per_round": round(1e3 * (time.perf_counter() - t0) / repeats / rounds, 4),
-           "timed": f"{'whole-token' if token else 'one-round'} graph" if graph else "eager"}
+           "timed": timed}
     if torch.cuda.is_available():
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
