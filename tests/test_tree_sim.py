@@ -4,7 +4,6 @@ heads on a tiny random model (deep and partial acceptances, lookup hits, caps fr
 each adaptive rule, first drafts) and with the shipped heads on the embedded model; the cost
 model's arithmetic; the CLI."""
 import pytest
-import torch
 
 from rltlab.bench import tree_sim
 from rltlab.engine import TreeProposer

@@ -19,8 +19,6 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
-
 from rltlab.common.atomic import _jsonable, default_permissions, read_json, write_json_atomic
 from rltlab.common.environment import environment
 from rltlab.eval import policies
