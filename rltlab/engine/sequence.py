@@ -19,14 +19,10 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from rltlab.engine.sampling import SamplingParams
-
-if TYPE_CHECKING:   # groups.py imports this module
-    from rltlab.engine.groups import ShareGroup
 
 
 class SeqStatus(enum.Enum):
@@ -96,7 +92,7 @@ class Sequence:
         self.num_computed = 0           # positions whose K/V is final in every plane
         self.span: Span | None = None
         self.gate_row: int | None = None    # row of the engine's device gate history
-        self.share: ShareGroup | None = None   # samples sharing this prompt's blocks (groups.py)
+        self.share = None   # groups.ShareGroup: samples sharing this prompt's blocks
         self.first_token_time: float | None = None
         # (i, h): output token i was sampled from lm_head(h) (h on the model's device); read
         # by round-0 exit policies for the input token i (engine_patches.lookahead_exit)
