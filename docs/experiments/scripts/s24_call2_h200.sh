@@ -1,9 +1,9 @@
 #!/bin/bash
-# Twenty-fourth session, second device call (H200), on another machine start than the first:
-# the heads in $HEADS (default: the shipped lookahead_h4) with every lookup rule, with and
-# without first drafts, paired against target only in one process: 32 x 32 (lookup 10, 9
-# repeats), 16 x 128 (lookup 16, 5 repeats) and 128 x 32 (lookup 10, 3 repeats; the 32 x 32
-# prompts are its first 32).
+# Twenty-fourth session, second device call (H200; it found the first call's machine still warm,
+# so it ran on the same machine start): the heads in $HEADS (default: the shipped lookahead_h4)
+# with every lookup rule, with and without first drafts, paired against target only in one
+# process: 32 x 32 (lookup 10, 9 repeats), 16 x 128 (lookup 16, 5 repeats) and 128 x 32 (lookup
+# 10, 3 repeats; the 32 x 32 prompts are its first 32).
 set -uo pipefail
 source "$(dirname "$0")/h200_common.sh"
 HEADS_ARG=(${HEADS:+--heads "$HEADS"})
