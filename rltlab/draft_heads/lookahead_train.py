@@ -11,6 +11,9 @@
 
     python -m rltlab.draft_heads.lookahead_train --device cuda --out /tmp/lookahead_h4
 
+--time-limit SECONDS ends the steps by the clock, the learning rate decayed by time as it is by
+steps, so that a run inside a device call's limit still saves its heads.
+
 The shipped artifacts/ouro-tiny/draft_heads/lookahead_h4 came from this command on one H200
 (docs/experiments/scripts/s24_call1_h200.sh): --n-arith 128000 --n-text 128000 --steps 40000
 --rollout-batch 2048, 179 s of training. The heads before the twenty-first session (32,000 prompts,
@@ -131,8 +134,15 @@ def true_ranks(heads, rollouts, device, cap: int = 64, chunk: int = 8192) -> lis
 
 
 def train(model, rollouts, depth: int, inner: int, steps: int, batch: int, lr: float,
-          seed: int = 0):
-    """-> (heads with each head's best calibration step, calibration rollouts, record)."""
+          seed: int = 0, time_limit: float | None = None, clock=time.monotonic):
+    """-> (heads with each head's best calibration step, calibration rollouts, record).
+
+    time_limit: seconds of steps at most (None: no limit). The learning rate then decays with
+    whichever of steps and time is further along, so a run stopped by the clock ends its
+    schedule as one of `steps` would, and a device call's time limit never kills it before
+    the heads are saved. The record says how many steps ran and what stopped them."""
+    if time_limit is not None and not time_limit > 0:
+        raise ValueError(f"time_limit must be > 0 seconds or None, got {time_limit!r}")
     device = next(model.parameters()).device
     fit = [s for i, s in enumerate(rollouts) if i % 10 != 0]
     cal = [s for i, s in enumerate(rollouts) if i % 10 == 0]
@@ -158,10 +168,12 @@ def train(model, rollouts, depth: int, inner: int, steps: int, batch: int, lr: f
                 state = {n: p.detach().clone() for n, p in heads.heads[k].state_dict().items()}
                 best[k] = (acc, state, step)
 
-    started = time.time()
+    started = clock()
     for step in tqdm(range(1, steps + 1), desc="lookahead heads", unit="step"):
+        progress = step / steps if time_limit is None else \
+            max(step / steps, (clock() - started) / time_limit)
         for g in opt.param_groups:
-            g["lr"] = lr * min(1.0, step / 100) * max(0.02, 1 - step / steps)
+            g["lr"] = lr * min(1.0, step / 100) * max(0.02, 1 - progress)
         pick = torch.randint(0, len(H), (batch,), generator=gen, device=device)
         logits = heads(H[pick], NX[pick])
         loss = F.cross_entropy(logits.flatten(0, 1), TG[pick].flatten(), ignore_index=-100)
@@ -169,13 +181,17 @@ def train(model, rollouts, depth: int, inner: int, steps: int, batch: int, lr: f
         loss.backward()
         torch.nn.utils.clip_grad_norm_(heads.parameters(), 1.0)
         opt.step()
-        if step % checks == 0 or step == steps:
+        if step % checks == 0 or progress >= 1:
             check(step)
+        if progress >= 1:
+            break
     for k, (_, state, _) in enumerate(best):
         heads.heads[k].load_state_dict(state)
     record = {"fit_rollouts": len(fit), "calibration_rollouts": len(cal),
-              "fit_positions": len(H), "steps": steps, "batch": batch, "lr": lr,
-              "seconds": round(time.time() - started, 1),
+              "fit_positions": len(H), "steps": steps, "steps_run": step,
+              "stopped_by": "steps" if step == steps else "time limit",
+              "time_limit": time_limit, "batch": batch, "lr": lr,
+              "seconds": round(clock() - started, 1),
               "calibration_top1": [round(b[0], 4) for b in best],
               "best_step": [b[2] for b in best]}
     return heads.eval(), cal, record
@@ -193,6 +209,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("--inner", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=20000)
+    ap.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                    help="stop the steps after this many seconds, the learning rate decayed "
+                         "by time as by steps (a device call's limit; the record says which "
+                         "stopped them)")
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--budget", type=int, default=16, help="tree nodes")
@@ -210,6 +230,8 @@ def main(argv=None) -> dict:
            args.rollout_batch) < 1:
         ap.error("--n-arith + --n-text, --steps, --batch, --budget, --depth and --rollout-batch "
                  "must be >= 1")
+    if args.time_limit is not None and not args.time_limit > 0:
+        ap.error(f"--time-limit must be > 0 seconds, got {args.time_limit}")
     from rltlab.draft_heads.rollout_data import training_prompts
     from rltlab.model.checkpoint import load_model, model_hash
     model, tok, md = load_model(args.model, dtype="float32", device=args.device)
@@ -221,7 +243,7 @@ def main(argv=None) -> dict:
     rollouts = cached_rollouts(args.rollouts_cache, settings, lambda: capture_rollouts(
         model, [p for p, _ in prompts], args.max_new, args.rollout_batch, eos))
     heads, cal, record = train(model, rollouts, args.depth, args.inner, args.steps,
-                               args.batch, args.lr)
+                               args.batch, args.lr, time_limit=args.time_limit)
     tree = tree_from_ranks(true_ranks(heads, cal, args.device), args.budget)
     record.update(command="python -m rltlab.draft_heads.lookahead_train " +
                   " ".join(argv if argv is not None else sys.argv[1:]),
