@@ -58,12 +58,12 @@ from pathlib import Path
 import torch
 
 from rltlab.common.atomic import write_json_atomic
-from rltlab.common.paths import ARTIFACTS_DIR
+from rltlab.draft_heads.selfdistill import draft_heads_dir
 from rltlab.engine.config import EngineConfig
 from rltlab.engine.hooks import LOOKUP_RULES
 
 # the shipped heads, found from any working directory (as the embedded model is)
-HEADS = str(ARTIFACTS_DIR / "ouro-tiny" / "draft_heads" / "lookahead_h4")
+HEADS = str(draft_heads_dir() / "lookahead_h4")
 PIPELINE = EngineConfig.spec_pipeline   # rows at another spec_pipeline are named " P=<p>"
 
 
