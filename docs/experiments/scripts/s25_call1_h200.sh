@@ -1,0 +1,16 @@
+#!/bin/bash
+# Twenty-fifth session's plan, first device call (H200): the heads on 1.5x the prompts of the
+# shipped ones (192,000 + 192,000) for up to 60,000 steps, ended by the clock after 240 s of
+# steps (lookahead_train --time-limit), so that the call's limit cannot kill the run before
+# its heads are saved (s24_call3 asked the same with a fixed step count and was lost with its
+# machine). Then paired against the shipped heads on 32 x 32 with the agree rule and first
+# drafts, target only and target only compiled in the same process (7 repeats).
+set -uo pipefail
+source "$(dirname "$0")/h200_common.sh"
+timeout 430 python3 -m rltlab.draft_heads.lookahead_train --device cuda --out $OUT/heads_v4 \
+  --n-arith 192000 --n-text 192000 --steps 60000 --time-limit 240 --rollout-batch 2048 \
+  > $OUT/train.log 2>&1
+echo "train rc $?"; tail -1 $OUT/train.log | cut -c1-1500
+tree_bench heads_v4_32 150 --only "chain K=4" --budgets --gemv-rows 64 --chains 1 \
+  --engine-compile on --lookup 10 --adaptive-lookup agree --first-drafts \
+  --also-heads $OUT/heads_v4 --repeats 7
