@@ -24,7 +24,9 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
         a lookup hit ("hits", the default: "... adaptive") or where the next draft agrees with
         the heads ("agree": "... agree");
         --first-drafts also with the first iteration drafted from token 0's state ("...
-        first", TreeProposer(first_drafts=True)); --also-heads DIR... also with each of
+        first", TreeProposer(first_drafts=True)); --launch-early also with each request's
+        first program launched behind its prompt step ("... early",
+        EngineConfig.spec_launch_early); --also-heads DIR... also with each of
         these lookahead heads in place of --heads ("... heads=<DIR's name>"), paired in the
         same run;
       - the standalone generator (--paths standalone): rltlab.engine.tree_spec over the
@@ -124,9 +126,10 @@ def _trees(args, artifact_tree) -> dict:
 
 
 def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
-    """One engine per (--engine-compile, --chains, --pipelines, --gemv-rows), holding a TreeProposer
-    per tree and heads (their private blocks reserved beside one max_len sequence's) -> {name:
-    generate function}. heads: {name suffix: LookaheadHeads}, "" for --heads."""
+    """One engine per (--engine-compile, --chains, --pipelines, --gemv-rows, --launch-early),
+    holding a TreeProposer per tree and heads (their private blocks reserved beside one
+    max_len sequence's) -> {name: generate function}. heads: {name suffix: LookaheadHeads},
+    "" for --heads."""
     from rltlab.engine import LLM, TreeProposer
     from rltlab.engine.speculative import SpecStats
     from rltlab.engine.tree_graph import private_blocks
@@ -142,15 +145,16 @@ def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
                  for first in (False, True)[:1 + (args.first_drafts and bool(tree))]}
     private = sum(map(private_blocks, proposers.values()))
     configs = {}
-    for compiled, chain, pipeline, gemv in itertools.product(
-            args.engine_compile, args.chains, args.pipelines, args.gemv_rows):
+    for compiled, chain, pipeline, gemv, early in itertools.product(
+            args.engine_compile, args.chains, args.pipelines, args.gemv_rows,
+            (False, True)[:1 + args.launch_early]):
         llm = LLM(model, max_num_seqs=1, block_size=bs, max_model_len=max_len,
                   spec_chain=chain, spec_pipeline=pipeline,
                   num_blocks=-(-max_len // bs) + private,
                   decode_path="static", compile=compiled,   # static: auto's choice on CUDA
-                  gemv_rows=gemv)
+                  gemv_rows=gemv, spec_launch_early=early)
         suffix = (f" P={pipeline}" if pipeline != PIPELINE else "") + " compiled" * compiled + \
-            (f" gemv<={gemv}" if gemv > 1 else "")
+            (f" gemv<={gemv}" if gemv > 1 else "") + " early" * early
         for name, proposer in proposers.items():
             configs[f"engine {name} M={chain}{suffix}"] = _engine_config(
                 llm, proposer, params, SpecStats)
@@ -264,7 +268,7 @@ def run(args) -> dict:
             "also_heads": args.also_heads, "failed": failed,
             "paths": args.paths, "chains": args.chains, "pipelines": args.pipelines,
             "engine_compile": args.engine_compile,
-            "gemv_rows": args.gemv_rows,
+            "gemv_rows": args.gemv_rows, "launch_early": args.launch_early,
             "heads_training": meta.get("training", {}).get("script"), "prompts": args.prompts,
             "max_tokens": args.max_tokens, "repeats": args.repeats, "host": host, "rows": rows}
 
@@ -308,6 +312,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--first-drafts", action="store_true",
                     help="also run each tree with TreeProposer(first_drafts=True) (' first' "
                          "rows: a request's first iteration drafted from token 0's state)")
+    ap.add_argument("--launch-early", action="store_true",
+                    help="engine path: also run every engine config with each request's first "
+                         "program launched behind its prompt step (' early' rows, "
+                         "EngineConfig.spec_launch_early)")
     ap.add_argument("--also-heads", nargs="+", default=[], metavar="DIR",
                     help="engine path: also run every engine config with these lookahead "
                          "heads (' heads=<DIR name>' rows)")

@@ -62,6 +62,6 @@ class WholePrompts:
             seq.num_computed, seq.span = seq.span.length, None
             emitting.append((seq, hidden, engine.num_rounds))
         forked = fork_followers(engine.runner, seqs, emitting)
-        engine._sample(emitting + forked)
+        engine._sample(emitting + forked, whole_prompts=True)
         engine._finish_failed(seqs + [seq for seq, _, _ in forked])
         self.steps += 1

@@ -230,15 +230,18 @@ def plain_greedy(params: list[SamplingParams], vocab_size: int) -> bool:
 
 
 def sample_finite(runner, hidden: torch.Tensor, params: list[SamplingParams],
-                  generators: list[torch.Generator], logprobs_mode: str
+                  generators: list[torch.Generator], logprobs_mode: str, before_read=None
                   ) -> tuple[list[bool], SampleResult | None]:
     """Tokens for the host from rows h [N, H] (runner: a ModelRunner) -> (each row's logits
     finite, `sample`'s result over the finite rows in order, None if none is). Plain greedy
     rows (token 0 of every request at c = 1) take runner.greedy's argmax and finite flags in
-    one read-back, where the sampler's path syncs twice."""
+    one read-back, where the sampler's path syncs twice; before_read(tokens, finite), given,
+    is called with them on the device once their copy to the host is queued and before the
+    host waits for it (the device work it launches runs behind the copy)."""
     if plain_greedy(params, runner.model.config.vocab_size):
         tokens, finite = runner.greedy(hidden)
-        flat = torch.cat([tokens, finite.long()]).tolist()
+        flat = _read_back(torch.cat([tokens, finite.long()]),
+                          before_read and (lambda: before_read(tokens, finite)))
         finite = [bool(ok) for ok in flat[len(params):]]
         kept = [token for token, ok in zip(flat, finite) if ok]
         none = [None] * len(kept)
@@ -250,6 +253,24 @@ def sample_finite(runner, hidden: torch.Tensor, params: list[SamplingParams],
         return finite, None
     return finite, sample(logits[keep], [params[i] for i in keep],
                           [generators[i] for i in keep], logprobs_mode)
+
+
+def _read_back(values: torch.Tensor, meanwhile=None) -> list:
+    """values.tolist(), with meanwhile() called after the copy is queued: a plain tolist() on
+    CUDA would wait for whatever meanwhile() launched, queued before its copy."""
+    if meanwhile is None:
+        return values.tolist()
+    if not values.is_cuda:
+        out = values.tolist()
+        meanwhile()
+        return out
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    host.copy_(values, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    meanwhile()
+    copied.synchronize()
+    return host.tolist()
 
 
 def q_exit_params(threshold: float, max_tokens: int, *, min_loops: int = 1, seed: int = 0,

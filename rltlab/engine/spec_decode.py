@@ -235,9 +235,8 @@ class SpecDecoder:
         of them, and up to EngineConfig.spec_pipeline such programs, each launched while the
         host handles the last one's tokens (one program of one iteration for a streamed
         request); tokens after a stop inside a chain are dropped."""
-        config, p = self.engine.config, seq.params
-        chain, launches = (1, 1) if seq.request.stream else (config.spec_chain,
-                                                             config.spec_pipeline)
+        p = seq.params
+        chain, launches = self._tree_plan(seq)
         stops = frozenset(p.stop_token_ids) | (
             frozenset() if p.ignore_eos else frozenset(self.engine.eos_token_ids))
         for result in self._tree.run(seq, chain, launches, stops):
@@ -249,6 +248,27 @@ class SpecDecoder:
                 continue
             self._emit(seq, seq.num_tokens - 1, path, len(path), nxt, None, drafted=nodes)
         return self.engine._drain_outputs()
+
+    def _tree_plan(self, seq: Sequence) -> tuple[int, int]:
+        """(iterations a program, programs a step) for the sequence's tree steps."""
+        config = self.engine.config
+        return (1, 1) if seq.request.stream else (config.spec_chain, config.spec_pipeline)
+
+    def first_launcher(self, emitting):
+        """EngineConfig.spec_launch_early: where the rows about to be sampled are a lone
+        sequence's token 0 (a whole-prompt step) and the next step will hand it to the tree,
+        a before_read for sampling.sample_finite that launches its first program from the
+        token on the device (TreeGraph.launch_first); else None."""
+        eng = self.engine
+        if self._tree is None or not eng.config.spec_launch_early or len(emitting) != 1:
+            return None
+        seq, hidden, _ = emitting[0]
+        if eng.paused or eng.scheduler.running != [seq] or seq.num_output_tokens or \
+                seq.max_output_tokens < 2 or not self.eligible(seq) or eng.scheduler.can_admit():
+            return None
+        chain, launches = self._tree_plan(seq)
+        return lambda tokens, finite: self._tree.launch_first(seq, tokens, hidden, chain,
+                                                              launches)
 
     def _draw(self, seqs: list[Sequence], logits: torch.Tensor):
         """Draft tokens (argmax at T = 0, else sampled from q with the sequence's generator)

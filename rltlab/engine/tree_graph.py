@@ -37,7 +37,9 @@ iteration accepts none of the heads' nodes: it verifies the root alone, or the r
 lookup chain, which needs no earlier draft (with TreeProposer(first_drafts=True) its program
 drafts them from the state that sampled the pending token). With
 TreeProposer(adaptive_lookup=...) a program without the lookup chain's rows runs except in a
-request's first iteration and where the proposer's rule calls for them.
+request's first iteration and where the proposer's rule calls for them. With
+EngineConfig.spec_launch_early a request's first program is launched behind its prompt step,
+from token 0 still on the device (launch_first), and run() takes it over.
 Writes to the sequence's own slots never pass position P + cap <= its last reserved one.
 """
 from __future__ import annotations
@@ -129,6 +131,7 @@ class TreeGraph:
                               for cap in range(span + 1)]
         self._static, self._programs = None, {}
         self.lookup_next = True   # with adaptive_lookup: the drafts' rows at drafted_for
+        self._early = None        # launch_first's ((seq_id, P, chain, follow), program)
 
     def _program_of(self, static, chain: int, follow: bool, lookup_rows: bool = True,
                     first: bool = False) -> TreeProgram:
@@ -148,29 +151,22 @@ class TreeGraph:
         left to emit. With launches > 1 each next program starts from the last one's bonus
         and position on the device, launched as soon as the host has read the last one back
         and seen that the sequence goes on (tokens left, no token in `stops`, finite logits);
-        the caller handles the yielded results while it runs."""
-        static = self.runner.static_rows(self.shape.num_rows)
-        if static is not self._static:            # a new (grown) decoder: new buffers, graphs
-            self._static, self._programs = static, {}
+        the caller handles the yielded results while it runs. The first program is the one
+        launch_first launched, where it was launched for this sequence at this token."""
         follow, adaptive = launches > 1, self.proposer.adaptive_lookup
-        programs = {rows: self._program_of(static, chain, follow, rows)
-                    for rows in ((True, False) if adaptive else (True,))}
         start, left = seq.num_tokens - 1, seq.max_output_tokens - seq.num_output_tokens
-        fresh = self.drafted_for != (seq.seq_id, start)     # no candidates drafted for it
-        emitted = seq.emit_hidden                           # (output index, state)
-        first = fresh and self.proposer.first_drafts and emitted is not None and \
-            emitted[0] == seq.num_output_tokens - 1
-        if first:
-            self.first_hidden.copy_(emitted[1].view(1, -1))
-        valid = not fresh or first
-        cap = min(self.proposer.span, left - 1) if valid or self.proposer.lookup else 0
-        programs[True].stage(seq.output_token_ids[-1], start, left, cap, valid,
-                             seq.block_table, seq if self.proposer.lookup else None)
+        early, self._early = self._early, None
+        if early is not None and early[0] == (seq.seq_id, start, chain, follow):
+            programs, program, cap, valid, lookup = early[1]
+        else:
+            fresh = self.drafted_for != (seq.seq_id, start)   # no candidates drafted for it
+            emitted = seq.emit_hidden                           # (output index, state)
+            first = fresh and self.proposer.first_drafts and emitted is not None and \
+                emitted[0] == seq.num_output_tokens - 1
+            programs, program, cap, valid, lookup = self._start(
+                seq, chain, follow, start, left, fresh, emitted[1] if first else None,
+                seq.output_token_ids[-1])
         depth, position = self.proposer.span, start
-        lookup = not adaptive or fresh or self.lookup_next   # the lookup chain's rows
-        program = self._program_of(static, chain, follow, first=True) if first else \
-            programs[lookup]
-        program.launch()
         for launch in range(launches):
             flat, width = program.read(), program.width
             results, goes_on = [], launch + 1 < launches
@@ -198,3 +194,46 @@ class TreeGraph:
             yield from results
             if not goes_on:
                 return
+
+    def launch_first(self, seq, token: torch.Tensor, hidden: torch.Tensor, chain: int,
+                     launches: int) -> None:
+        """Launch the program run(seq, chain, launches) starts with before the host has read
+        back the request's token 0 (EngineConfig.spec_launch_early): `token` [1] is on the
+        device, sampled from `hidden` (the state first drafts read); seq is as it was before
+        the token, so its position is seq.num_tokens. run() takes the program over where the
+        sequence went on from that token; otherwise it is dropped unread (its writes land in
+        slots the sequence owned, or in the tree's private ones, before any later program's)."""
+        start = seq.num_tokens
+        first = hidden if self.proposer.first_drafts else None
+        self._early = ((seq.seq_id, start, chain, launches > 1), self._start(
+            seq, chain, launches > 1, start, seq.max_output_tokens - 1, True, first, token))
+
+    def _start(self, seq, chain: int, follow: bool, start: int, left: int, fresh: bool,
+               first_hidden, token) -> tuple:
+        """Stage and launch a request's first program of a run at position `start` with
+        `left` tokens to emit -> (programs by lookup rows, the program, cap, candidates
+        valid, lookup rows). first_hidden: the state to draft first candidates from (None:
+        none); token: the pending token, an int or [1] on the device (then written there,
+        in the lookup history too, behind the staged inputs)."""
+        static = self.runner.static_rows(self.shape.num_rows)
+        if static is not self._static:            # a new (grown) decoder: new buffers, graphs
+            self._static, self._programs = static, {}
+        adaptive = self.proposer.adaptive_lookup
+        programs = {rows: self._program_of(static, chain, follow, rows)
+                    for rows in ((True, False) if adaptive else (True,))}
+        first = first_hidden is not None
+        if first:
+            self.first_hidden.copy_(first_hidden.view(1, -1))
+        valid = not fresh or first
+        cap = min(self.proposer.span, left - 1) if valid or self.proposer.lookup else 0
+        on_device = isinstance(token, torch.Tensor)
+        programs[True].stage(0 if on_device else token, start, left, cap, valid,
+                             seq.block_table, seq if self.proposer.lookup else None)
+        if on_device:
+            programs[True].stage_token(token, start)
+        lookup = not adaptive or fresh or self.lookup_next   # the lookup chain's rows
+        program = self._program_of(static, chain, follow, first=True) if first else \
+            programs[lookup]
+        program.launch()
+        return programs, program, cap, valid, lookup
+

@@ -96,6 +96,14 @@ class TreeProgram(GraphProgram):
             self._staged = (seq.seq_id, seq.num_tokens)
         self.index.copy_(self._staging, non_blocking=True)
 
+    def stage_token(self, token: torch.Tensor, position: int) -> None:
+        """The pending token where stage() was given none: `token` [1] on the device, written
+        behind stage()'s copy, and into the lookup history at its position."""
+        self.index[:1].copy_(token)
+        if self.tree.proposer.lookup:
+            at = self._history_at + position
+            self.index[at: at + 1].copy_(token)
+
     @torch.no_grad()
     def _program(self) -> None:
         """Reads only the staged inputs and cand_in (or first_hidden) and rewrites cand_in (a

@@ -4,7 +4,9 @@
 # steps (lookahead_train --time-limit), so that the call's limit cannot kill the run before
 # its heads are saved (s24_call3 asked the same with a fixed step count and was lost with its
 # machine). Then paired against the shipped heads on 32 x 32 with the agree rule and first
-# drafts, target only and target only compiled in the same process (7 repeats).
+# drafts, target only and target only compiled in the same process (7 repeats), each config
+# also with its first program launched behind the prompt step (--launch-early, " early" rows:
+# EngineConfig.spec_launch_early, built in the twenty-fifth session and not yet timed).
 set -uo pipefail
 source "$(dirname "$0")/h200_common.sh"
 timeout 430 python3 -m rltlab.draft_heads.lookahead_train --device cuda --out $OUT/heads_v4 \
@@ -13,4 +15,4 @@ timeout 430 python3 -m rltlab.draft_heads.lookahead_train --device cuda --out $O
 echo "train rc $?"; tail -1 $OUT/train.log | cut -c1-1500
 tree_bench heads_v4_32 150 --only "chain K=4" --budgets --gemv-rows 64 --chains 1 \
   --engine-compile on --lookup 10 --adaptive-lookup agree --first-drafts \
-  --also-heads $OUT/heads_v4 --repeats 7
+  --also-heads $OUT/heads_v4 --launch-early --repeats 7

@@ -4,12 +4,13 @@
 # item, >= 2.0x lossless at c = 1 on 32 x 32 against both baselines, with the fastest proposer
 # measured (chain K = 4 + lookup 10 by agreement, first drafts) and the heads in $HEADS
 # (default: the shipped lookahead_h4; the first call's heads_v4 where they won, carried as
-# .ab/heads_v4). 15 repeats on 32 x 32, then 5 on 16 x 128 for the same start's figure there.
+# .ab/heads_v4). 15 repeats on 32 x 32, then 5 on 16 x 128 for the same start's figure there;
+# every config also with --launch-early (" early" rows), in case call 1 found it faster.
 set -uo pipefail
 source "$(dirname "$0")/h200_common.sh"
 HEADS_ARG=(${HEADS:+--heads "$HEADS"})
 COMMON=(--only "chain K=4" --budgets --gemv-rows 64 --chains 1 --engine-compile on
-        --lookup 10 --adaptive-lookup agree --first-drafts "${HEADS_ARG[@]}")
+        --lookup 10 --adaptive-lookup agree --first-drafts --launch-early "${HEADS_ARG[@]}")
 tree_bench claim_32 240 "${COMMON[@]}" --repeats 15
 tree_bench claim_16x128 150 "${COMMON[@]}" --lookup 16 --repeats 5 --prompts 16 \
   --max-tokens 128
