@@ -26,7 +26,9 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
         --first-drafts also with the first iteration drafted from token 0's state ("...
         first", TreeProposer(first_drafts=True)); --launch-early also with each request's
         first program launched behind its prompt step ("... early",
-        EngineConfig.spec_launch_early); --also-heads DIR... also with each of
+        EngineConfig.launch_behind_prompt; target only's first token window too: "target
+        only early" rows, among the baselines vs_faster takes the fastest of); --also-heads
+        DIR... also with each of
         these lookahead heads in place of --heads ("... heads=<DIR's name>"), paired in the
         same run;
       - the standalone generator (--paths standalone): rltlab.engine.tree_spec over the
@@ -38,11 +40,11 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
 
 Every config runs --repeats times, interleaved (the order rotates each repeat); a config's
 speedup is the median of its per-repeat time ratios against target only (paired), with mean,
-SE and range. With "target only compiled", vs_faster pairs each repeat against the faster of the
-two target-only rows; an --also-heads row's vs_heads pairs it against the same config with
---heads. identical: prompts whose tokens equal target only's. "host": rltlab.bench.host's
-probes before the warm-up and after the last repeat (python loop, op dispatch, read-back), to
-tell a slow host from a slow config. Last line: JSON.
+SE and range. With "target only compiled" or "target only early", vs_faster pairs each repeat
+against the fastest target-only row; an --also-heads row's vs_heads pairs it against the same
+config with --heads. identical: prompts whose tokens equal target only's. "host":
+rltlab.bench.host's probes before the warm-up and after the last repeat (python loop, op
+dispatch, read-back), to tell a slow host from a slow config. Last line: JSON.
 
     python -m rltlab.bench.tree_spec --device cuda --paths engine --trees-from \\
         docs/experiments/data/2026-12-03-lookahead-tree-probe-h200.json --budgets 8 \\
@@ -91,14 +93,18 @@ def tau_by_kind(steps_emitted: list[tuple[int, int]], kinds: list[str]) -> tuple
                                 for kind in sorted(set(kinds))}
 
 
+FASTER = ("target only", "target only compiled", "target only early",
+          "target only compiled early")
+
+
 def _pairings(seconds: dict[str, list[float]], name: str, labels) -> dict:
-    """Config `name`'s vs_faster (against the faster of target only and target only compiled,
-    repeat by repeat, where both ran) and, for a name holding an --also-heads label, vs_heads
-    (against the same config with --heads)."""
+    """Config `name`'s vs_faster (against the fastest of the target-only rows in FASTER,
+    repeat by repeat, where more than one ran) and, for a name holding an --also-heads label,
+    vs_heads (against the same config with --heads)."""
     out = {}
-    if "target only compiled" in seconds:
-        faster = list(map(min, seconds["target only"], seconds["target only compiled"]))
-        out["vs_faster"] = _paired(faster, seconds[name])
+    baselines = [seconds[b] for b in FASTER if b in seconds]
+    if len(baselines) > 1:
+        out["vs_faster"] = _paired(list(map(min, *baselines)), seconds[name])
     for label in filter(None, labels):
         if label in name and name.replace(label, "") in seconds:
             out["vs_heads"] = _paired(seconds[name.replace(label, "")], seconds[name])
@@ -152,7 +158,7 @@ def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
                   spec_chain=chain, spec_pipeline=pipeline,
                   num_blocks=-(-max_len // bs) + private,
                   decode_path="static", compile=compiled,   # static: auto's choice on CUDA
-                  gemv_rows=gemv, spec_launch_early=early)
+                  gemv_rows=gemv, launch_behind_prompt=early)
         suffix = (f" P={pipeline}" if pipeline != PIPELINE else "") + " compiled" * compiled + \
             (f" gemv<={gemv}" if gemv > 1 else "") + " early" * early
         for name, proposer in proposers.items():
@@ -211,9 +217,17 @@ def run(args) -> dict:
             return [o.token_ids for o in outs]
         return go
 
-    baselines = ({"target only compiled": partial(target_only, LLM(
-        model, max_num_seqs=1, block_size=16, kv_cache_memory_gib=0.5, max_model_len=max_len,
-        compile=True))} if True in args.engine_compile else {})
+    def baseline(**config):
+        return partial(target_only, LLM(model, max_num_seqs=1, block_size=16,
+                                        kv_cache_memory_gib=0.5, max_model_len=max_len,
+                                        **config))
+    baselines = {"target only compiled": baseline(compile=True)} \
+        if True in args.engine_compile else {}
+    if args.launch_early:   # token windows launched behind the prompt step too
+        baselines["target only early"] = baseline(launch_behind_prompt=True)
+        if True in args.engine_compile:
+            baselines["target only compiled early"] = baseline(compile=True,
+                                                               launch_behind_prompt=True)
     if args.round_step_prompts:
         baselines["target only (round-step prompts)"] = partial(target_only, LLM(
             model, max_num_seqs=1, block_size=16, kv_cache_memory_gib=0.5,
@@ -315,7 +329,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--launch-early", action="store_true",
                     help="engine path: also run every engine config with each request's first "
                          "program launched behind its prompt step (' early' rows, "
-                         "EngineConfig.spec_launch_early)")
+                         "EngineConfig.launch_behind_prompt)")
     ap.add_argument("--also-heads", nargs="+", default=[], metavar="DIR",
                     help="engine path: also run every engine config with these lookahead "
                          "heads (' heads=<DIR name>' rows)")

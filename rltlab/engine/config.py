@@ -113,11 +113,13 @@ class EngineConfig:
     handling of one program's tokens overlaps the next one's GPU time (tree_graph.py; 1.02-1.05x
     end to end over 1 at c = 1 on the H200, docs/benchmarks/2026-12-04-s19-h200.md); 1 = one
     program per step. Streamed requests take one at a time.
-    spec_launch_early: with a TreeProposer, a lone request's first program is launched right
-    behind its whole-prompt step, before token 0 is read back, so that the host's turn
-    between the two (the read-back, token 0's bookkeeping, the engine's next step, the
-    program's staging) overlaps the program instead of idling the device (tree_graph.py;
-    the same tokens and statistics; not yet timed on a GPU, hence off by default).
+    launch_behind_prompt: a lone request's first decode launch after its whole-prompt step
+    (its first tree program with a TreeProposer, else its first token window) is queued
+    right behind that step, from token 0 still on the device, before token 0 is read back,
+    so that the host's turn between the two (the read-back, token 0's bookkeeping, the
+    engine's next step, the staging) overlaps the launch instead of idling the device; plain
+    greedy requests only (prompt_step.py; the same tokens and statistics; not yet timed on a
+    GPU, hence off by default).
     whole_prompt_steps: a step whose rows are all fresh whole prompts, with no other sequence
     running (c = 1, the start of a batch), runs their R rounds and samples their first tokens
     in one engine step (rltlab.engine.prompt_step; the same tokens, log-probs and K/V), not in
@@ -160,7 +162,7 @@ class EngineConfig:
     fused_spec: bool = True
     spec_chain: int = 1
     spec_pipeline: int = 16
-    spec_launch_early: bool = False
+    launch_behind_prompt: bool = False
     whole_prompt_steps: bool = True
 
     def __post_init__(self) -> None:
@@ -212,7 +214,7 @@ class EngineConfig:
         for name in ("cuda_graphs", "compile", "small_batch_kernels", "pdl", "fused_qkv_rope",
                      "fused_tokens", "fused_prefill", "fused_spec", "prefill_first",
                      "pad_prefill_attention", "shared_prefix_attention", "whole_prompt_steps",
-                     "spec_launch_early"):
+                     "launch_behind_prompt"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if isinstance(self.gemv_rows, bool) or not isinstance(self.gemv_rows, int) or \

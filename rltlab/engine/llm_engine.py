@@ -291,16 +291,14 @@ class LLMEngine:
             return select_only.choose_outputs(emitting, emit_states, self.policy)
         return emitting
 
-    def _sample(self, emitting, whole_prompts: bool = False) -> None:
-        """whole_prompts: token 0 of a whole-prompt step (the tree may launch behind it)."""
+    def _sample(self, emitting, before_read=None) -> None:
+        """before_read: sampling.sample_finite's (a launch behind a whole-prompt step)."""
         if not emitting:
             return
-        launch = self._spec.first_launcher(emitting) \
-            if whole_prompts and self.proposer is not None else None
         finite, result = sample_finite(self.runner, torch.stack([h for _, h, _ in emitting]),
                                        [s.params for s, _, _ in emitting],
                                        [s.generator for s, _, _ in emitting],
-                                       self.config.logprobs_mode, before_read=launch)
+                                       self.config.logprobs_mode, before_read=before_read)
         for (seq, _, _), ok in zip(emitting, finite):
             if not ok:
                 self._failed[seq.seq_id] = "non-finite logits"

@@ -21,10 +21,19 @@ admissions keep round steps.
 Not taken either (round steps run, as before): a prompt split into chunks (prefill_chunk), spans
 recomputed after a weight update, round observers (they see every round), select_only
 semantics, and EngineConfig.whole_prompt_steps = False.
+
+Launched behind it (EngineConfig.launch_behind_prompt): where the step's one row is a plain
+greedy request that the next step will decode with a tree program (TreeGraph.launch_first) or
+a token window (TokenWindow.launch_first), that launch is queued as soon as token 0's copy to
+the host is, from the token still on the device; the next step takes it over, and where token
+0 ends the request it is dropped unread. The device then runs the two back to back instead of
+idling through the host's turn between them (the read-back, token 0's bookkeeping, the next
+step's scheduling and staging).
 """
 from __future__ import annotations
 
 from rltlab.engine.groups import fork_followers
+from rltlab.engine.sampling import plain_greedy
 from rltlab.engine.sequence import Sequence
 
 
@@ -62,6 +71,30 @@ class WholePrompts:
             seq.num_computed, seq.span = seq.span.length, None
             emitting.append((seq, hidden, engine.num_rounds))
         forked = fork_followers(engine.runner, seqs, emitting)
-        engine._sample(emitting + forked, whole_prompts=True)
+        engine._sample(emitting + forked, before_read=self._launcher(emitting + forked))
         engine._finish_failed(seqs + [seq for seq, _, _ in forked])
         self.steps += 1
+
+    def _launcher(self, emitting):
+        """With EngineConfig.launch_behind_prompt, for a lone plain-greedy row that the next
+        step decodes with a tree program or a token window: sample_finite's before_read that
+        launches it (module docstring); else None."""
+        engine = self.engine
+        if not engine.config.launch_behind_prompt or len(emitting) != 1:
+            return None
+        seq, hidden, _ = emitting[0]
+        sch = engine.scheduler
+        if engine.paused or sch.running != [seq] or seq.num_output_tokens or \
+                seq.max_output_tokens < 2 or sch.can_admit() or \
+                not plain_greedy([seq.params], engine.model_config.vocab_size):
+            return None
+        if engine.proposer is not None:
+            return engine._spec.first_launcher(seq, hidden)
+        window, whole = engine._token_window, engine._whole_tokens
+        if window is None or whole is None or not whole.host_may_plan() or \
+                not window.fits([seq]):
+            return None
+        depth = whole.depth(seq, 1)
+        if depth is None:
+            return None
+        return lambda tokens, finite: window.launch_first(seq, tokens, depth)

@@ -254,17 +254,12 @@ class SpecDecoder:
         config = self.engine.config
         return (1, 1) if seq.request.stream else (config.spec_chain, config.spec_pipeline)
 
-    def first_launcher(self, emitting):
-        """EngineConfig.spec_launch_early: where the rows about to be sampled are a lone
-        sequence's token 0 (a whole-prompt step) and the next step will hand it to the tree,
-        a before_read for sampling.sample_finite that launches its first program from the
-        token on the device (TreeGraph.launch_first); else None."""
-        eng = self.engine
-        if self._tree is None or not eng.config.spec_launch_early or len(emitting) != 1:
-            return None
-        seq, hidden, _ = emitting[0]
-        if eng.paused or eng.scheduler.running != [seq] or seq.num_output_tokens or \
-                seq.max_output_tokens < 2 or not self.eligible(seq) or eng.scheduler.can_admit():
+    def first_launcher(self, seq: Sequence, hidden: torch.Tensor):
+        """Where `seq`, about to sample token 0 from `hidden` (a lone whole-prompt row), will
+        be handed to the tree by the next step: a before_read for sampling.sample_finite that
+        launches its first program from the token on the device (TreeGraph.launch_first);
+        else None (prompt_step.py, EngineConfig.launch_behind_prompt)."""
+        if self._tree is None or not self.eligible(seq):
             return None
         chain, launches = self._tree_plan(seq)
         return lambda tokens, finite: self._tree.launch_first(seq, tokens, hidden, chain,

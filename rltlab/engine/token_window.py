@@ -58,6 +58,7 @@ class TokenWindow:
     def __init__(self, engine, tokens: int):
         self.engine, self.tokens = engine, tokens
         self._prepared: WindowPlan | None = None
+        self._early = None   # launch_first's (plan, pending tokens, read-back)
         # windows run, how many of them ran a plan prepared during the previous window, and
         # how many were launched before the previous one was read back (chained)
         self.stats = {"windows": 0, "prepared_used": 0, "chained": 0}
@@ -169,11 +170,18 @@ class TokenWindow:
         eng = self.engine
         seqs = list(eng.scheduler.running)
         eng._failed = {}
-        plan = self._take_plan(seqs, eng.runner.static_rows(len(seqs)), depth)
-        # the rows' pending tokens; a chained window finds its rows' there, sampled on the device
-        pending = to_device([seq.output_token_ids[-1] for seq in seqs], torch.int64,
-                            eng.runner.device)
-        sampled = self._launch(seqs, plan, pending)
+        static = eng.runner.static_rows(len(seqs))
+        early, self._early = self._early, None
+        if early is not None and (early[0].key, early[0].depth, early[0].static) == \
+                (self._key(seqs), depth, static):   # launch_first's window: these rows' own
+            plan, pending, sampled = early
+        else:
+            plan = self._take_plan(seqs, static, depth)
+            # the rows' pending tokens; a chained window finds its rows' there, sampled on
+            # the device
+            pending = to_device([seq.output_token_ids[-1] for seq in seqs], torch.int64,
+                                eng.runner.device)
+            sampled = self._launch(seqs, plan, pending)
         for chained in itertools.count():
             self._prepare_next(seqs, plan.live, plan.static)   # while the device runs
             nxt, nxt_sampled = self._prepared, None
@@ -189,6 +197,20 @@ class TokenWindow:
                 break
         eng._finish_failed(seqs)
         return eng._drain_outputs()
+
+    def launch_first(self, seq: Sequence, token: torch.Tensor, depth: int) -> None:
+        """Launch the window step(depth) starts with once the lone row `seq` has its token 0,
+        from `token` [1] still on the device (EngineConfig.launch_behind_prompt, prompt_step.py;
+        plain greedy rows only: a dropped window must not have drawn from a generator). step()
+        takes it over where the row went on from that token; otherwise it is dropped unread,
+        having written K/V only into the row's own reserved slots."""
+        static = self.engine.runner.static_rows(1)
+        index, live = self._plan([seq], static, depth, grown=[1])
+        plan = WindowPlan(self._key([seq], [1]), depth, static, live,
+                          self._upload(index, live, self.engine.runner.device), ahead=False,
+                          groups=self._groups(static, index, 1))
+        pending = token.clone()   # the window's sampling rewrites it
+        self._early = (plan, pending, self._launch([seq], plan, pending))
 
     def _launch(self, seqs: list[Sequence], plan: WindowPlan, pending: torch.Tensor
                 ) -> ReadBack:

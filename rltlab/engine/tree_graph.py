@@ -38,7 +38,7 @@ lookup chain, which needs no earlier draft (with TreeProposer(first_drafts=True)
 drafts them from the state that sampled the pending token). With
 TreeProposer(adaptive_lookup=...) a program without the lookup chain's rows runs except in a
 request's first iteration and where the proposer's rule calls for them. With
-EngineConfig.spec_launch_early a request's first program is launched behind its prompt step,
+EngineConfig.launch_behind_prompt a request's first program is launched behind its prompt step,
 from token 0 still on the device (launch_first), and run() takes it over.
 Writes to the sequence's own slots never pass position P + cap <= its last reserved one.
 """
@@ -198,7 +198,7 @@ class TreeGraph:
     def launch_first(self, seq, token: torch.Tensor, hidden: torch.Tensor, chain: int,
                      launches: int) -> None:
         """Launch the program run(seq, chain, launches) starts with before the host has read
-        back the request's token 0 (EngineConfig.spec_launch_early): `token` [1] is on the
+        back the request's token 0 (EngineConfig.launch_behind_prompt): `token` [1] is on the
         device, sampled from `hidden` (the state first drafts read); seq is as it was before
         the token, so its position is seq.num_tokens. run() takes the program over where the
         sequence went on from that token; otherwise it is dropped unread (its writes land in

@@ -4,9 +4,10 @@
 # steps (lookahead_train --time-limit), so that the call's limit cannot kill the run before
 # its heads are saved (s24_call3 asked the same with a fixed step count and was lost with its
 # machine). Then paired against the shipped heads on 32 x 32 with the agree rule and first
-# drafts, target only and target only compiled in the same process (7 repeats), each config
-# also with its first program launched behind the prompt step (--launch-early, " early" rows:
-# EngineConfig.spec_launch_early, built in the twenty-fifth session and not yet timed).
+# drafts, target only and target only compiled in the same process (7 repeats), every config
+# and both baselines also with their first launch behind the prompt step (--launch-early:
+# " early" rows, EngineConfig.launch_behind_prompt, built in the twenty-fifth session and not
+# yet timed; vs_faster then pairs against the fastest of the four target-only rows).
 set -uo pipefail
 source "$(dirname "$0")/h200_common.sh"
 timeout 430 python3 -m rltlab.draft_heads.lookahead_train --device cuda --out $OUT/heads_v4 \

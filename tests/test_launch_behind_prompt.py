@@ -1,12 +1,15 @@
-"""EngineConfig.spec_launch_early: a lone request's first tree program launched behind its
-whole-prompt step, from token 0 still on the device (TreeGraph.launch_first). The same tokens,
-the same iterations and the same number of programs as without it; the program is taken over,
-never launched twice, and dropped where token 0 ends the request."""
+"""EngineConfig.launch_behind_prompt: a lone request's first decode launch queued behind its
+whole-prompt step, from token 0 still on the device: its first tree program
+(TreeGraph.launch_first) or, without a proposer, its first token window
+(TokenWindow.launch_first). The same tokens, the same iterations and the same number of
+programs or windows as without it; the launch is taken over, never made twice, and dropped
+where token 0 ends the request."""
 import pytest
 
 from rltlab.draft_heads.lookahead import LookaheadHeads
 from rltlab.engine import SamplingParams, TreeProposer
 from rltlab.engine.tree_graph import TreeGraph
+from rltlab.engine.token_window import TokenWindow
 from rltlab.engine.tree_program import TreeProgram
 from tree_oracle import DEPTH, TREE, Oracle, greedy, make_engine, token_lists, tree_model, \
     tree_prompts
@@ -26,23 +29,24 @@ def prompts():
 
 @pytest.fixture
 def counts(monkeypatch):
-    """Calls of TreeProgram.launch and TreeGraph.launch_first, counted."""
-    counted = {"launch": 0, "launch_first": 0}
+    """Calls of TreeProgram.launch, TreeGraph.launch_first and TokenWindow's, counted."""
+    counted = {"launch": 0, "launch_first": 0, "window launch_first": 0}
 
-    def counting(owner, name):
+    def counting(owner, name, key):
         inner = getattr(owner, name)
 
         def wrapper(*args, **kwargs):
-            counted[name] += 1
+            counted[key] += 1
             return inner(*args, **kwargs)
         monkeypatch.setattr(owner, name, wrapper)
-    counting(TreeProgram, "launch")
-    counting(TreeGraph, "launch_first")
+    counting(TreeProgram, "launch", "launch")
+    counting(TreeGraph, "launch_first", "launch_first")
+    counting(TokenWindow, "launch_first", "window launch_first")
     return counted
 
 
 def _run(llm, prompts, params, counts):
-    counts.update(launch=0, launch_first=0)
+    counts.update({key: 0 for key in counts})
     outs = llm.generate(prompts, params)
     stats = [tuple(o.outputs[0].spec_stats[k] for k in STATS) if o.outputs[0].spec_stats
              else None for o in outs]
@@ -65,7 +69,7 @@ def test_same_tokens_iterations_and_programs(model, prompts, counts, ranks, chai
         proposer = TreeProposer(Oracle(out, ranks), TREE, lookup=lookup, adaptive_lookup=rule,
                                 first_drafts=first)
         runs = [_run(make_engine(model, proposer, spec_chain=chain, spec_pipeline=pipeline,
-                                 spec_launch_early=early), [prompt], params, counts)
+                                 launch_behind_prompt=early), [prompt], params, counts)
                 for early in (False, True)]
         (tokens, stats, launched), (early_tokens, early_stats, early_launched) = runs
         assert tokens == early_tokens == [out]
@@ -84,7 +88,7 @@ def test_one_engine_many_requests_with_real_heads(model, prompts, counts):
     params = greedy(20)
     batch = prompts + prompts[::-1]
     target = token_lists(make_engine(model).generate(batch, params))
-    off, on = (_run(make_engine(model, proposer, spec_launch_early=early), batch, params,
+    off, on = (_run(make_engine(model, proposer, launch_behind_prompt=early), batch, params,
                     counts) for early in (False, True))
     assert off[0] == on[0] == target
     assert on[1] == off[1] and on[2]["launch"] == off[2]["launch"]
@@ -101,34 +105,71 @@ def test_a_stop_at_token_0_drops_the_early_program(model, prompts, counts):
     expected = token_lists(make_engine(model).generate(prompts, stop))
     assert expected[1] == [target[1][0]]
     proposer = TreeProposer(Oracle(target[0], (0, 0, 0, 0)), TREE, lookup=3)
-    off, on = (_run(make_engine(model, proposer, spec_launch_early=early), prompts, stop,
+    off, on = (_run(make_engine(model, proposer, launch_behind_prompt=early), prompts, stop,
                     counts) for early in (False, True))
     assert off[0] == on[0] == expected
     assert on[1] == off[1]
     assert on[2]["launch"] == off[2]["launch"] + 1 and on[2]["launch_first"] == len(prompts)
 
 
-def test_no_early_launch_where_the_tree_would_not_take_the_request(model, prompts, counts):
-    """max_tokens = 1 (nothing after token 0), a sampled request (the tree takes greedy ones
-    only): no early launch, the same outputs as without."""
+def test_no_early_launch_where_nothing_would_take_it(model, prompts, counts):
+    """max_tokens = 1 (nothing after token 0), a sampled request (greedy ones only), with the
+    tree or without: no early launch, the same outputs as without."""
     proposer = TreeProposer(Oracle([1, 2, 3], (0, 0, 0, 0)), TREE)
     sampled = SamplingParams(temperature=0.7, max_tokens=8, exit_policy="fixed", seed=3)
     for params in (greedy(1), sampled):
-        off, on = (_run(make_engine(model, proposer, spec_launch_early=early), prompts, params,
-                        counts) for early in (False, True))
-        assert on[0] == off[0] and on[2]["launch_first"] == 0
+        for drafter in (proposer, None):
+            off, on = (_run(make_engine(model, drafter, launch_behind_prompt=early), prompts,
+                            params, counts) for early in (False, True))
+            assert on[0] == off[0]
+            assert on[2]["launch_first"] == on[2]["window launch_first"] == 0
+
+
+@pytest.mark.parametrize("depth", [4, 2])
+@pytest.mark.parametrize("max_tokens", [24, 9, 2])
+@pytest.mark.parametrize("token_window", [8, 3])
+def test_target_only_token_windows(model, prompts, counts, depth, max_tokens, token_window):
+    """Without a proposer: the first token window launched behind the prompt step; the same
+    tokens and windows (chained and planned ahead alike) as without, one early launch per
+    request, at full depth and at a fixed depth of 2."""
+    params = greedy(max_tokens, exit_policy_args={"depth": depth})
+    runs = []
+    for early in (False, True):
+        llm = make_engine(model, token_window=token_window, launch_behind_prompt=early)
+        runs.append(_run(llm, prompts + prompts[::-1], params, counts) +
+                    (dict(llm.llm_engine._token_window.stats),))
+    (tokens, _, launched, windows), (early_tokens, _, early_launched, early_windows) = runs
+    assert early_tokens == tokens and early_windows == windows and windows["windows"] > 0
+    assert launched["window launch_first"] == 0
+    assert early_launched["window launch_first"] == 2 * len(prompts)
+
+
+def test_target_only_stop_at_token_0_drops_the_early_window(model, prompts, counts):
+    """Token 0 of the second request is a stop token: its early window is launched and
+    dropped (one window more), and the requests after it are still exact."""
+    params = greedy(16)
+    target = token_lists(make_engine(model).generate(prompts, params))
+    stop = greedy(16, stop_token_ids=[target[1][0]])
+    (tokens, windows), (early_tokens, early_windows) = (
+        (_run(llm, prompts, stop, counts)[0], llm.llm_engine._token_window.stats)
+        for llm in (make_engine(model, launch_behind_prompt=early) for early in (False, True)))
+    assert early_tokens == tokens and tokens[1] == [target[1][0]]
+    assert early_windows["windows"] == windows["windows"] + 1
 
 
 def test_the_setting_must_be_a_bool(model):
-    with pytest.raises(ValueError, match="spec_launch_early must be a bool"):
-        make_engine(model, spec_launch_early="yes")
+    with pytest.raises(ValueError, match="launch_behind_prompt must be a bool"):
+        make_engine(model, launch_behind_prompt="yes")
 
 
-def test_bench_pairs_early_launches_in_the_same_run(counts):
+def test_bench_pairs_early_launches_in_the_same_run(counts, monkeypatch):
     """python -m rltlab.bench.tree_spec --launch-early: an " early" row beside every engine
-    row, identical tokens, the same tau; its engines launched early (4 rows x 4 requests, a
-    warm-up and a repeat)."""
+    row and a "target only early" baseline, identical tokens, the same tau; its engines
+    launched early (4 rows x 4 requests, a warm-up and a repeat; target only's windows too)."""
     from rltlab.bench import tree_spec
+    from rltlab.engine.config import EngineConfig
+    # target only's engines on the static path (token windows), as "auto" picks on CUDA
+    monkeypatch.setattr(EngineConfig, "use_static_decode", lambda self, device: True)
     res = tree_spec.main(["--device", "cpu", "--prompts", "4", "--max-tokens", "12",
                           "--repeats", "1", "--budgets", "--paths", "engine", "--only",
                           "chain K=4", "--lookup", "4", "--adaptive-lookup", "agree",
@@ -136,8 +177,11 @@ def test_bench_pairs_early_launches_in_the_same_run(counts):
     rows = {r["config"]: r for r in res["rows"]}
     engine = [name for name in rows if name.startswith("engine") and not name.endswith(" early")]
     assert len(engine) == 4 and res["launch_early"] is True
+    assert rows["target only early"]["identical"] == "4/4"
+    assert all("vs_faster" in rows[name] for name in engine)   # target only early beside it
     for name in engine:
         early = rows[name + " early"]
         assert early["identical"] == rows[name]["identical"] == "4/4"
         assert early["tau"] == rows[name]["tau"]
     assert counts["launch_first"] == 4 * 4 * 2
+    assert counts["window launch_first"] == 4 * 2
