@@ -5,6 +5,7 @@ whole-prompt step, from token 0 still on the device: its first tree program
 programs or windows as without it; the launch is taken over, never made twice, and dropped
 where token 0 ends the request."""
 import pytest
+import torch
 
 from rltlab.draft_heads.lookahead import LookaheadHeads
 from rltlab.engine import SamplingParams, TreeProposer
@@ -155,6 +156,35 @@ def test_target_only_stop_at_token_0_drops_the_early_window(model, prompts, coun
         for llm in (make_engine(model, launch_behind_prompt=early) for early in (False, True)))
     assert early_tokens == tokens and tokens[1] == [target[1][0]]
     assert early_windows["windows"] == windows["windows"] + 1
+
+
+@pytest.mark.parametrize("tree", [True, False])
+def test_a_weight_update_after_the_prompt_step_drops_the_early_launch(model, prompts, counts,
+                                                                      tree):
+    """The prompt step (with its early launch) runs, then a weight update recomputes the
+    sequence at the same position: the launch made under the old weights is dropped, and the
+    tokens equal those of the engine without early launches through the same update."""
+    other = tree_model()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(-1.3)
+    runs = []
+    for early in (False, True):
+        proposer = TreeProposer(Oracle([1, 2, 3], (0, 0, 0, 0)), TREE, lookup=3) if tree \
+            else None
+        llm = make_engine(model, proposer, launch_behind_prompt=early)
+        counts.update({key: 0 for key in counts})
+        llm.llm_engine.add_request("r", prompts[1], greedy(12))
+        llm.step()                                     # the whole-prompt step
+        assert counts["launch_first" if tree else "window launch_first"] == early
+        llm.start_weight_update(1)
+        llm.update_weights((n, p.detach()) for n, p in other.named_parameters())
+        llm.finish_weight_update()
+        outs = []
+        while llm.has_unfinished_requests():
+            outs += llm.step()
+        runs.append(list(outs[0].outputs[0].token_ids))
+    assert runs[0] == runs[1]
 
 
 def test_the_setting_must_be_a_bool(model):

@@ -58,7 +58,7 @@ class TokenWindow:
     def __init__(self, engine, tokens: int):
         self.engine, self.tokens = engine, tokens
         self._prepared: WindowPlan | None = None
-        self._early = None   # launch_first's (plan, pending tokens, read-back)
+        self._early = None   # launch_first's (plan, pending tokens, read-back, version)
         # windows run, how many of them ran a plan prepared during the previous window, and
         # how many were launched before the previous one was read back (chained)
         self.stats = {"windows": 0, "prepared_used": 0, "chained": 0}
@@ -172,9 +172,9 @@ class TokenWindow:
         eng._failed = {}
         static = eng.runner.static_rows(len(seqs))
         early, self._early = self._early, None
-        if early is not None and (early[0].key, early[0].depth, early[0].static) == \
-                (self._key(seqs), depth, static):   # launch_first's window: these rows' own
-            plan, pending, sampled = early
+        if early is not None and (early[0].key, early[0].depth, early[0].static, early[3]) == \
+                (self._key(seqs), depth, static, eng.weights.version):   # these rows' own
+            plan, pending, sampled, _ = early
         else:
             plan = self._take_plan(seqs, static, depth)
             # the rows' pending tokens; a chained window finds its rows' there, sampled on
@@ -202,15 +202,18 @@ class TokenWindow:
         """Launch the window step(depth) starts with once the lone row `seq` has its token 0,
         from `token` [1] still on the device (EngineConfig.launch_behind_prompt, prompt_step.py;
         plain greedy rows only: a dropped window must not have drawn from a generator). step()
-        takes it over where the row went on from that token; otherwise it is dropped unread,
-        having written K/V only into the row's own reserved slots."""
+        takes it over where the row went on from that token under the same weights; otherwise
+        it is dropped unread, having written K/V only into the row's own reserved slots."""
         static = self.engine.runner.static_rows(1)
         index, live = self._plan([seq], static, depth, grown=[1])
         plan = WindowPlan(self._key([seq], [1]), depth, static, live,
                           self._upload(index, live, self.engine.runner.device), ahead=False,
                           groups=self._groups(static, index, 1))
         pending = token.clone()   # the window's sampling rewrites it
-        self._early = (plan, pending, self._launch([seq], plan, pending))
+        # beside the plan's key, the weights' version: an update recomputes the row at the
+        # same position (its blocks stay its own: a lone sequence is never preempted)
+        self._early = (plan, pending, self._launch([seq], plan, pending),
+                       self.engine.weights.version)
 
     def _launch(self, seqs: list[Sequence], plan: WindowPlan, pending: torch.Tensor
                 ) -> ReadBack:

@@ -103,6 +103,7 @@ class TreeGraph:
     def __init__(self, engine, proposer):
         runner, span = engine.runner, proposer.span
         self.runner, self.proposer, self.block_size = runner, proposer, runner.block_size
+        self._weights = engine.weights   # their version: a launch_first program's validity
         if span > self.block_size:
             raise ValueError(f"a tree {span} deep needs block_size >= {span}")
         self.shape = TreeShape(proposer.paths, runner.device, proposer.tree)
@@ -156,7 +157,7 @@ class TreeGraph:
         follow, adaptive = launches > 1, self.proposer.adaptive_lookup
         start, left = seq.num_tokens - 1, seq.max_output_tokens - seq.num_output_tokens
         early, self._early = self._early, None
-        if early is not None and early[0] == (seq.seq_id, start, chain, follow):
+        if early is not None and early[0] == self._early_key(seq, start, chain, follow):
             programs, program, cap, valid, lookup = early[1]
         else:
             fresh = self.drafted_for != (seq.seq_id, start)   # no candidates drafted for it
@@ -202,11 +203,18 @@ class TreeGraph:
         device, sampled from `hidden` (the state first drafts read); seq is as it was before
         the token, so its position is seq.num_tokens. run() takes the program over where the
         sequence went on from that token; otherwise it is dropped unread (its writes land in
-        slots the sequence owned, or in the tree's private ones, before any later program's)."""
+        slots the sequence owned, or in the tree's private ones, before any later program's).
+        Not after a weight update (its key, _early_key)."""
         start = seq.num_tokens
         first = hidden if self.proposer.first_drafts else None
-        self._early = ((seq.seq_id, start, chain, launches > 1), self._start(
+        self._early = (self._early_key(seq, start, chain, launches > 1), self._start(
             seq, chain, launches > 1, start, seq.max_output_tokens - 1, True, first, token))
+
+    def _early_key(self, seq, start: int, chain: int, follow: bool) -> tuple:
+        """What a launch_first program was made for: the sequence at a position, the program's
+        shape and the weights' version (a weight update recomputes the sequence at the same
+        position). Its blocks stay its own: a lone sequence is never preempted."""
+        return seq.seq_id, start, chain, follow, self._weights.version
 
     def _start(self, seq, chain: int, follow: bool, start: int, left: int, fresh: bool,
                first_hidden, token) -> tuple:
