@@ -4,10 +4,8 @@
 # steps (lookahead_train --time-limit), so that the call's limit cannot kill the run before
 # its heads are saved (s24_call3 asked the same with a fixed step count and was lost with its
 # machine). Then paired against the shipped heads on 32 x 32 with the agree rule and first
-# drafts, target only and target only compiled in the same process (7 repeats), every config
-# and both baselines also with their first launch behind the prompt step (--launch-early:
-# " early" rows, EngineConfig.launch_behind_prompt, built in the twenty-fifth session and not
-# yet timed; vs_faster then pairs against the fastest of the four target-only rows).
+# drafts, target only and target only compiled in the same process (7 repeats). Without
+# --launch-early here: its second engine's compiles would not fit the call (call 2 has it).
 set -uo pipefail
 source "$(dirname "$0")/h200_common.sh"
 timeout 430 python3 -m rltlab.draft_heads.lookahead_train --device cuda --out $OUT/heads_v4 \
@@ -16,4 +14,4 @@ timeout 430 python3 -m rltlab.draft_heads.lookahead_train --device cuda --out $O
 echo "train rc $?"; tail -1 $OUT/train.log | cut -c1-1500
 tree_bench heads_v4_32 150 --only "chain K=4" --budgets --gemv-rows 64 --chains 1 \
   --engine-compile on --lookup 10 --adaptive-lookup agree --first-drafts \
-  --also-heads $OUT/heads_v4 --launch-early --repeats 7
+  --also-heads $OUT/heads_v4 --repeats 7

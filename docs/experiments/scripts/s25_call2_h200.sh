@@ -5,8 +5,10 @@
 # measured (chain K = 4 + lookup 10 by agreement, first drafts) and the heads in $HEADS
 # (default: the shipped lookahead_h4; the first call's heads_v4 where they won, carried as
 # .ab/heads_v4). 15 repeats on 32 x 32, then 5 on 16 x 128 for the same start's figure there;
-# every config and both baselines also with --launch-early (" early" rows; vs_faster against
-# the fastest of the four target-only rows).
+# every config and both baselines also with their first launch behind the prompt step
+# (--launch-early: " early" rows, EngineConfig.launch_behind_prompt, built in the
+# twenty-fifth session and not yet timed; vs_faster against the fastest of the four
+# target-only rows).
 set -uo pipefail
 source "$(dirname "$0")/h200_common.sh"
 HEADS_ARG=(${HEADS:+--heads "$HEADS"})
