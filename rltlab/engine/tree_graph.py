@@ -132,7 +132,7 @@ class TreeGraph:
                               for cap in range(span + 1)]
         self._static, self._programs = None, {}
         self.lookup_next = True   # with adaptive_lookup: the drafts' rows at drafted_for
-        self._early = None        # launch_first's ((seq_id, P, chain, follow), program)
+        self._early = None        # launch_first's (_early_key, _start's result)
 
     def _program_of(self, static, chain: int, follow: bool, lookup_rows: bool = True,
                     first: bool = False) -> TreeProgram:
