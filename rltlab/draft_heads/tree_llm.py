@@ -11,7 +11,9 @@ It is the same LLM and TreeProposer one can build by hand (docs/engine.md sectio
     nodes verified by agreement, first drafts on: the fastest proposer on every workload of
     the twenty-fourth session's H200 calls;
   - one sequence at a time (max_num_seqs=1: the engine speculates while exactly one greedy
-    full-depth sequence runs, and steps normally otherwise);
+    full-depth sequence runs, and steps normally otherwise), each request's first program
+    launched behind its prompt step (launch_behind_prompt: 1.03-1.04x more, and with it
+    >= 2.0x on 32 x 32 on two H100 machine starts, docs/benchmarks/2026-12-05-s25-h100.md);
   - the KV pool sized for one max_model_len sequence plus the tree's private blocks;
   - the static decode path, and on CUDA the settings those figures were measured with
     (compile=True, gemv_rows=64).
@@ -53,7 +55,7 @@ def tree_llm(model, heads=None, *, max_model_len: int, block_size: int = 16,
     tree_proposer = TreeProposer(drafter, tree, **options)
     settings = {"max_num_seqs": 1, "block_size": block_size, "max_model_len": max_model_len,
                 "num_blocks": -(-max_model_len // block_size) + private_blocks(tree_proposer),
-                "decode_path": "static",
+                "decode_path": "static", "launch_behind_prompt": True,
                 **(CUDA_SETTINGS if next(model.parameters()).is_cuda else {}),
                 **engine_kwargs}
     llm = LLM(model, **settings)
