@@ -229,9 +229,7 @@ def run(args) -> dict:
             baselines["target only compiled early"] = baseline(compile=True,
                                                                launch_behind_prompt=True)
     if args.round_step_prompts:
-        baselines["target only (round-step prompts)"] = partial(target_only, LLM(
-            model, max_num_seqs=1, block_size=16, kv_cache_memory_gib=0.5,
-            max_model_len=max_len, whole_prompt_steps=False))
+        baselines["target only (round-step prompts)"] = baseline(whole_prompt_steps=False)
     configs = {"target only": target_only, **baselines,
                **{name: tree_config(name) for name in gens},
                **{name: partial(go, prompts=prompts) for name, go in engines.items()}}
