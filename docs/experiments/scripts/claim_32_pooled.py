@@ -1,0 +1,67 @@
+"""Issue 16's 2.0x claim on 32 x 32, per machine start and pooled over every start (twenty-sixth
+session; no device): the paired ratios of one config against the fastest target-only row,
+repeat by repeat, read from the committed raw data of `python -m rltlab.bench.tree_spec
+--launch-early` runs (docs/experiments/scripts/s25_call2_h200.sh).
+
+Each repeat's ratio is the fastest of the four target-only rows' seconds in that repeat over
+the config's seconds in it, as the bench's vs_faster is. Pooled: the repeats of every start
+together (a start's own figures are checked against what the bench wrote).
+
+    python docs/experiments/scripts/claim_32_pooled.py
+Last line: JSON.
+"""
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+RUNS = [("2026-12-05-s25-h100.json", "2", "A"), ("2026-12-05-s25-h100.json", "3", "B"),
+        ("2026-12-05-s26-h100.json", "3", "C")]
+CONFIG = "engine chain K=4 +lookup10 agree first M=1 compiled gemv<=64 early"
+BASELINES = ("target only", "target only compiled", "target only early",
+             "target only compiled early")
+
+
+def ratios(result: dict, config: str) -> tuple[list[float], list[float]]:
+    """-> (vs the fastest target-only row, vs target only), one ratio per repeat."""
+    rows = {row["config"]: row for row in result["rows"]}
+    if config not in rows:
+        raise SystemExit(f"{config!r} is not a row of this run; rows: {sorted(rows)}")
+    seconds = rows[config]["seconds_all"]
+    fastest = [min(rows[b]["seconds_all"][i] for b in BASELINES) / s
+               for i, s in enumerate(seconds)]
+    target = [rows["target only"]["seconds_all"][i] / s for i, s in enumerate(seconds)]
+    return fastest, target
+
+
+def describe(values: list[float]) -> dict:
+    return {"median": round(statistics.median(values), 4),
+            "mean": round(statistics.mean(values), 4),
+            "se": round(statistics.stdev(values) / len(values) ** 0.5, 4),
+            "min": round(min(values), 4), "repeats": len(values)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default=CONFIG)
+    args = parser.parse_args()
+    report, pooled_fastest, pooled_target = {"config": args.config, "starts": {}}, [], []
+    for file, call, start in RUNS:
+        result = json.loads((DATA / file).read_text())["calls"][call]["results"]["claim_32"]
+        fastest, target = ratios(result, args.config)
+        written = next(r for r in result["rows"] if r["config"] == args.config)["vs_faster"]
+        assert abs(statistics.median(fastest) - written["median"]) < 1e-9, (start, written)
+        report["starts"][start] = {"data": f"{file} call {call}",
+                                   "vs_fastest": describe(fastest), "vs_target": describe(target)}
+        pooled_fastest += fastest
+        pooled_target += target
+        print(f"start {start}: vs fastest {describe(fastest)}  vs target only {describe(target)}")
+    report["pooled"] = {"vs_fastest": describe(pooled_fastest),
+                        "vs_target": describe(pooled_target)}
+    print(f"pooled: vs fastest {report['pooled']['vs_fastest']}")
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
