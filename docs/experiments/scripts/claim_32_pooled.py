@@ -1,11 +1,12 @@
-"""Issue 16's 2.0x claim on 32 x 32, per machine start and pooled over every start (twenty-sixth
-session; no device): the paired ratios of one config against the fastest target-only row,
-repeat by repeat, read from the committed raw data of `python -m rltlab.bench.tree_spec
---launch-early` runs (docs/experiments/scripts/s25_call2_h200.sh).
+"""Issue 16's 2.0x claim on 32 x 32, per machine start and pooled over the starts of each GPU
+(twenty-sixth session; no device): the paired ratios of one config against the fastest
+target-only row, repeat by repeat, read from the committed raw data of `python -m
+rltlab.bench.tree_spec --launch-early` runs (docs/experiments/scripts/s25_call2_h200.sh).
 
 Each repeat's ratio is the fastest of the four target-only rows' seconds in that repeat over
-the config's seconds in it, as the bench's vs_faster is. Pooled: the repeats of every start
-together (a start's own figures are checked against what the bench wrote).
+the config's seconds in it, as the bench's vs_faster is. Pooled: the repeats of every start on
+one kind of GPU together (a start's own figures are checked against what the bench wrote).
+Ratios are never pooled across GPUs: the baselines' gains differ between them.
 
     python docs/experiments/scripts/claim_32_pooled.py
 Last line: JSON.
@@ -16,8 +17,9 @@ import statistics
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-RUNS = [("2026-12-05-s25-h100.json", "2", "A"), ("2026-12-05-s25-h100.json", "3", "B"),
-        ("2026-12-05-s26-h100.json", "3", "C")]
+RUNS = [("2026-12-05-s25-h100.json", "2", "A", "H100"),
+        ("2026-12-05-s25-h100.json", "3", "B", "H100"),
+        ("2026-12-05-s26.json", "3", "C", "H100"), ("2026-12-05-s26.json", "5", "D", "H200")]
 CONFIG = "engine chain K=4 +lookup10 agree first M=1 compiled gemv<=64 early"
 BASELINES = ("target only", "target only compiled", "target only early",
              "target only compiled early")
@@ -46,20 +48,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=CONFIG)
     args = parser.parse_args()
-    report, pooled_fastest, pooled_target = {"config": args.config, "starts": {}}, [], []
-    for file, call, start in RUNS:
+    report = {"config": args.config, "starts": {}, "pooled": {}}
+    pooled: dict[str, tuple[list[float], list[float]]] = {}
+    for file, call, start, gpu in RUNS:
         result = json.loads((DATA / file).read_text())["calls"][call]["results"]["claim_32"]
         fastest, target = ratios(result, args.config)
         written = next(r for r in result["rows"] if r["config"] == args.config)["vs_faster"]
         assert abs(statistics.median(fastest) - written["median"]) < 1e-9, (start, written)
-        report["starts"][start] = {"data": f"{file} call {call}",
+        report["starts"][start] = {"data": f"{file} call {call}", "gpu": gpu,
                                    "vs_fastest": describe(fastest), "vs_target": describe(target)}
-        pooled_fastest += fastest
-        pooled_target += target
-        print(f"start {start}: vs fastest {describe(fastest)}  vs target only {describe(target)}")
-    report["pooled"] = {"vs_fastest": describe(pooled_fastest),
-                        "vs_target": describe(pooled_target)}
-    print(f"pooled: vs fastest {report['pooled']['vs_fastest']}")
+        pooled.setdefault(gpu, ([], []))[0].extend(fastest)
+        pooled[gpu][1].extend(target)
+        print(f"start {start} ({gpu}): vs fastest {describe(fastest)}  "
+              f"vs target only {describe(target)}")
+    for gpu, (fastest, target) in pooled.items():
+        report["pooled"][gpu] = {"vs_fastest": describe(fastest), "vs_target": describe(target)}
+        print(f"pooled {gpu}: vs fastest {report['pooled'][gpu]['vs_fastest']}")
     print(json.dumps(report))
 
 
