@@ -8,6 +8,10 @@ the config's seconds in it, as the bench's vs_faster is. Pooled: the repeats of 
 one kind of GPU together (a start's own figures are checked against what the bench wrote).
 Ratios are never pooled across GPUs: the baselines' gains differ between them.
 
+Also, per start and workload, what the early launch (EngineConfig.launch_behind_prompt) gains
+each row: its seconds without over the same repeat's seconds of its " early" row, checked
+against the `derived` section of the raw data.
+
     python docs/experiments/scripts/claim_32_pooled.py
 Last line: JSON.
 """
@@ -37,6 +41,17 @@ def ratios(result: dict, config: str) -> tuple[list[float], list[float]]:
     return fastest, target
 
 
+def early_gains(result: dict) -> dict[str, list[float]]:
+    """-> per row without the early launch, its seconds / its early row's, per repeat."""
+    rows = {row["config"]: row for row in result["rows"]}
+    gains = {}
+    for name, row in rows.items():
+        early = rows.get(name + " early")
+        if early is not None:
+            gains[name] = [a / b for a, b in zip(row["seconds_all"], early["seconds_all"])]
+    return gains
+
+
 def describe(values: list[float]) -> dict:
     return {"median": round(statistics.median(values), 4),
             "mean": round(statistics.mean(values), 4),
@@ -48,10 +63,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=CONFIG)
     args = parser.parse_args()
-    report = {"config": args.config, "starts": {}, "pooled": {}}
+    report = {"config": args.config, "starts": {}, "pooled": {}, "early_over_without": {}}
     pooled: dict[str, tuple[list[float], list[float]]] = {}
     for file, call, start, gpu in RUNS:
-        result = json.loads((DATA / file).read_text())["calls"][call]["results"]["claim_32"]
+        data = json.loads((DATA / file).read_text())
+        for workload, result in data["calls"][call]["results"].items():
+            gains = {name: describe(g) for name, g in early_gains(result).items()}
+            recorded = data["derived"][f"call {call} {workload}"]
+            assert all(gains[n]["median"] == recorded[n]["median"] for n in recorded), start
+            report["early_over_without"][f"{start} {workload}"] = gains
+        result = data["calls"][call]["results"]["claim_32"]
         fastest, target = ratios(result, args.config)
         written = next(r for r in result["rows"] if r["config"] == args.config)["vs_faster"]
         assert abs(statistics.median(fastest) - written["median"]) < 1e-9, (start, written)
