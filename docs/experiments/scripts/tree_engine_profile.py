@@ -2,11 +2,17 @@
 s14/s15 workload (the held-out prompts, 32 new tokens, c = 1, greedy): host timers around
 LLMEngine.step, the speculative step, the program's launch and its read-back (which waits for
 the program, so it holds the GPU time the host did not overlap), token windows, whole-token
-steps and the runner's execute (prefill), for target-only and for each tree at spec_chain 1. --gemv-rows / --compile build
-the tree engine (and a second target-only engine, with --compile) as EngineConfig.gemv_rows /
-.compile; --trees-from / --budgets / --only pick the trees as in rltlab.bench.tree_spec;
+steps and the runner's execute (prefill), for target-only and for each tree at spec_chain 1.
+--gemv-rows / --compile build the tree engine (and a second target-only engine, with
+--compile) as EngineConfig.gemv_rows / .compile; --trees-from / --budgets / --only pick the
+trees as in rltlab.bench.tree_spec;
 --lookup L also runs each tree with a prompt-lookup chain of L (TreeProposer(lookup=L)),
-with --adaptive-lookup verified only after a lookup hit (adaptive_lookup=True).
+with --adaptive-lookup verified only after a lookup hit (adaptive_lookup=True), or with
+--adaptive-lookup agree where its next draft agrees with the heads' (adaptive_lookup="agree");
+--first-drafts drafts each request's first iteration from token 0's state
+(TreeProposer(first_drafts=True)); --launch-early builds every engine with
+EngineConfig.launch_behind_prompt (a lone request's first program or token window queued
+behind its prompt step) and times those launches.
 --pipeline P builds the tree engine with EngineConfig.spec_pipeline = P (up to P programs a
 step, each launched while the host handles the last one's tokens; default: the engine's).
 --prompt-steps whole rounds runs every config with EngineConfig.whole_prompt_steps on (fresh
@@ -17,6 +23,9 @@ in " (round-step prompts)"); "whole prompt step" times those steps.
     python docs/experiments/scripts/tree_engine_profile.py --device cuda --gemv-rows 64 \
         --compile --trees-from docs/experiments/data/2026-12-03-lookahead-tree-probe-h200.json \
         --budgets 8 --only "chain K=4" "tree B=8" --prompts 16 --max-tokens 128
+    python docs/experiments/scripts/tree_engine_profile.py --device cuda --gemv-rows 64 \
+        --compile --budgets --only "chain K=4" --lookup 10 --adaptive-lookup agree \
+        --first-drafts --launch-early
 """
 import argparse
 import json
@@ -31,7 +40,7 @@ from rltlab.draft_heads.evaluate import eval_prompts
 from rltlab.engine import LLM, SamplingParams, TreeProposer
 from rltlab.engine import (llm_engine, model_runner, prompt_step, spec_decode, token_step,
                            token_window)
-from rltlab.engine import tree_program
+from rltlab.engine import tree_graph, tree_program
 from rltlab.engine.config import EngineConfig
 from rltlab.engine.tree_graph import private_blocks
 from rltlab.model.checkpoint import load_model
@@ -61,8 +70,12 @@ def main():
     ap.add_argument("--gemv-rows", type=int, default=1)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--pipeline", type=int, default=EngineConfig.spec_pipeline)
-    ap.add_argument("--adaptive-lookup", action="store_true",
-                    help="the lookup proposers with TreeProposer(adaptive_lookup=True)")
+    ap.add_argument("--adaptive-lookup", nargs="?", const="hits", choices=["hits", "agree"],
+                    help="the lookup proposers with TreeProposer(adaptive_lookup=True), "
+                         "or \"agree\"")
+    ap.add_argument("--first-drafts", action="store_true")
+    ap.add_argument("--launch-early", action="store_true",
+                    help="every engine with EngineConfig.launch_behind_prompt")
     ap.add_argument("--trees-from", default=None)
     ap.add_argument("--budgets", type=int, nargs="*", default=[])
     ap.add_argument("--only", nargs="+", default=None)
@@ -83,25 +96,32 @@ def main():
     timed(token_step.FusedTokenStep, "step", "whole-token step")
     timed(model_runner.ModelRunner, "execute", "runner execute (prefill, round steps)")
     timed(prompt_step.WholePrompts, "step", "whole prompt step")
+    timed(tree_graph.TreeGraph, "launch_first", "early program launch")
+    timed(token_window.TokenWindow, "launch_first", "early window launch")
     trees = _trees(args, tree)   # root, chain, the artifact's (and --trees-from's), --only
-    proposers = {f"{name}{f' +lookup{n}' if n else ''}{' adaptive' * adaptive}":
-                 TreeProposer(heads, t, lookup=n, adaptive_lookup=adaptive)
+    rule = {"hits": True, "agree": "agree", None: False}[args.adaptive_lookup]
+    proposers = {f"{name}{f' +lookup{n}' if n else ''}"
+                 f"{f' {args.adaptive_lookup}' if adaptive else ''}"
+                 f"{' first' if args.first_drafts else ''}":
+                 TreeProposer(heads, t, lookup=n, adaptive_lookup=adaptive,
+                              first_drafts=args.first_drafts)
                  for name, t in trees.items() for n in args.lookup
-                 for adaptive in [args.adaptive_lookup and n > 0 and bool(t)]}
+                 for adaptive in [rule if n > 0 and t else False]}
+    early = {"launch_behind_prompt": args.launch_early}
     private = sum(map(private_blocks, proposers.values()))
     configs = []
     for mode in args.prompt_steps:
         whole, suffix = mode == "whole", "" if mode == "whole" else " (round-step prompts)"
         base = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len,
-                   whole_prompt_steps=whole)
+                   whole_prompt_steps=whole, **early)
         engine = LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len,
                      num_blocks=-(-max_len // 16) + private, decode_path="static",
                      gemv_rows=args.gemv_rows, compile=args.compile, whole_prompt_steps=whole,
-                     spec_pipeline=args.pipeline)
+                     spec_pipeline=args.pipeline, **early)
         configs += [("target only" + suffix, base, None)] + [
             ("target only compiled" + suffix,
              LLM(model, max_num_seqs=1, block_size=16, max_model_len=max_len, compile=True,
-                 whole_prompt_steps=whole), None)] * args.compile
+                 whole_prompt_steps=whole, **early), None)] * args.compile
         configs += [(name + suffix, engine, proposer) for name, proposer in proposers.items()]
     result = {}
     for name, llm, proposer in configs:
