@@ -118,9 +118,9 @@ class EngineConfig:
     right behind that step, from token 0 still on the device, before token 0 is read back,
     so that the host's turn between the two (the read-back, token 0's bookkeeping, the
     engine's next step, the staging) overlaps the launch instead of idling the device; plain
-    greedy requests only (prompt_step.py; the same tokens and statistics; 1.03-1.04x paired on
-    the tree path at c = 1, within noise for target only: docs/benchmarks/2026-12-05-s25-h100.md;
-    off by default).
+    greedy requests only (prompt_step.py; the same tokens and statistics; at c = 1 over four
+    machine starts 1.01-1.05x paired on the tree path, 1.00-1.04x for target only:
+    docs/benchmarks/2026-12-05-s26-h200.md; off by default).
     whole_prompt_steps: a step whose rows are all fresh whole prompts, with no other sequence
     running (c = 1, the start of a batch), runs their R rounds and samples their first tokens
     in one engine step (rltlab.engine.prompt_step; the same tokens, log-probs and K/V), not in

@@ -20,36 +20,31 @@ import json
 import statistics
 from pathlib import Path
 
+from rltlab.bench.tree_spec import FASTER
+
 DATA = Path(__file__).resolve().parents[1] / "data"
 RUNS = [("2026-12-05-s25-h100.json", "2", "A", "H100"),
         ("2026-12-05-s25-h100.json", "3", "B", "H100"),
         ("2026-12-05-s26.json", "3", "C", "H100"), ("2026-12-05-s26.json", "5", "D", "H200")]
 CONFIG = "engine chain K=4 +lookup10 agree first M=1 compiled gemv<=64 early"
-BASELINES = ("target only", "target only compiled", "target only early",
-             "target only compiled early")
 
 
-def ratios(result: dict, config: str) -> tuple[list[float], list[float]]:
-    """-> (vs the fastest target-only row, vs target only), one ratio per repeat."""
-    rows = {row["config"]: row for row in result["rows"]}
+def ratios(rows: dict, config: str) -> tuple[list[float], list[float]]:
+    """rows by config name -> (vs the fastest target-only row, vs target only), one ratio per
+    repeat."""
     if config not in rows:
         raise SystemExit(f"{config!r} is not a row of this run; rows: {sorted(rows)}")
     seconds = rows[config]["seconds_all"]
-    fastest = [min(rows[b]["seconds_all"][i] for b in BASELINES) / s
-               for i, s in enumerate(seconds)]
-    target = [rows["target only"]["seconds_all"][i] / s for i, s in enumerate(seconds)]
-    return fastest, target
+    fastest = map(min, *(rows[b]["seconds_all"] for b in FASTER))
+    target = rows["target only"]["seconds_all"]
+    return [f / s for f, s in zip(fastest, seconds)], [t / s for t, s in zip(target, seconds)]
 
 
-def early_gains(result: dict) -> dict[str, list[float]]:
-    """-> per row without the early launch, its seconds / its early row's, per repeat."""
-    rows = {row["config"]: row for row in result["rows"]}
-    gains = {}
-    for name, row in rows.items():
-        early = rows.get(name + " early")
-        if early is not None:
-            gains[name] = [a / b for a, b in zip(row["seconds_all"], early["seconds_all"])]
-    return gains
+def early_gains(rows: dict) -> dict[str, list[float]]:
+    """rows by config name -> per row without the early launch, its seconds / its early
+    row's, per repeat."""
+    return {name: [a / b for a, b in zip(row["seconds_all"], rows[name + " early"]["seconds_all"])]
+            for name, row in rows.items() if name + " early" in rows}
 
 
 def describe(values: list[float]) -> dict:
@@ -67,21 +62,24 @@ def main() -> None:
     pooled: dict[str, tuple[list[float], list[float]]] = {}
     for file, call, start, gpu in RUNS:
         data = json.loads((DATA / file).read_text())
-        for workload, result in data["calls"][call]["results"].items():
-            gains = {name: describe(g) for name, g in early_gains(result).items()}
+        runs = {workload: {row["config"]: row for row in result["rows"]}
+                for workload, result in data["calls"][call]["results"].items()}
+        for workload, rows in runs.items():
+            gains = {name: describe(g) for name, g in early_gains(rows).items()}
             recorded = data["derived"][f"call {call} {workload}"]
             assert all(gains[n]["median"] == recorded[n]["median"] for n in recorded), start
             report["early_over_without"][f"{start} {workload}"] = gains
-        result = data["calls"][call]["results"]["claim_32"]
-        fastest, target = ratios(result, args.config)
-        written = next(r for r in result["rows"] if r["config"] == args.config)["vs_faster"]
+        rows = runs["claim_32"]
+        fastest, target = ratios(rows, args.config)
+        written = rows[args.config]["vs_faster"]
         assert abs(statistics.median(fastest) - written["median"]) < 1e-9, (start, written)
-        report["starts"][start] = {"data": f"{file} call {call}", "gpu": gpu,
-                                   "vs_fastest": describe(fastest), "vs_target": describe(target)}
+        entry = {"data": f"{file} call {call}", "gpu": gpu,
+                 "vs_fastest": describe(fastest), "vs_target": describe(target)}
+        report["starts"][start] = entry
         pooled.setdefault(gpu, ([], []))[0].extend(fastest)
         pooled[gpu][1].extend(target)
-        print(f"start {start} ({gpu}): vs fastest {describe(fastest)}  "
-              f"vs target only {describe(target)}")
+        print(f"start {start} ({gpu}): vs fastest {entry['vs_fastest']}  "
+              f"vs target only {entry['vs_target']}")
     for gpu, (fastest, target) in pooled.items():
         report["pooled"][gpu] = {"vs_fastest": describe(fastest), "vs_target": describe(target)}
         print(f"pooled {gpu}: vs fastest {report['pooled'][gpu]['vs_fastest']}")
