@@ -42,6 +42,7 @@ from rltlab.engine import (llm_engine, model_runner, prompt_step, spec_decode, t
                            token_window)
 from rltlab.engine import tree_graph, tree_program
 from rltlab.engine.config import EngineConfig
+from rltlab.engine.hooks import LOOKUP_RULES
 from rltlab.engine.tree_graph import private_blocks
 from rltlab.model.checkpoint import load_model
 
@@ -70,9 +71,9 @@ def main():
     ap.add_argument("--gemv-rows", type=int, default=1)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--pipeline", type=int, default=EngineConfig.spec_pipeline)
-    ap.add_argument("--adaptive-lookup", nargs="?", const="hits", choices=["hits", "agree"],
-                    help="the lookup proposers with TreeProposer(adaptive_lookup=True), "
-                         "or \"agree\"")
+    ap.add_argument("--adaptive-lookup", nargs="?", const="hits", default=False,
+                    choices=LOOKUP_RULES,
+                    help="the lookup proposers with TreeProposer(adaptive_lookup=RULE)")
     ap.add_argument("--first-drafts", action="store_true")
     ap.add_argument("--launch-early", action="store_true",
                     help="every engine with EngineConfig.launch_behind_prompt")
@@ -99,14 +100,13 @@ def main():
     timed(tree_graph.TreeGraph, "launch_first", "early program launch")
     timed(token_window.TokenWindow, "launch_first", "early window launch")
     trees = _trees(args, tree)   # root, chain, the artifact's (and --trees-from's), --only
-    rule = {"hits": True, "agree": "agree", None: False}[args.adaptive_lookup]
     proposers = {f"{name}{f' +lookup{n}' if n else ''}"
                  f"{f' {args.adaptive_lookup}' if adaptive else ''}"
                  f"{' first' if args.first_drafts else ''}":
                  TreeProposer(heads, t, lookup=n, adaptive_lookup=adaptive,
                               first_drafts=args.first_drafts)
                  for name, t in trees.items() for n in args.lookup
-                 for adaptive in [rule if n > 0 and t else False]}
+                 for adaptive in [args.adaptive_lookup if n > 0 and t else False]}
     early = {"launch_behind_prompt": args.launch_early}
     private = sum(map(private_blocks, proposers.values()))
     configs = []
