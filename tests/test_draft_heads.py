@@ -304,3 +304,20 @@ def test_selfdistill_writes_into_the_models_own_draft_heads_folder(tmp_path, mon
     assert selfdistill.shipped_components(model_dir) == [model_dir / "draft_heads" /
                                                          "residual_mlp_d1"]
     assert not any(elsewhere.iterdir())
+
+
+def test_eval_prompts_from_one_prompt_and_clear_errors_below():
+    """eval_prompts(.., 1) is one arithmetic question (it used to ask heldout_text_rows for 0
+    rows, which failed with "held-out text too short"); n < 1 and max_rows < 1 say so."""
+    from rltlab import workbench as W
+    from rltlab.draft_heads.evaluate import EOS, eval_prompt_kinds, eval_prompts
+    from rltlab.eval.problems import heldout_text_rows
+    _, tok, model_dir = W.load_model(None)
+    one, four = eval_prompts(tok, model_dir, 1), eval_prompts(tok, model_dir, 4)
+    assert eval_prompt_kinds(1) == ["arithmetic"] and len(one) == 1
+    assert one[0][0] == EOS and len(one[0]) > 3
+    assert len(four) == 4 and four[2:] == heldout_text_rows(tok, model_dir, 24, 2).tolist()
+    with pytest.raises(ValueError, match="n must be >= 1, got 0"):
+        eval_prompts(tok, model_dir, 0)
+    with pytest.raises(ValueError, match="max_rows must be >= 1, got 0"):
+        heldout_text_rows(tok, model_dir, 24, 0)

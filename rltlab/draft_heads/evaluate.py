@@ -24,11 +24,15 @@ EOS = 0
 
 
 def eval_prompts(tokenizer, model_dir, n: int, text_tokens: int = 24) -> list[list[int]]:
-    """n/2 held-out arithmetic questions + n/2 held-out text openings ([EOT] + tokens)."""
+    """n - n // 2 held-out arithmetic questions + n // 2 held-out text openings ([EOT] +
+    tokens); n >= 1 (one prompt: an arithmetic question)."""
     from rltlab.eval.problems import encode, eval_problems, heldout_text_rows
+    if n < 1:
+        raise ValueError(f"eval_prompts: n must be >= 1, got {n}")
     arith = [[EOS] + encode(tokenizer, p["question"])
              for p in eval_problems(model_dir, n - n // 2)]
-    text = heldout_text_rows(tokenizer, model_dir, text_tokens, n // 2).tolist()
+    text = heldout_text_rows(tokenizer, model_dir, text_tokens, n // 2).tolist() if n // 2 \
+        else []
     return arith + text
 
 

@@ -76,9 +76,11 @@ def rollout_prompts(tokenizer, n: int, seed: int, kinds: tuple[str, ...] = KINDS
 def heldout_text_rows(tokenizer, model_dir: str | os.PathLike | None, seq_len: int,
                       max_rows: int) -> torch.Tensor:
     """[N, seq_len] rows of [EOT] + held-out text (the checkpoint's eval/heldout_text.txt if
-    present, else the held-out stdlib split)."""
+    present, else the held-out stdlib split); max_rows >= 1."""
     from rltlab.pretrain.data import EOT_ID, load_text_corpus
 
+    if max_rows < 1:
+        raise ValueError(f"heldout_text_rows: max_rows must be >= 1, got {max_rows}")
     path = Path(model_dir) / "eval" / "heldout_text.txt" if model_dir else None
     text = path.read_text(encoding="utf-8") if path is not None and path.is_file() else \
         load_text_corpus(max_bytes=max(20_000, seq_len * max_rows * 8), split="heldout")
