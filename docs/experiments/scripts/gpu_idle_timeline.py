@@ -126,8 +126,8 @@ def main():
     ap.add_argument("--no-compile", action="store_true",
                     help="neither the tree engine nor a second target-only engine compiled")
     args = ap.parse_args()
-    if args.prompts < 2:
-        ap.error("--prompts must be >= 2 (eval_prompts takes half arithmetic, half text)")
+    if args.prompts < 1:
+        ap.error("--prompts must be >= 1")
     model, tok, md = load_model(None, dtype="float32", device=args.device)
     heads, tree, _ = lookahead.load(args.heads, model)
     prompts = eval_prompts(tok, md, args.prompts)
