@@ -9,8 +9,13 @@ Each probe captures a small function into a torch.cuda.CUDAGraph, replays it wit
 condition set both ways on the device, and compares with the same function run eagerly:
   cond:        torch.cond(flag, x + 1, x - 1)
   while_loop:  torch._higher_order_ops.while_loop(i < n, (i + 1, x * 2)), n on the device
-and reports what it raised where it did not work (a capture that needs a host sync raises).
-On the CPU only the eager runs are checked (no capture).
+and reports what it raised where it did not work (a capture that needs a host sync raises), with
+the error inside the capture. On CUDA also torch.cond under torch.compile(backend="eager"), and
+the graph API's conditional-node methods where this torch has any. On the CPU only the eager
+runs are checked (no capture).
+
+On the H100 image of the twenty-seventh session (torch 2.11.0+cu130) both plain captures
+failed (cudaErrorStreamCaptureInvalidated at capture_end).
 
     python docs/experiments/scripts/graph_conditional_probe.py --device cuda
 Last line: JSON.
@@ -30,15 +35,25 @@ def _capture(fn, *args):
     with torch.cuda.stream(side):
         fn(*args)
     torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn(*args)
+    graph, inner = torch.cuda.CUDAGraph(), None
+    try:
+        with torch.cuda.graph(graph):
+            try:
+                out = fn(*args)
+            except Exception as err:   # what broke the capture (capture_end's error hides it)
+                inner = err
+                raise
+    except Exception as err:
+        raise RuntimeError(f"inside the capture: {type(inner).__name__}: {inner}"[:500]
+                           if inner is not None else str(err)[:500]) from err
     return graph, out
 
 
-def probe_cond(device: str) -> dict:
+def probe_cond(device: str, compiled: bool = False) -> dict:
     def fn(flag, x):
         return torch.cond(flag, lambda v: v + 1, lambda v: v - 1, (x,))
+    if compiled:
+        fn = torch.compile(fn, backend="eager", fullgraph=True)
     flag = torch.ones((), dtype=torch.bool, device=device)
     x = torch.arange(4, dtype=torch.float32, device=device)
     eager = {b: fn(torch.tensor(b, device=device), x).tolist() for b in (True, False)}
@@ -78,8 +93,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
-    report = {"torch": torch.__version__, "cuda": torch.version.cuda, "device": args.device}
-    for name, probe in (("cond", probe_cond), ("while_loop", probe_while)):
+    report = {"torch": torch.__version__, "cuda": torch.version.cuda, "device": args.device,
+              # the graph API's conditional / child-node methods, where this torch has any
+              "graph_methods": sorted(m for m in dir(torch.cuda.CUDAGraph)
+                                      if any(w in m for w in ("cond", "if_", "while", "child")))}
+    probes = [("cond", probe_cond), ("while_loop", probe_while)]
+    if args.device == "cuda":   # the same under torch.compile's eager backend (PR 168912)
+        probes += [("cond compiled", lambda d: probe_cond(d, compiled=True))]
+    for name, probe in probes:
         try:
             report[name] = probe(args.device)
         except Exception as err:   # the finding: what this torch refuses, and where
