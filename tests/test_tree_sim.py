@@ -81,7 +81,7 @@ def test_cost_model_arithmetic():
 def test_cli_prints_every_proposer_and_refuses_bad_input(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)   # the shipped heads are found from any working directory
     result = tree_sim.main(["--prompts", "2", "--max-tokens", "8", "--lookup", "4"])
-    assert len(result["configs"]) == 14   # 12 proposers and 2 oracle bounds
+    assert len(result["configs"]) == 16   # 12 proposers, 2 oracle bounds, 2 decided late
     for row in result["configs"].values():
         assert 1 <= row["tau"] <= 8 and row["programs"] >= 2 and row["model_ratio"] > 0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("{")
@@ -129,6 +129,34 @@ def test_oracle_rule_takes_always_on_iterations_on_fewer_rows(model):
         tree_sim.replay(rollout, TreeProposer(oracle, TREE, lookup=6), max_tokens, chain=0)
     with pytest.raises(ValueError):
         tree_sim.replay(rollout, TreeProposer(oracle, TREE, lookup=6), max_tokens, rule="x")
+
+
+def test_late_rule_takes_the_last_programs_decision(model, monkeypatch):
+    """rule="late" (launching each program before the last one is read back): programs 0 and
+    1 verify the lookup chain, program j >= 2 does where the rule held at program j - 1's
+    root; the engine's rule (None) uses each root's own. Only at spec_chain 1."""
+    prompts, max_tokens = tree_prompts(), 32
+    target = token_lists(make_engine(model, block_size=6).generate(prompts, greedy(32)))
+    held = []
+    rule_holds = tree_sim._rule_holds
+    monkeypatch.setattr(tree_sim, "_rule_holds", lambda *a: held.append(rule_holds(*a)) or
+                        held[-1])
+    lates = 0
+    for prompt, out in zip(prompts, target):
+        oracle = Oracle(out, (1, 0, 2, 0))
+        rollout, = tree_sim.record(model, oracle, [prompt], max_tokens,
+                                   model.config.eos_token_id)
+        proposer = TreeProposer(oracle, TREE, lookup=6, adaptive_lookup="agree")
+        for rule in (None, "late"):
+            held.clear()
+            its = tree_sim.replay(rollout, proposer, max_tokens, rule=rule)
+            assert len(held) == len(its) >= 3
+            expected = [True] + held[1:] if rule is None else [True, True] + held[1:-1]
+            assert [it.lookup for it in its] == expected
+            lates += rule == "late" and expected != [True] + held[1:]
+        with pytest.raises(ValueError):
+            tree_sim.replay(rollout, proposer, max_tokens, chain=2, rule="late")
+    assert lates   # the late decisions differed from the roots' own somewhere
 
 
 def test_cli_replays_a_prompts_file_of_texts_and_ids(tmp_path, capsys):

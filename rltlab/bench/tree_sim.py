@@ -8,8 +8,11 @@ it) and the heads' ranks of the true tokens at every position determine every it
 any TreeProposer: which nodes it verifies, how many tokens it emits, whether the lookup chain's
 rows run. `replay` walks them as TreeGraph.run does, and gives per request the engine's own
 spec_stats (steps, emitted, drafted); tests compare the two on the CPU. The CLI adds, per
-tree, an " oracle first (bound)" row: the lookup chain verified exactly where it beats the
-heads (replay only), the most any adaptive rule could reach.
+tree, two rows that are replay only:
+  - " oracle first (bound)": the lookup chain verified exactly where it beats the heads, the
+    most any adaptive rule could reach;
+  - " agree first, decided one program late": the agreement rule as a host would apply it
+    that launched each program before reading the last one back (rule="late").
 
 The speed figure is a **cost model**, not a measurement: a program's cost is linear in its
 rows between two costs fitted to H200 runs; target only costs a fixed time per token; both pay
@@ -103,17 +106,23 @@ def replay(rollout: Rollout, proposer, max_tokens: int, chain: int = 1,
            rule: str | None = None) -> list[Iteration]:
     """The iterations TreeGraph.run takes for this request with this TreeProposer, at
     EngineConfig.spec_chain = chain (an adaptive lookup chain is decided once a program, by
-    its last iteration). rule="oracle" (replay only, no engine rule) verifies the lookup chain
-    exactly where it accepts more than the heads' tree, and in a request's first iteration:
-    the upper bound of any adaptive rule, which cannot know that in advance."""
-    if chain < 1 or rule not in (None, "oracle"):
-        raise ValueError(f"chain must be >= 1 and rule None or 'oracle', got {chain}, {rule!r}")
+    its last iteration). Two rules are replay only, no engine's:
+      - "oracle" verifies the lookup chain exactly where it accepts more than the heads' tree,
+        and in a request's first iteration: the upper bound of any adaptive rule, which
+        cannot know that in advance;
+      - "late" decides the proposer's adaptive rule one program late, as a host that launched
+        each program before reading the last one back would: program j >= 2 takes the
+        decision made for program j - 1, and programs 0 and 1 verify the lookup chain (the
+        host has read nothing back when it launches them). Chain 1 only."""
+    if chain < 1 or rule not in (None, "oracle", "late") or (rule == "late" and chain != 1):
+        raise ValueError(f"chain must be >= 1 and rule None, 'oracle' or 'late' (chain 1), "
+                         f"got {chain}, {rule!r}")
     shape = TreeShape(proposer.paths, "cpu", proposer.tree)
     tree, depth, span, lookup = set(proposer.tree), proposer.depth, proposer.span, \
         proposer.lookup
     heads_within = [sum(len(p) <= cap for p in proposer.tree) for cap in range(span + 1)]
     tokens, ranks, history = rollout.tokens, rollout.ranks, list(rollout.prompt)
-    iterations, i, hit = [], 0, True
+    iterations, i, hit, decided = [], 0, True, True   # decided: the last program's decision
     while i + 1 < rollout.end:           # tokens[i] pending: tokens[:i + 1] are emitted
         history[len(rollout.prompt):] = tokens[:i + 1]
         fresh = i == 0
@@ -122,8 +131,11 @@ def replay(rollout: Rollout, proposer, max_tokens: int, chain: int = 1,
         drafts, matched = prompt_lookup_match(history, lookup, proposer.ngram) if lookup else \
             ([], 0)
         if len(iterations) % chain == 0:   # a program starts: its lookup rows or not
-            use_lookup = lookup > 0 and (not proposer.adaptive_lookup or fresh or _rule_holds(
-                proposer.lookup_rule, hit, drafts, matched, rollout.top1[i][0]))
+            holds = bool(proposer.adaptive_lookup) and lookup > 0 and _rule_holds(
+                proposer.lookup_rule, hit, drafts, matched, rollout.top1[i][0])
+            if rule == "late":
+                holds, decided = decided or len(iterations) < 2, holds
+            use_lookup = lookup > 0 and (not proposer.adaptive_lookup or fresh or holds)
         n = 0
         if valid:                        # the deepest accepted node of the heads' tree
             while n < min(cap, depth) and tuple(ranks[i][:n + 1]) in tree:
@@ -318,9 +330,11 @@ def main(argv=None) -> dict:
               "lookup": args.lookup, "cost_model": asdict(cost), "configs": {}}
     configs = {name: (proposer, None)
                for name, proposer in proposers(heads, artifact_tree, args.lookup).items()}
-    for name, (proposer, _) in list(configs.items()):   # the bound of any adaptive rule
-        if name.endswith(" hits first"):
+    for name, (proposer, _) in list(configs.items()):
+        if name.endswith(" hits first"):   # the bound of any adaptive rule
             configs[name.replace(" hits first", " oracle first (bound)")] = (proposer, "oracle")
+        if name.endswith(" agree first"):  # what launching one program ahead costs the rule
+            configs[name + ", decided one program late"] = (proposer, "late")
     for name, (proposer, rule) in configs.items():
         row = summary([replay(r, proposer, args.max_tokens, rule=rule) for r in rollouts],
                       rollouts, cost)
