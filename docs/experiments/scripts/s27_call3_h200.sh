@@ -1,6 +1,6 @@
 #!/bin/bash
 # Twenty-seventh session, third device call (H200; call 2 ran on an H100 with a slow host,
-# python_us ~2,300 against ~1,100 on the twenty-sixth session's H200): gpu_idle_timeline.py
+# python_us ~2,300; the twenty-sixth session's H200 had 1,995 / 1,133): gpu_idle_timeline.py
 # on 32 x 32 (where the device idles, target only against the claimed tree config), then the
 # claim's 32 x 32 rows on the same start (s25_call2_h200.sh's first part, 15 repeats).
 set -uo pipefail
