@@ -18,6 +18,10 @@ step, each launched while the host handles the last one's tokens; default: the e
 --prompt-steps whole rounds runs every config with EngineConfig.whole_prompt_steps on (fresh
 prompts' R rounds in one step, rltlab.engine.prompt_step) and off (R round steps; names end
 in " (round-step prompts)"); "whole prompt step" times those steps.
+--host-detail also times the host's turn between requests piece by piece (finishing a request,
+building its output, scheduling, the prompt step's inputs and pinned copies, the prefill
+bucket, token 0's argmax, the tree's first staging) and reports each timer's mean per call
+("us_per_call"); the timers nest, and each adds ~1 us of its own.
 
     python docs/experiments/scripts/tree_engine_profile.py --device cuda
     python docs/experiments/scripts/tree_engine_profile.py --device cuda --gemv-rows 64 \
@@ -25,7 +29,7 @@ in " (round-step prompts)"); "whole prompt step" times those steps.
         --budgets 8 --only "chain K=4" "tree B=8" --prompts 16 --max-tokens 128
     python docs/experiments/scripts/tree_engine_profile.py --device cuda --gemv-rows 64 \
         --compile --budgets --only "chain K=4" --lookup 10 --adaptive-lookup agree \
-        --first-drafts --launch-early
+        --first-drafts --launch-early --host-detail
 """
 import argparse
 import json
@@ -38,8 +42,8 @@ from rltlab.bench.tree_spec import HEADS, _trees
 from rltlab.draft_heads import lookahead
 from rltlab.draft_heads.evaluate import eval_prompts
 from rltlab.engine import LLM, SamplingParams, TreeProposer
-from rltlab.engine import (llm_engine, model_runner, prompt_step, spec_decode, token_step,
-                           token_window)
+from rltlab.engine import (fused_prefill, llm_engine, model_runner, prefill_graphs,
+                           prompt_step, scheduler, spec_decode, token_step, token_window)
 from rltlab.engine import tree_graph, tree_program
 from rltlab.engine.config import EngineConfig
 from rltlab.engine.hooks import LOOKUP_RULES
@@ -48,6 +52,20 @@ from rltlab.model.checkpoint import load_model
 
 TIMES: dict = defaultdict(float)
 COUNTS: dict = defaultdict(int)
+
+
+# --host-detail: the host's turn between two requests (the device idles through it)
+HOST_DETAIL = [(llm_engine.LLMEngine, "_finish", "finish a request"),
+               (llm_engine, "build_output", "build a request's output"),
+               (spec_decode.SpecDecoder, "_emit", "emit a program's tokens"),
+               (scheduler.Scheduler, "schedule", "schedule"),
+               (model_runner, "whole_prompt_inputs", "prompt inputs"),
+               (fused_prefill, "tensor_to_device", "prompt inputs' pinned copy"),
+               (prefill_graphs.PrefillGraphs, "_run", "prefill bucket (prep + replay)"),
+               (prefill_graphs, "tensor_to_device", "prefill bucket's pinned copy"),
+               (model_runner.ModelRunner, "greedy", "token 0's argmax"),
+               (llm_engine.LLMEngine, "_sample", "token 0 (sample, read back, early launch)"),
+               (tree_graph.TreeGraph, "_start", "tree's first staging and launch")]
 
 
 def timed(owner, name: str, key: str) -> None:
@@ -82,6 +100,8 @@ def main():
     ap.add_argument("--only", nargs="+", default=None)
     ap.add_argument("--lookup", type=int, nargs="+", default=[0])
     ap.add_argument("--prompt-steps", nargs="+", choices=["whole", "rounds"], default=["whole"])
+    ap.add_argument("--host-detail", action="store_true",
+                    help="also time the host's turn between requests piece by piece")
     args = ap.parse_args()
     model, tok, md = load_model(None, dtype="float32", device=args.device)
     heads, tree, _ = lookahead.load(HEADS, model)
@@ -99,6 +119,9 @@ def main():
     timed(prompt_step.WholePrompts, "step", "whole prompt step")
     timed(tree_graph.TreeGraph, "launch_first", "early program launch")
     timed(token_window.TokenWindow, "launch_first", "early window launch")
+    if args.host_detail:
+        for owner, name, key in HOST_DETAIL:
+            timed(owner, name, key)
     trees = _trees(args, tree)   # root, chain, the artifact's (and --trees-from's), --only
     proposers = {f"{name}{f' +lookup{n}' if n else ''}"
                  f"{f' {args.adaptive_lookup}' if adaptive else ''}"
@@ -139,7 +162,8 @@ def main():
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         row = {"wall_ms": 1e3 * wall, "tokens": tokens,
                "ms_per_token": 1e3 * wall / tokens,
-               "ms": {k: 1e3 * v for k, v in TIMES.items()}, "calls": dict(COUNTS)}
+               "ms": {k: 1e3 * v for k, v in TIMES.items()}, "calls": dict(COUNTS),
+               "us_per_call": {k: 1e6 * v / COUNTS[k] for k, v in TIMES.items()}}
         result[name] = row
         print(name, json.dumps(row), flush=True)
     print(json.dumps(result))
