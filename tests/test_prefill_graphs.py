@@ -52,7 +52,7 @@ def test_steps_that_do_not_fit_a_bucket_run_eagerly():
     # round 1 eager, rounds 2-4 replayed; the later chunk's 4 rounds take the fused prefill.
     out = llm.generate([list(range(1, 60))], SamplingParams(temperature=0.0, max_tokens=2))
     assert len(out[0].token_ids) == 2
-    assert graphs.stats == {"eager": 5, "replayed": 3}, graphs.stats
+    assert graphs.stats == {"eager": 5, "replayed": 3, "from ids": 0}, graphs.stats
 
 
 def test_prefill_graphs_are_on_by_default_only_where_cuda_graphs_run():

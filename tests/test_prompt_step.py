@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rltlab.engine import LLM, SamplingParams
+from rltlab.engine.fused_prefill import bucket
 from test_engine_exactness import POLICIES, assert_same_rollouts, params_list, random_prompts
 from tiny_models import tiny_engine_model
 
@@ -64,6 +65,29 @@ def test_one_prompt_at_a_time(path):
     rounds, whole = _engines(model, block_size=4, max_num_seqs=1, **PATHS[path])
     assert_same_rollouts(rounds.generate(prompts, params), whole.generate(prompts, params))
     assert whole.llm_engine._whole_prompts.steps == len(prompts)
+    assert torch.allclose(rounds.llm_engine.runner.kv_cache, whole.llm_engine.runner.kv_cache,
+                          atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_captured_buckets_take_their_inputs_from_token_ids(batch):
+    """From a bucket's third whole-prompt step on (the first runs eagerly, the second captures
+    it), PrefillGraphs.run_from_ids writes the padded token ids, slots and last rows in one
+    copy and gathers the embeddings into the bucket: the same rollouts and KV cache as round
+    steps, one prompt a step (c = 1) and three (a bucket of four: one prompt slot is all
+    padding). Prompts of 2-15 tokens, so every step takes the 16-token bucket."""
+    model = tiny_engine_model(9)
+    prompts = random_prompts(5 * batch, seed=61, lo=2, hi=16)
+    params = params_list(prompts, POLICIES["q_exit"], seed0=110)
+    rounds, whole = _engines(model, block_size=4, max_num_seqs=batch,
+                             **PATHS["prefill graphs"])
+    for lo in range(0, len(prompts), batch):   # one whole-prompt step of `batch` prompts each
+        step = slice(lo, lo + batch)
+        assert_same_rollouts(rounds.generate(prompts[step], params[step]),
+                             whole.generate(prompts[step], params[step]))
+    graphs = whole.llm_engine.runner.prefill_graphs
+    assert graphs.stats["from ids"] == 3 and graphs.stats["eager"] == 1, graphs.stats
+    assert list(graphs.buckets) == [(bucket(batch, 1, 8), 16, model.config.num_rounds)]
     assert torch.allclose(rounds.llm_engine.runner.kv_cache, whole.llm_engine.runner.kv_cache,
                           atol=1e-5, rtol=0)
 

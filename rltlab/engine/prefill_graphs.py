@@ -28,7 +28,10 @@ and gathers its tokens' outputs (a copy, so the next replay cannot overwrite wha
 keeps).
 
 Fresh whole prompts that run all their rounds in one engine step (prompt_step.py) replay
-rounds 1..R as one graph: their bucket's key also holds the number of rounds.
+rounds 1..R as one graph: their bucket's key also holds the number of rounds. From such a
+bucket's third step on (it is captured), run_from_ids builds the step from the prompts' token
+ids instead: one pinned copy of the padded ids, slots and last rows, the embeddings gathered
+straight into the bucket's input rows, and only the prompts' last rows read out.
 
 A bucket's first step runs eagerly, and its second captures the graph (two warm-up runs, then
 the replay). Inside graphs, attention takes FlashAttention-2 (SDPA_BACKENDS): cuDNN's per-shape
@@ -113,7 +116,63 @@ class PrefillGraphs:
         self.seen: set[tuple[int, int, int]] = set()   # buckets that ran a step (eagerly)
         self.buckets: dict[tuple[int, int, int], _Bucket] = {}   # (prompts, length, rounds)
         self._pool = torch.cuda.graph_pool_handle() if torch.cuda.is_available() else None
-        self.stats = {"eager": 0, "replayed": 0}
+        # "from ids": replays whose inputs run_from_ids wrote straight into the bucket
+        self.stats = {"eager": 0, "replayed": 0, "from ids": 0}
+        self._staging = None   # run_from_ids' [ids | slots | last rows], host (pinned) + device
+
+    def run_from_ids(self, seqs, lengths: list[int], block_size: int, embedding: torch.Tensor,
+                     rounds: int) -> torch.Tensor | None:
+        """Fresh whole prompts' rounds 1..rounds (> 1) from their token ids, where their bucket
+        has been captured -> h_R at each prompt's last position [B, H]; else None (the caller
+        takes the general path: whole_prompt_inputs, then run_rounds).
+
+        The host writes the bucket's padded token ids, slots (-1 on padding) and the prompts'
+        last rows into one pinned buffer, copies it to the device once, gathers the embeddings
+        straight into the bucket's input rows and replays it. That is what run_rounds computes
+        (an embedding is a gather; padding rows write no K/V and no real row sees them), with
+        one copy in place of whole_prompt_inputs' and the bucket's three copies and three
+        scatters: at c = 1 on an H100 the host spent ~400 us a request building a prompt
+        step's inputs while the device waited (docs/benchmarks/2026-12-05-s27-h100.md)."""
+        if rounds < 2:   # one-round buckets are the round steps', whose planes vary
+            return None
+        key = (bucket(len(seqs), 1, 8), length_bucket(max(lengths)), rounds)
+        target = self.buckets.get(key)
+        if target is None or target.replay is None or key[0] * key[1] > self.max_tokens:
+            return None
+        tokens, size = key[0] * key[1], 2 * key[0] * key[1] + len(seqs)
+        pinned, device, copied = self._staged(size, embedding.device)
+        host = pinned.numpy()
+        ids, slots, last = host[:tokens], host[tokens: 2 * tokens], host[2 * tokens: size]
+        ids[:], slots[:] = 0, -1
+        for b, (seq, n) in enumerate(zip(seqs, lengths)):
+            lo, positions = b * key[1], np.arange(n)
+            ids[lo: lo + n] = seq.token_ids(0, n)
+            slots[lo: lo + n] = (np.asarray(seq.block_table)[positions // block_size]
+                                 * block_size + positions % block_size)
+            last[b] = lo + n - 1
+        staged = device[:size]
+        staged.copy_(pinned[:size], non_blocking=True)
+        if copied is not None:   # the host buffer is free again once this copy has run
+            copied.record()
+        torch.index_select(embedding, 0, staged[:tokens], out=target.hidden)
+        target.slots.copy_(staged[tokens: 2 * tokens])
+        target.replay()
+        self.stats["replayed"] += 1
+        self.stats["from ids"] += 1
+        return target.outputs[0].index_select(0, staged[2 * tokens:])
+
+    def _staged(self, size: int, device: torch.device) -> tuple:
+        """run_from_ids' staging, grown to `size` int64 where smaller -> (the host buffer,
+        pinned on CUDA, once its last copy has run; the device buffer; the event that copy
+        records, None off CUDA)."""
+        if self._staging is None or self._staging[1].numel() < size:
+            cuda = device.type == "cuda"
+            self._staging = (torch.empty(size, dtype=torch.int64, pin_memory=cuda),
+                             torch.empty(size, dtype=torch.int64, device=device),
+                             torch.cuda.Event() if cuda else None)
+        if self._staging[2] is not None:
+            self._staging[2].synchronize()   # long done: the last step read token 0 back
+        return self._staging
 
     def bucket_of(self, chunks) -> tuple[int, int] | None:
         """(prompts, length) of the step's bucket, or None if it does not qualify: a chunk not
