@@ -1,7 +1,8 @@
 """Issue 16's 2.0x claim on 32 x 32, per machine start and pooled over the starts of each GPU
-(twenty-sixth session, starts E-G added in the twenty-seventh; no device): the paired ratios of one config against the fastest
-target-only row, repeat by repeat, read from the committed raw data of `python -m
-rltlab.bench.tree_spec --launch-early` runs (docs/experiments/scripts/s25_call2_h200.sh).
+(twenty-sixth session, starts E-G added in the twenty-seventh; no device): the paired ratios
+of one config against the fastest target-only row, repeat by repeat, read from the committed
+raw data of `python -m rltlab.bench.tree_spec --launch-early` runs
+(docs/experiments/scripts/s25_call2_h200.sh).
 
 Each repeat's ratio is the fastest of the four target-only rows' seconds in that repeat over
 the config's seconds in it, as the bench's vs_faster is. Pooled: the repeats of every start on
