@@ -77,15 +77,20 @@ def whole_prompt_inputs(seqs, lengths: list[int], block_size: int, embed, device
     host = np.empty((3, sum(lengths)), dtype=np.int64)   # token ids, positions, slots
     lo = 0
     for seq, n in zip(seqs, lengths):
-        positions = np.arange(n)
         host[0, lo: lo + n] = seq.token_ids(0, n)
-        host[1, lo: lo + n] = positions
-        host[2, lo: lo + n] = (np.asarray(seq.block_table)[positions // block_size] * block_size
-                               + positions % block_size)
+        host[1, lo: lo + n] = np.arange(n)
+        host[2, lo: lo + n] = prompt_slots(seq, n, block_size)
         lo += n
     ids, positions, slots = tensor_to_device(torch.from_numpy(host), device)
     chunks = [(end - n, n, 0, 0) for end, n in zip(itertools.accumulate(lengths), lengths)]
     return embed(ids), positions, slots, chunks
+
+
+def prompt_slots(seq, n: int, block_size: int) -> np.ndarray:
+    """The KV slots of a sequence's positions 0..n-1, through its block table."""
+    positions = np.arange(n)
+    return np.asarray(seq.block_table)[positions // block_size] * block_size + \
+        positions % block_size
 
 
 def contiguous(positions: list[torch.Tensor]) -> bool:

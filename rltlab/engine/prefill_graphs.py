@@ -46,7 +46,8 @@ import numpy as np
 import torch
 
 from rltlab.common.device import tensor_to_device
-from rltlab.engine.fused_prefill import SDPA_BACKENDS, FusedPrefill, bucket, length_bucket
+from rltlab.engine.fused_prefill import (SDPA_BACKENDS, FusedPrefill, bucket, length_bucket,
+                                         prompt_slots)
 from rltlab.engine.static_decode import capture_graph
 
 
@@ -133,22 +134,22 @@ class PrefillGraphs:
         one copy in place of whole_prompt_inputs' and the bucket's three copies and three
         scatters: at c = 1 on an H100 the host spent ~400 us a request building a prompt
         step's inputs while the device waited (docs/benchmarks/2026-12-05-s27-h100.md)."""
-        if rounds < 2:   # one-round buckets are the round steps', whose planes vary
+        shape = self._shape(len(seqs), max(lengths))
+        # (one-round buckets are the round steps', whose planes vary)
+        target = self.buckets.get((*shape, rounds)) if shape and rounds > 1 else None
+        if target is None or target.replay is None:
             return None
-        key = (bucket(len(seqs), 1, 8), length_bucket(max(lengths)), rounds)
-        target = self.buckets.get(key)
-        if target is None or target.replay is None or key[0] * key[1] > self.max_tokens:
-            return None
-        tokens, size = key[0] * key[1], 2 * key[0] * key[1] + len(seqs)
+        length = shape[1]
+        tokens = shape[0] * length
+        size = 2 * tokens + len(seqs)
         pinned, device, copied = self._staged(size, embedding.device)
         host = pinned.numpy()
         ids, slots, last = host[:tokens], host[tokens: 2 * tokens], host[2 * tokens: size]
         ids[:], slots[:] = 0, -1
         for b, (seq, n) in enumerate(zip(seqs, lengths)):
-            lo, positions = b * key[1], np.arange(n)
+            lo = b * length
             ids[lo: lo + n] = seq.token_ids(0, n)
-            slots[lo: lo + n] = (np.asarray(seq.block_table)[positions // block_size]
-                                 * block_size + positions % block_size)
+            slots[lo: lo + n] = prompt_slots(seq, n, block_size)
             last[b] = lo + n - 1
         staged = device[:size]
         staged.copy_(pinned[:size], non_blocking=True)
@@ -182,7 +183,11 @@ class PrefillGraphs:
             if start or lo != end:
                 return None
             end += n
-        key = (bucket(len(chunks), 1, 8), length_bucket(max(n for _, n, _, _ in chunks)))
+        return self._shape(len(chunks), max(n for _, n, _, _ in chunks))
+
+    def _shape(self, prompts: int, longest: int) -> tuple[int, int] | None:
+        """(prompts, length) padded to their bucket, or None past max_tokens padded tokens."""
+        key = (bucket(prompts, 1, 8), length_bucket(longest))
         return key if key[0] * key[1] <= self.max_tokens else None
 
     def run(self, hidden, positions, planes, slots, chunks, tables):
