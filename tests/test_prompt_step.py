@@ -7,10 +7,8 @@ depths equal, log-probs within 1e-5: assert_same_rollouts) and the same KV cache
 import pytest
 import torch
 
-from rltlab.engine import LLM, EngineConfig, SamplingParams
-from rltlab.engine import model_runner
+from rltlab.engine import LLM, SamplingParams
 from rltlab.engine.fused_prefill import bucket
-from rltlab.engine.prompt_rows import DEFAULT_PROMPT_ROWS, resolve_prompt_rows
 from test_engine_exactness import POLICIES, assert_same_rollouts, params_list, random_prompts
 from tiny_models import tiny_engine_model
 
@@ -92,51 +90,6 @@ def test_captured_buckets_take_their_inputs_from_token_ids(batch):
     assert list(graphs.buckets) == [(bucket(batch, 1, 8), 16, model.config.num_rounds)]
     assert torch.allclose(rounds.llm_engine.runner.kv_cache, whole.llm_engine.runner.kv_cache,
                           atol=1e-5, rtol=0)
-
-
-@pytest.mark.parametrize("batch", [1, 3])
-def test_short_prompts_run_as_static_decode_rows(batch, monkeypatch):
-    """EngineConfig.prompt_rows = 24: whole-prompt steps of at most 24 prompt tokens in all
-    run them as static decode rows (prompt_rows.py), longer ones the fused prefill; every step
-    gives the rollouts and KV cache of round steps. One prompt a step (c = 1) and three, of
-    2-15 tokens each: with three, some steps take each path."""
-    model = tiny_engine_model(10)
-    prompts = random_prompts(4 * batch, seed=71, lo=2, hi=16)
-    params = params_list(prompts, POLICIES["q_exit"], seed0=130)
-    as_rows, run_prompt_rows = [], model_runner.run_prompt_rows
-
-    def counted(runner, seqs, lengths, rounds):
-        as_rows.append(sum(lengths))
-        return run_prompt_rows(runner, seqs, lengths, rounds)
-    monkeypatch.setattr(model_runner, "run_prompt_rows", counted)
-    rounds, whole = _engines(model, block_size=4, max_num_seqs=batch, decode_path="static",
-                             prompt_rows=24)
-    totals = []
-    for lo in range(0, len(prompts), batch):   # one whole-prompt step of `batch` prompts each
-        step = slice(lo, lo + batch)
-        totals.append(sum(map(len, prompts[step])))
-        assert_same_rollouts(rounds.generate(prompts[step], params[step]),
-                             whole.generate(prompts[step], params[step]))
-    assert as_rows == [t for t in totals if t <= 24] and as_rows, (as_rows, totals)
-    assert batch == 1 or len(as_rows) < len(totals), totals
-    assert whole.llm_engine.runner.static.max_batch >= 24   # grown once, to prompt_rows
-    assert torch.allclose(rounds.llm_engine.runner.kv_cache, whole.llm_engine.runner.kv_cache,
-                          atol=1e-5, rtol=0)
-
-
-def test_prompt_rows_defaults_and_bad_values():
-    cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert resolve_prompt_rows(None, cuda, cuda_graphs=True) == DEFAULT_PROMPT_ROWS > 0
-    assert resolve_prompt_rows(None, cuda, cuda_graphs=False) == 0
-    assert resolve_prompt_rows(None, cpu, cuda_graphs=True) == 0
-    assert resolve_prompt_rows(0, cuda, cuda_graphs=True) == 0     # an explicit value wins
-    assert resolve_prompt_rows(16, cpu, cuda_graphs=True) == 16
-    for bad in (-1, True, 2.0, "8"):
-        with pytest.raises(ValueError, match="prompt_rows"):
-            EngineConfig(prompt_rows=bad)
-    model = tiny_engine_model(8)
-    assert LLM(model, decode_path="gather", prompt_rows=16).llm_engine.runner.prompt_rows == 0
-    assert LLM(model, decode_path="static").llm_engine.runner.prompt_rows == 0   # CPU
 
 
 def test_samples_sharing_a_prompt_take_it_from_a_whole_prompt_step():

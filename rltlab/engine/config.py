@@ -99,10 +99,6 @@ class EngineConfig:
     padded shape from its second step on (rltlab.engine.prefill_graphs: such steps are
     host-bound); None (the default) = 4096 where CUDA graphs run (a CUDA device and
     cuda_graphs), off elsewhere; 0 = off.
-    prompt_rows: with the static path, whole-prompt steps of at most this many prompt tokens
-    in all run them as static decode rows (rltlab.engine.prompt_rows: the decode tokens'
-    GEMVs, PDL and paged attention, rounds 1..R in one graph) instead of the fused prefill;
-    None (the default) = 64 where CUDA graphs run, off elsewhere; 0 = off.
     fused_spec: with the static path and a DraftProposer, run each speculative iteration
     (K chained drafts, verification, acceptance / rejection sampling) as one device program,
     one CUDA graph on a GPU (rltlab.engine.spec_graph); False = the host-driven loop (one
@@ -164,7 +160,6 @@ class EngineConfig:
     pad_prefill_attention: bool = False
     shared_prefix_attention: bool = True
     prefill_graph_tokens: int | None = None
-    prompt_rows: int | None = None
     fused_spec: bool = True
     spec_chain: int = 1
     spec_pipeline: int = 16
@@ -177,12 +172,11 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
-        for name in ("prefill_graph_tokens", "prompt_rows"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                      or value < 0):
-                raise ValueError(f"EngineConfig.{name} must be None or an int >= 0, got "
-                                 f"{value!r}")
+        if self.prefill_graph_tokens is not None and (
+                not isinstance(self.prefill_graph_tokens, int)
+                or isinstance(self.prefill_graph_tokens, bool) or self.prefill_graph_tokens < 0):
+            raise ValueError("EngineConfig.prefill_graph_tokens must be None or an int >= 0, got "
+                             f"{self.prefill_graph_tokens!r}")
         for name in ("num_blocks", "max_model_len", "default_min_loops", "cudnn_prefill_after"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)

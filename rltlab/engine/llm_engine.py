@@ -30,7 +30,7 @@ from rltlab.engine.exit_policies import ExitPolicy, create_exit_policy
 from rltlab.engine.groups import fork_followers
 from rltlab.engine.hooks import (DraftProposer, ObserverHandle, RoundEvent, RoundObserver,
                                  TreeProposer)
-from rltlab.engine.model_runner import ModelRunner, StepRows
+from rltlab.engine.model_runner import ModelRunner, StepRows, place_model
 from rltlab.engine.outputs import RequestOutput, build_output
 from rltlab.engine.sampling import SamplingParams, sample_finite
 from rltlab.engine.scheduler import Scheduler
@@ -40,7 +40,7 @@ from rltlab.engine.round_window import RoundWindow
 from rltlab.engine.token_step import FusedTokenStep
 from rltlab.engine.token_window import TokenWindow
 from rltlab.engine.sequence import Request, Sequence, SeqStatus
-from rltlab.engine.weights import WeightUpdater, place_model
+from rltlab.engine.weights import WeightUpdater
 from rltlab.model.architecture import SELECT_ONLY, OuroForCausalLM
 
 
@@ -98,8 +98,7 @@ class LLMEngine:
                                   cudnn_prefill_after=config.cudnn_prefill_after,
                                   pad_prefill_attention=config.pad_prefill_attention,
                                   shared_prefix_attention=config.shared_prefix_attention,
-                                  prefill_graph_tokens=config.prefill_graph_tokens,
-                                  prompt_rows=config.prompt_rows)
+                                  prefill_graph_tokens=config.prefill_graph_tokens)
         self.weights = WeightUpdater(self.model, weight_version)
         self.eos_token_id = getattr(tokenizer, "eos_token_id", None)
         # every id of a list-valued config eos_token_id stops too (as in HF generate)

@@ -19,6 +19,7 @@ Two paths (EngineConfig.decode_path):
 from __future__ import annotations
 
 import itertools
+from copy import deepcopy
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -29,7 +30,6 @@ from rltlab.common.device import tensor_to_device, to_device
 from rltlab.model.architecture import OuroForCausalLM, apply_rope, rope_cos_sin
 from rltlab.engine.fused_prefill import FusedPrefill, contiguous, whole_prompt_inputs
 from rltlab.engine.prefill_graphs import PrefillGraphs, resolve_max_tokens
-from rltlab.engine.prompt_rows import resolve_prompt_rows, run_prompt_rows
 from rltlab.engine.sequence import Sequence
 from rltlab.engine.static_decode import StaticDecoder, fuse_projections
 
@@ -102,7 +102,7 @@ class ModelRunner:
                  fused_qkv_rope: bool = True, l2_prefetch_mb: float = 4.0,
                  fused_prefill: bool = True, cudnn_prefill_after: int | None = 16,
                  pad_prefill_attention: bool = False, shared_prefix_attention: bool = True,
-                 prefill_graph_tokens: int | None = None, prompt_rows: int | None = None):
+                 prefill_graph_tokens: int | None = None):
         cfg = model.config
         self.model, self.config, self.block_size = model, cfg, block_size
         param = next(model.parameters())
@@ -134,8 +134,6 @@ class ModelRunner:
         prefill_graph_tokens = resolve_max_tokens(prefill_graph_tokens, self.device, cuda_graphs)
         self.prefill_graphs = (PrefillGraphs(self.prefill, prefill_graph_tokens)
                                if self.prefill is not None and prefill_graph_tokens else None)
-        self.prompt_rows = (resolve_prompt_rows(prompt_rows, self.device, cuda_graphs)
-                            if self.static is not None else 0)
 
     # ------------------------------------------------------------------------------ one step
     def execute(self, seqs: list[Sequence]):
@@ -303,8 +301,6 @@ class ModelRunner:
         position exiting at R) in one call, writing the K/V of every plane as R round steps
         would -> h_R of each prompt's last position [B, H], which samples token 0."""
         rounds, lengths = self.config.num_rounds, [seq.span.length for seq in seqs]
-        if sum(lengths) <= self.prompt_rows:   # short prompts: static decode rows
-            return run_prompt_rows(self, seqs, lengths, rounds)
         embed = self.model.model.embed_tokens
         last = self.prefill_graphs and self.prefill_graphs.run_from_ids(   # a captured bucket
             seqs, lengths, self.block_size, embed.weight, rounds)
@@ -387,3 +383,18 @@ class ModelRunner:
         copy = kernels.last_exited_copy if self._use_triton else kernels.last_exited_copy_ref
         copy(self.kv_cache, slots, exit_planes)
 
+
+def place_model(model: OuroForCausalLM, dtype, device, copy: bool = True) -> OuroForCausalLM:
+    """The engine's model: a private copy of `model` in `dtype` on `device` (copy=True: the
+    caller keeps its own model, values and train/eval mode untouched), or `model` itself when
+    copy is False and dtype/device already match. Eval mode, no gradients (the engine only
+    infers; the static decode path also rearranges the weights' storage)."""
+    param = next(model.parameters())
+    dtype, device = dtype or param.dtype, torch.device(device or param.device)
+    if copy or dtype != param.dtype or device != param.device:
+        with torch.device("meta"):
+            placed = OuroForCausalLM(deepcopy(model.config))
+        placed = placed.to(dtype).to_empty(device=device)
+        placed.load_state_dict(model.state_dict())
+        model = placed
+    return model.eval().requires_grad_(False)

@@ -60,7 +60,8 @@ def capture_graph(fn, pool, warmup=None) -> torch.cuda.CUDAGraph:
 
 
 def fuse_projections(model: OuroForCausalLM) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Make q/k/v and gate/up weights views of one tensor each -> [(w_qkv, w_gate_up)]."""
+    """Make q/k/v and gate/up weights views of one tensor each (values unchanged).
+    Returns [(w_qkv, w_gate_up)] per layer."""
     fused = []
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
@@ -199,7 +200,7 @@ class StaticDecoder:
         positions[start:], planes[start:], slots[start:], ctx[start:] = 0, 0, -1, 1
 
     def stage(self, positions: list[int], planes: list[int], slots: list[int],
-              tables: list[list[int]], groups: bool = True) -> None:
+              tables: list[list[int]]) -> None:
         """Pack the rows' indices into pinned memory and copy them to the device in one go."""
         n = len(positions)
         if not 0 < n <= self.max_batch:
@@ -215,9 +216,8 @@ class StaticDecoder:
             table_v[row, : len(table)] = table
         self._stage_padding(buf, n)
         self.index.copy_(self._staging[turn], non_blocking=True)
-        if self.groups is not None:   # groups=False: none (one prompt's rows, prompt_rows.py)
-            self.groups.use(self.groups.plan(plane_v[:n], ctx_v[:n], table_v[:n]) if groups
-                            else None)
+        if self.groups is not None:
+            self.groups.use(self.groups.plan(plane_v[:n], ctx_v[:n], table_v[:n]))
         if self.device.type == "cuda":
             self._staged_events[turn] = torch.cuda.Event()
             self._staged_events[turn].record()

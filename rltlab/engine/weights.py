@@ -13,13 +13,10 @@ Staging holds up to one extra copy of the weights until finish().
 """
 from __future__ import annotations
 
-from copy import deepcopy
 from typing import Iterable
 
 import torch
 from torch import nn
-
-from rltlab.model.architecture import OuroForCausalLM
 
 
 class WeightUpdateError(ValueError):
@@ -128,19 +125,3 @@ def _is_int(value) -> bool:
 def _names(names: list[str], limit: int = 5) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f", ... (+{len(names) - limit})" if len(names) > limit else "")
-
-
-def place_model(model: OuroForCausalLM, dtype, device, copy: bool = True) -> OuroForCausalLM:
-    """The engine's model: a private copy of `model` in `dtype` on `device` (copy=True: the
-    caller keeps its own model, values and train/eval mode untouched), or `model` itself when
-    copy is False and dtype/device already match. Eval mode, no gradients (the engine only
-    infers; the static decode path also rearranges the weights' storage)."""
-    param = next(model.parameters())
-    dtype, device = dtype or param.dtype, torch.device(device or param.device)
-    if copy or dtype != param.dtype or device != param.device:
-        with torch.device("meta"):
-            placed = OuroForCausalLM(deepcopy(model.config))
-        placed = placed.to(dtype).to_empty(device=device)
-        placed.load_state_dict(model.state_dict())
-        model = placed
-    return model.eval().requires_grad_(False)
