@@ -7,8 +7,7 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
 (eos 0 stops), one request at a time:
 
   - target only: the paged engine (LLM.generate, max_num_seqs = 1, fixed depth R), the
-    baseline every speedup is paired against, with the largest --gemv-rows (at c = 1 that
-    changes only short prompts' steps, run as static decode rows: EngineConfig.prompt_rows);
+    baseline every speedup is paired against;
   - the trees: root only (no drafts), chain K = 4, the artifact's own tree, and with
     --trees-from the trees of a lookahead_tree_probe.py result (their "tree B=<b>" entries,
     --budgets); --only keeps the named ones. Each is run by
@@ -196,11 +195,8 @@ def run(args) -> dict:
     prompts = eval_prompts(tok, md, args.prompts)
     kinds = eval_prompt_kinds(args.prompts)
     max_len = max(map(len, prompts)) + args.max_tokens + 1
-    # target only takes the trees' largest gemv_rows too: one-row decoding ignores it, so it
-    # changes only the rows of short prompt steps (EngineConfig.prompt_rows), as for the trees
-    gemv = max(args.gemv_rows)
     llm = LLM(model, max_num_seqs=1, block_size=16, kv_cache_memory_gib=0.5,
-              max_model_len=max_len, gemv_rows=gemv)
+              max_model_len=max_len)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, exit_policy="fixed")
     trees, gens = _trees(args, artifact_tree), {}
     for name, tree in trees.items() if "standalone" in args.paths else ():
@@ -224,7 +220,7 @@ def run(args) -> dict:
     def baseline(**config):
         return partial(target_only, LLM(model, max_num_seqs=1, block_size=16,
                                         kv_cache_memory_gib=0.5, max_model_len=max_len,
-                                        gemv_rows=gemv, **config))
+                                        **config))
     baselines = {"target only compiled": baseline(compile=True)} \
         if True in args.engine_compile else {}
     if args.launch_early:   # token windows launched behind the prompt step too

@@ -10,8 +10,6 @@ inside another is not marked apart):
                                          prefill graphs run)
   from ids    PrefillGraphs.run_from_ids a whole-prompt step built from token ids into its
                                          captured bucket, and its replay
-  prompt rows prompt_rows.run_prompt_rows  a short whole-prompt step as static decode rows
-                                         (EngineConfig.prompt_rows; one graph replay)
   token 0     ModelRunner.greedy         token 0's argmax and finite flags
   stage       TreeProgram.stage / stage_token   a first program's inputs
   program     TreeProgram.launch         a tree program (one graph replay)
@@ -52,7 +50,6 @@ WRAPPED = [(model_runner, "whole_prompt_inputs", "inputs"),
            (prefill_graphs.PrefillGraphs, "_run", "rounds"),
            (fused_prefill.FusedPrefill, "run_rounds", "rounds"),
            (prefill_graphs.PrefillGraphs, "run_from_ids", "from ids"),
-           (model_runner, "run_prompt_rows", "prompt rows"),
            (model_runner.ModelRunner, "greedy", "token 0"),
            (tree_program.TreeProgram, "stage", "stage"),
            (tree_program.TreeProgram, "stage_token", "stage"),
@@ -143,14 +140,15 @@ def main():
     proposer = TreeProposer(heads, chain, lookup=args.lookup, adaptive_lookup="agree",
                             first_drafts=True)
     common = dict(max_num_seqs=1, block_size=16, max_model_len=max_len,
-                  launch_behind_prompt=True, gemv_rows=args.gemv_rows)
+                  launch_behind_prompt=True)
     compiled = not args.no_compile
     configs = [("target only early", LLM(model, **common), None)]
     if compiled:
         configs.append(("target only compiled early", LLM(model, compile=True, **common), None))
     configs.append((f"chain K={heads.depth} +lookup{args.lookup} agree first early",
                     LLM(model, num_blocks=-(-max_len // 16) + private_blocks(proposer),
-                        decode_path="static", compile=compiled, **common), proposer))
+                        decode_path="static", gemv_rows=args.gemv_rows, compile=compiled,
+                        **common), proposer))
     marks = Marks(args.device == "cuda")
     for owner, name, kind in WRAPPED:
         marks.wrap(owner, name, kind)
