@@ -8,7 +8,7 @@ max_tokens = 1 (each request is its prompt step and token 0), so the decode phas
 the other rows is theirs minus that one's.
 
     python docs/experiments/scripts/tree_kernel_profile.py --device cuda --lookup 10 \\
-        --adaptive-lookup [--prompts 32 --max-tokens 32 --top 30]
+        --adaptive-lookup [hits|agree] [--first-drafts] [--prompts 32 --max-tokens 32 --top 30]
 Last line: JSON.
 """
 import argparse
@@ -79,7 +79,10 @@ def main():
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--lookup", type=int, default=10)
-    ap.add_argument("--adaptive-lookup", action="store_true")
+    ap.add_argument("--adaptive-lookup", nargs="?", const="hits", choices=["hits", "agree"],
+                    help="TreeProposer(adaptive_lookup=RULE), 'hits' without RULE")
+    ap.add_argument("--first-drafts", action="store_true",
+                    help="TreeProposer(first_drafts=True)")
     ap.add_argument("--gemv-rows", type=int, default=64)
     ap.add_argument("--top", type=int, default=30)
     args = ap.parse_args()
@@ -90,8 +93,9 @@ def main():
     prompts = eval_prompts(tok, md, args.prompts)
     max_len = max(map(len, prompts)) + args.max_tokens + 1
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, exit_policy="fixed")
-    proposer = TreeProposer(heads, CHAIN, lookup=args.lookup,
-                            adaptive_lookup=args.adaptive_lookup and args.lookup > 0)
+    rule = args.adaptive_lookup if args.lookup > 0 else None
+    proposer = TreeProposer(heads, CHAIN, lookup=args.lookup, adaptive_lookup=rule or False,
+                            first_drafts=args.first_drafts)
     common = dict(max_num_seqs=1, block_size=16, max_model_len=max_len)
     target = LLM(model, **common)
     tree = LLM(model, **common, num_blocks=-(-max_len // 16) + private_blocks(proposer),
@@ -101,8 +105,8 @@ def main():
                                                             exit_policy="fixed")),
                ("target only", target, params),
                ("target only compiled", LLM(model, **common, compile=True), params),
-               (f"chain K=4 +lookup{args.lookup}{' adaptive' * args.adaptive_lookup}", tree,
-                params)]
+               (f"chain K=4 +lookup{args.lookup}{f' {rule}' if rule else ''}"
+                f"{' first' * args.first_drafts}", tree, params)]
     result = {"args": vars(args)}
     for name, llm, p in configs:
         row = profile(llm, prompts, p, args.top)
