@@ -12,9 +12,10 @@ It is the same LLM and TreeProposer one can build by hand (docs/engine.md sectio
     the twenty-fourth session's H200 calls;
   - one sequence at a time (max_num_seqs=1: the engine speculates while exactly one greedy
     full-depth sequence runs, and steps normally otherwise), each request's first program
-    launched behind its prompt step (launch_behind_prompt: 1.02-1.04x more; with it 2.01x
-    the fastest target-only baseline on 32 x 32 pooled over six H100 machine starts, 1.97x
-    on the H200, docs/benchmarks/2026-12-05-s27-h100.md);
+    launched behind its prompt step (launch_behind_prompt: 1.02-1.04x more; with it 2.03x
+    the fastest target-only baseline on 32 x 32 pooled over twelve H100 machine starts,
+    1.99x pooled over two H200 starts (2.01x and 1.97x),
+    docs/benchmarks/2026-12-05-s28-h200-h100.md);
   - the KV pool sized for one max_model_len sequence plus the tree's private blocks;
   - the static decode path, and on CUDA the settings those figures were measured with
     (compile=True, gemv_rows=64).

@@ -1,5 +1,6 @@
 """Issue 16's 2.0x claim on 32 x 32, per machine start and pooled over the starts of each GPU
-(twenty-sixth session, starts E-G added in the twenty-seventh; no device): the paired ratios
+(twenty-sixth session; starts E-G added in the twenty-seventh, H-O in the twenty-eighth,
+whose start I ran a reverted engine and is left out; no device): the paired ratios
 of one config against the fastest target-only row, repeat by repeat, read from the committed
 raw data of `python -m rltlab.bench.tree_spec --launch-early` runs
 (docs/experiments/scripts/s25_call2_h200.sh).
@@ -28,7 +29,10 @@ RUNS = [("2026-12-05-s25-h100.json", "2", "A", "H100"),
         ("2026-12-05-s25-h100.json", "3", "B", "H100"),
         ("2026-12-05-s26.json", "3", "C", "H100"), ("2026-12-05-s26.json", "5", "D", "H200"),
         ("2026-12-05-s27.json", "2", "E", "H100"), ("2026-12-05-s27.json", "3", "F", "H100"),
-        ("2026-12-05-s27.json", "4", "G", "H100")]
+        ("2026-12-05-s27.json", "4", "G", "H100"), ("2026-12-05-s28.json", "1", "H", "H100"),
+        ("2026-12-05-s28.json", "3", "J", "H100"), ("2026-12-05-s28.json", "4", "K", "H100"),
+        ("2026-12-05-s28.json", "5", "L", "H200"), ("2026-12-05-s28.json", "6", "M", "H100"),
+        ("2026-12-05-s28.json", "7", "N", "H100"), ("2026-12-05-s28.json", "8", "O", "H100")]
 CONFIG = "engine chain K=4 +lookup10 agree first M=1 compiled gemv<=64 early"
 
 

@@ -1,5 +1,6 @@
 #!/bin/bash
-# Planned in the twenty-seventh session for the next one's first device call (H200; unrun):
+# Planned in the twenty-seventh session for the next one's first device call (run as the
+# twenty-eighth session's call 1, given an H100: docs/benchmarks/2026-12-05-s28-h200-h100.md):
 # PrefillGraphs.run_from_ids, built and CPU-tested but never timed, against the general path
 # it replaced, paired in one process (from_ids_ab.py: target only early, target only compiled
 # early and the claimed tree config, 11 repeats); then s27_call3_h200.sh's idle timeline and
