@@ -23,6 +23,7 @@ Last line: JSON. CUDA only.
 import argparse
 import ctypes
 import json
+import shutil
 import subprocess
 import tempfile
 import time
@@ -47,7 +48,8 @@ class KeptGraph(torch.cuda.CUDAGraph):
 
 def build_library(arch: str) -> ctypes.CDLL:
     out = Path(tempfile.mkdtemp()) / "libgraph_while.so"
-    subprocess.run(["nvcc", "-O2", "-shared", "-Xcompiler", "-fPIC", "-cudart", "shared",
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    subprocess.run([nvcc, "-O2", "-shared", "-Xcompiler", "-fPIC", "-cudart", "shared",
                     f"-arch={arch}", str(SOURCE), "-o", str(out)], check=True)
     lib = ctypes.CDLL(str(out))
     lib.build_while.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
