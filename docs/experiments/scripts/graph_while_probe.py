@@ -40,6 +40,9 @@ class KeptGraph(torch.cuda.CUDAGraph):
     def __new__(cls, keep_graph=True):
         return super().__new__(cls, keep_graph)
 
+    def __init__(self, keep_graph=True):   # the base class reads keep_graph in either
+        super().__init__(keep_graph)
+
     def capture_end(self):
         super().capture_end()
         if hasattr(self, "instantiate"):   # else replay() instantiates it
