@@ -270,7 +270,7 @@ def main():
               "identical": {f"{n} ({m})": sum(a == b for a, b in zip(outputs[n, m], reference))
                             for n, m in runs},
               "same_spec_stats": stats["tree", "host loop"] == stats["tree", "device loop"],
-              "device_loop_requests": len(LOOP_RUNS), "device_loop_errors": LOOP_ERRORS,
+              "device_loop_steps": len(LOOP_RUNS), "device_loop_errors": LOOP_ERRORS,
               "host_over_device_loop": paired([h / d for h, d in zip(
                   seconds["tree", "host loop"], seconds["tree", "device loop"])]),
               "tree_vs_fastest_target": {}, "seconds": {f"{n} ({m})": s
@@ -279,7 +279,7 @@ def main():
     for mode in modes:
         result["tree_vs_fastest_target"][mode] = paired(
             [f / t for f, t in zip(fastest, seconds["tree", mode])])
-    for key in ("identical", "same_spec_stats", "device_loop_requests", "device_loop_errors",
+    for key in ("identical", "same_spec_stats", "device_loop_steps", "device_loop_errors",
                 "host_over_device_loop", "tree_vs_fastest_target"):
         print(key, json.dumps(result[key]), flush=True)
     print(json.dumps(result))
