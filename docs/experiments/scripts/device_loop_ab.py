@@ -31,11 +31,11 @@ whatever it verifies). Unrun on a GPU. Last line: JSON.
 import argparse
 import ctypes
 import json
-import statistics
 import time
 
 import torch
 
+from from_ids_ab import paired
 from graph_while_probe import KeptGraph, build_library
 from rltlab.bench.tree_spec import HEADS
 from rltlab.draft_heads import lookahead
@@ -155,35 +155,28 @@ def run_device_loop(self, seq, chain, launches=1, stops=frozenset()):
             loops[key] = None
     loop = loops[key]
     if loop is None:
-        yield from _host_run_launched(self, seq, programs, program, cap, valid, lookup,
-                                      launches, stops)
+        current = [program]
+
+        def relaunch(lookup):
+            current[0] = programs[lookup]
+            current[0].launch()
+        yield from _results(self, seq, lambda _: current[0].read(), relaunch, cap, valid,
+                            lookup, launches, stops)
         return
     LOOP_RUNS.append(1)
     loop.launch(launches, stops)
-    depth, position, adaptive = self.proposer.span, start, self.proposer.adaptive_lookup
-    for launch in range(launches):
-        n, *path, bonus, finite, live, hits = loop.row(launch)
-        if not live:
-            yield None
-            return
-        verified = self._heads_within[cap] * valid + min(self.proposer.lookup, cap) * lookup
-        position, left = position + n + 1, left - n - 1
-        cap, valid = max(0, min(depth, left - 1)), True
-        goes_on = launch + 1 < launches and bool(finite) and left > 0 and \
-            stops.isdisjoint(path[:n] + [bonus])
-        self.drafted_for, self.lookup_next = (seq.seq_id, position), hits > 0
-        lookup = not adaptive or self.lookup_next
-        yield path[:n], bonus, bool(finite), verified
-        if not goes_on:
-            return
+    yield from _results(self, seq, loop.row, lambda lookup: None, cap, valid, lookup, launches,
+                        stops)
 
 
-def _host_run_launched(self, seq, programs, program, cap, valid, lookup, launches, stops):
-    """TreeGraph.run's loop over programs from its first, already launched (chain 1)."""
+def _results(self, seq, row, relaunch, cap, valid, lookup, launches, stops):
+    """TreeGraph.run's handling of each program's output row (chain 1), from the first
+    program on: row(i) reads program i's; relaunch(lookup) launches the next one where the
+    host does (the device loop needs none)."""
     start, left = seq.num_tokens - 1, seq.max_output_tokens - seq.num_output_tokens
     depth, position, adaptive = self.proposer.span, start, self.proposer.adaptive_lookup
     for launch in range(launches):
-        n, *path, bonus, finite, live, hits = program.read()
+        n, *path, bonus, finite, live, hits = row(launch)
         if not live:
             yield None
             return
@@ -195,20 +188,13 @@ def _host_run_launched(self, seq, programs, program, cap, valid, lookup, launche
         self.drafted_for, self.lookup_next = (seq.seq_id, position), hits > 0
         lookup = not adaptive or self.lookup_next
         if goes_on:
-            program = programs[lookup]
-            program.launch()
+            relaunch(lookup)
         yield path[:n], bonus, bool(finite), verified
         if not goes_on:
             return
 
 
 LIB, LOOP_ERRORS, LOOP_RUNS = None, [], []
-
-
-def paired(ratios):
-    se = statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else 0.0
-    return {"median": round(statistics.median(ratios), 4),
-            "mean": round(statistics.mean(ratios), 4), "se": round(se, 4)}
 
 
 def main():
