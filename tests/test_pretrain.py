@@ -156,3 +156,33 @@ def test_oracle_leaves_out_the_first_answer_token():
     scores = E._round_scores(tiny(), [r[:-1] + [7] for r in rows], scored, 2, generated)
     assert scores["count"] == sum(map(sum, scored)) and scores["oracle_count"] == 5
     assert int(scores["oracle"].sum()) == scores["oracle_count"]
+
+
+def test_rounds_command_refuses_a_bad_device_or_checkpoint_in_one_line(tmp_path, capsys,
+                                                                          monkeypatch):
+    """`rltlab rounds` with a device string torch rejects or CUDA where there is none (nothing
+    is evaluated), or a checkpoint directory that is missing or holds no tokenizer: exit 2 and
+    one "error:" line naming the problem."""
+    from rltlab.pretrain import rounds
+    from rltlab.workbench.cli import build_parser
+    real, evaluated = rounds.evaluate_checkpoint, []
+
+    def recording(path, **kwargs):
+        evaluated.append(path)
+        return real(path, **kwargs)
+    monkeypatch.setattr(rounds, "evaluate_checkpoint", recording)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    devices = {"nosuch": "is not a device"}
+    if not torch.cuda.is_available():
+        devices["cuda"] = "CUDA is not available"
+    checkpoints = {str(tmp_path / "missing"): "does not exist",
+                   str(empty): "has no tokenizer.json"}
+    cases = [(("--device", d), words) for d, words in devices.items()] + \
+        [(("--model", m), words) for m, words in checkpoints.items()]
+    for argv, words in cases:
+        args = build_parser("rounds").parse_args(["rounds", *argv])
+        assert rounds.main(args) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and words in err[0], (argv, err)
+    assert evaluated == list(checkpoints)   # the bad devices stopped before it

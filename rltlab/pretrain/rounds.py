@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+
+import torch
 
 from rltlab.common.paths import embedded_model_dir
 from rltlab.pretrain.evaluate import evaluate_checkpoint, format_table
@@ -23,8 +26,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    path = args.model or embedded_model_dir()
-    metrics = evaluate_checkpoint(path, device=args.device, progress=True)
+    """-> 0, or 2 after one "error: ..." line where the device or the checkpoint is unusable
+    (nothing is evaluated then)."""
+    problem = _device_problem(args.device)
+    if problem is None:
+        path = args.model or embedded_model_dir()
+        try:
+            metrics = evaluate_checkpoint(path, device=args.device, progress=True)
+        except FileNotFoundError as err:   # no checkpoint there, or one missing its files
+            problem = str(err)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     print(format_table(metrics))
     for name, dist in metrics["gate_exit_distribution"].items():
         print(f"exit-gate p(r), {name}:".ljust(24), [round(p, 3) for p in dist])
@@ -34,3 +47,14 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(metrics))
     return 0
+
+
+def _device_problem(device: str) -> str | None:
+    """Why `device` cannot run the evaluation, or None."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as err:
+        return f"--device {device!r} is not a device: {err}"
+    if kind == "cuda" and not torch.cuda.is_available():
+        return f"--device {device!r}: CUDA is not available on this machine"
+    return None
