@@ -186,3 +186,21 @@ def test_rounds_command_refuses_a_bad_device_or_checkpoint_in_one_line(tmp_path,
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and words in err[0], (argv, err)
     assert evaluated == list(checkpoints)   # the bad devices stopped before it
+
+
+def test_pretrain_command_refuses_a_bad_config_in_one_line_and_writes_nothing(tmp_path, capsys):
+    """`rltlab pretrain` with fields out of range (each one named), a device torch rejects or
+    an unseen-code directory without .py files: exit 2, one "error:" line, and no output
+    directory, before any data is prepared."""
+    from rltlab.pretrain import recipe
+    from rltlab.workbench.cli import build_parser
+    cases = {("--hidden-size", "0", "--lr", "0"): "hidden_size, lr must be positive",
+             ("--device", "nosuch"): "device 'nosuch' is neither auto nor a torch device",
+             ("--unseen-code-dir", str(tmp_path / "nowhere")): "holds no .py files"}
+    for i, (argv, words) in enumerate(cases.items()):
+        out = tmp_path / f"run{i}"
+        args = build_parser("pretrain").parse_args(["pretrain", "--out-dir", str(out), *argv])
+        assert recipe.main(args) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and words in err[0], (argv, err)
+        assert not out.exists(), argv

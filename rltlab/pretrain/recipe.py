@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -104,7 +105,8 @@ class PretrainConfig:
         positive = ("hidden_size", "num_layers", "num_rounds", "num_heads", "num_kv_heads",
                     "head_dim", "intermediate_size", "seq_len", "batch_size", "log_every",
                     "save_every", "eval_problems", "lr", "stage2_lr")
-        rules = [(all(getattr(self, n) > 0 for n in positive), f"{positive} must be positive"),
+        not_positive = [n for n in positive if not getattr(self, n) > 0]
+        rules = [(not not_positive, f"{', '.join(not_positive)} must be positive"),
                  (min(self.steps, self.stage2_steps, self.warmup_steps) >= 0, "negative steps"),
                  (self.steps > 0 or (bool(self.time_budget_s) and self.warmup_steps >= 10),
                   "steps=0 (auto) needs time_budget_s and warmup_steps >= 10"),
@@ -118,7 +120,11 @@ class PretrainConfig:
                  (1 <= self.hops_min <= self.hops_max <= 20, "hops range outside 1..20"),
                  (self.package_bytes >= 0 and self.data_workers >= 1, "package_bytes/workers"),
                  (self.dtype in ("bf16", "fp32"), "dtype must be bf16|fp32"),
-                 (self.compile in ("none", "layer"), "compile must be none|layer")]
+                 (self.compile in ("none", "layer"), "compile must be none|layer"),
+                 (self.device == "auto" or _is_device(self.device),
+                  f"device {self.device!r} is neither auto nor a torch device"),
+                 (not self.unseen_code_dir or any(Path(self.unseen_code_dir).glob("*.py")),
+                  f"unseen_code_dir {self.unseen_code_dir!r} holds no .py files")]
         for ok, why in rules:
             if not ok:
                 raise ValueError(f"invalid PretrainConfig: {why}")
@@ -131,6 +137,14 @@ class PretrainConfig:
                           max_position_embeddings=self.max_position_embeddings,
                           rope_theta=self.rope_theta, total_ut_steps=self.num_rounds,
                           bos_token_id=D.EOT_ID, eos_token_id=D.EOT_ID)
+
+
+def _is_device(name: str) -> bool:
+    try:
+        torch.device(name)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _layer(layer, h, cos, sin):
@@ -320,7 +334,12 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
+    """-> 0, or 2 after one "error: ..." line for an invalid configuration (nothing written)."""
+    try:
+        cfg = config_from_args(args)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     _ = cfg.smoke and torch.set_num_threads(1)  # tiny matrices: threads only add contention
     _ = P.prepare_data(cfg) if getattr(args, "prepare_only", False) else pretrain(cfg)
     return 0
