@@ -173,7 +173,7 @@ def test_rounds_command_refuses_a_bad_device_or_checkpoint_in_one_line(tmp_path,
     monkeypatch.setattr(rounds, "evaluate_checkpoint", recording)
     empty = tmp_path / "empty"
     empty.mkdir()
-    devices = {"nosuch": "is not a device"}
+    devices = {"nosuch": "is not a torch device"}
     if not torch.cuda.is_available():
         devices["cuda"] = "CUDA is not available"
     checkpoints = {str(tmp_path / "missing"): "does not exist",
@@ -195,7 +195,7 @@ def test_pretrain_command_refuses_a_bad_config_in_one_line_and_writes_nothing(tm
     from rltlab.pretrain import recipe
     from rltlab.workbench.cli import build_parser
     cases = {("--hidden-size", "0", "--lr", "0"): "hidden_size, lr must be positive",
-             ("--device", "nosuch"): "device 'nosuch' is neither auto nor a torch device",
+             ("--device", "nosuch"): "device: 'nosuch' is not a torch device",
              ("--unseen-code-dir", str(tmp_path / "nowhere")): "holds no .py files"}
     for i, (argv, words) in enumerate(cases.items()):
         out = tmp_path / f"run{i}"

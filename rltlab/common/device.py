@@ -1,4 +1,4 @@
-"""Host -> device copies that never wait for the device."""
+"""Host -> device copies that never wait for the device, and the commands' device check."""
 from __future__ import annotations
 
 import torch
@@ -18,3 +18,15 @@ def tensor_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor
     if torch.device(device).type != "cuda":
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def device_problem(name: str) -> str | None:
+    """Why `name` cannot be a device this machine runs on (not a torch device string, or CUDA
+    where there is none), or None: the commands' check before they write anything."""
+    try:
+        kind = torch.device(name).type
+    except RuntimeError as err:
+        return f"{name!r} is not a torch device: {err}"
+    if kind == "cuda" and not torch.cuda.is_available():
+        return f"{name!r}: CUDA is not available on this machine"
+    return None

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from rltlab.common.device import device_problem
 from rltlab.pretrain import data as D
 from rltlab.model import gates
 from rltlab.pretrain import evaluate as E
@@ -121,8 +122,8 @@ class PretrainConfig:
                  (self.package_bytes >= 0 and self.data_workers >= 1, "package_bytes/workers"),
                  (self.dtype in ("bf16", "fp32"), "dtype must be bf16|fp32"),
                  (self.compile in ("none", "layer"), "compile must be none|layer"),
-                 (self.device == "auto" or _is_device(self.device),
-                  f"device {self.device!r} is neither auto nor a torch device"),
+                 (self.device == "auto" or not device_problem(self.device),
+                  f"device: {device_problem(self.device)}"),
                  (not self.unseen_code_dir or any(Path(self.unseen_code_dir).glob("*.py")),
                   f"unseen_code_dir {self.unseen_code_dir!r} holds no .py files")]
         for ok, why in rules:
@@ -137,14 +138,6 @@ class PretrainConfig:
                           max_position_embeddings=self.max_position_embeddings,
                           rope_theta=self.rope_theta, total_ut_steps=self.num_rounds,
                           bos_token_id=D.EOT_ID, eos_token_id=D.EOT_ID)
-
-
-def _is_device(name: str) -> bool:
-    try:
-        torch.device(name)
-    except RuntimeError:
-        return False
-    return True
 
 
 def _layer(layer, h, cos, sin):

@@ -10,8 +10,7 @@ import argparse
 import json
 import sys
 
-import torch
-
+from rltlab.common.device import device_problem
 from rltlab.common.paths import embedded_model_dir
 from rltlab.pretrain.evaluate import evaluate_checkpoint, format_table
 
@@ -28,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """-> 0, or 2 after one "error: ..." line where the device or the checkpoint is unusable
     (nothing is evaluated then)."""
-    problem = _device_problem(args.device)
+    problem = device_problem(args.device)
     if problem is None:
         path = args.model or embedded_model_dir()
         try:
@@ -48,13 +47,3 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(metrics))
     return 0
 
-
-def _device_problem(device: str) -> str | None:
-    """Why `device` cannot run the evaluation, or None."""
-    try:
-        kind = torch.device(device).type
-    except RuntimeError as err:
-        return f"--device {device!r} is not a device: {err}"
-    if kind == "cuda" and not torch.cuda.is_available():
-        return f"--device {device!r}: CUDA is not available on this machine"
-    return None
