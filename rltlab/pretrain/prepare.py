@@ -38,9 +38,14 @@ ARITH_SEED = 1234  # the held-out problem set: make_arithmetic_problems(n, ARITH
 HOPS_SEED = 4321   # make_hop_problems(n, HOPS_SEED, "heldout")
 
 
+def unseen_code_files(directory: str | os.PathLike) -> list[Path]:
+    """The .py files of `directory`, sorted by name (none where it does not exist)."""
+    return sorted(Path(directory).glob("*.py"))
+
+
 def unseen_code_text(directory: str | os.PathLike) -> str:
     """The .py files of `directory`, sorted by name, joined by blank lines."""
-    files = sorted(Path(directory).glob("*.py"))
+    files = unseen_code_files(directory)
     if not files:
         raise FileNotFoundError(f"no .py files in {directory}")
     return "\n\n".join(f.read_text(encoding="utf-8") for f in files)

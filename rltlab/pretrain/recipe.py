@@ -107,6 +107,7 @@ class PretrainConfig:
                     "head_dim", "intermediate_size", "seq_len", "batch_size", "log_every",
                     "save_every", "eval_problems", "lr", "stage2_lr")
         not_positive = [n for n in positive if not getattr(self, n) > 0]
+        device_issue = None if self.device == "auto" else device_problem(self.device)
         rules = [(not not_positive, f"{', '.join(not_positive)} must be positive"),
                  (min(self.steps, self.stage2_steps, self.warmup_steps) >= 0, "negative steps"),
                  (self.steps > 0 or (bool(self.time_budget_s) and self.warmup_steps >= 10),
@@ -122,9 +123,8 @@ class PretrainConfig:
                  (self.package_bytes >= 0 and self.data_workers >= 1, "package_bytes/workers"),
                  (self.dtype in ("bf16", "fp32"), "dtype must be bf16|fp32"),
                  (self.compile in ("none", "layer"), "compile must be none|layer"),
-                 (self.device == "auto" or not device_problem(self.device),
-                  f"device: {device_problem(self.device)}"),
-                 (not self.unseen_code_dir or any(Path(self.unseen_code_dir).glob("*.py")),
+                 (device_issue is None, f"device: {device_issue}"),
+                 (not self.unseen_code_dir or P.unseen_code_files(self.unseen_code_dir),
                   f"unseen_code_dir {self.unseen_code_dir!r} holds no .py files")]
         for ok, why in rules:
             if not ok:

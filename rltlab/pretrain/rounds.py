@@ -46,4 +46,3 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(metrics))
     return 0
-
