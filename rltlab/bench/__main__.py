@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from rltlab.common.device import device_argument
 from rltlab.model.config import OuroConfig
 from rltlab.engine import LLM, SamplingParams
 from rltlab.model.generate import generate_plain
@@ -38,7 +39,8 @@ def add_model_arguments(ap: argparse.ArgumentParser) -> None:
     """--model/--preset/--device/--dtype: what build_model reads (shared by the bench scripts)."""
     ap.add_argument("--model", help="checkpoint directory (default: a random --preset model)")
     ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", type=device_argument,
+                    default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16")
 
 
@@ -196,4 +198,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from rltlab.common.command import run_command
+
+    run_command(main)

@@ -15,6 +15,7 @@ import json
 import torch
 
 from rltlab.bench.__main__ import PRESETS, build_model, prompts_for
+from rltlab.common.device import device_argument
 from rltlab.engine import LLM, SamplingParams
 
 
@@ -40,7 +41,8 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m rltlab.bench.gap", description=__doc__)
     ap.add_argument("--model")
     ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", type=device_argument,
+                    default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=32)
@@ -73,4 +75,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from rltlab.common.command import run_command
+
+    run_command(main)

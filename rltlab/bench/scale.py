@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from rltlab.bench.__main__ import PRESETS
+from rltlab.common.device import device_argument
 from rltlab.workbench.scale import launch
 
 _PHASES = (("startup_s", "entered"), ("load_s", "model_loaded"), ("engine_s", "engine_built"),
@@ -144,7 +145,8 @@ def _parse(argv):
     ap.add_argument("--model", default=None, help="checkpoint dir (default: artifacts/ouro-tiny)")
     ap.add_argument("--preset", default=None, choices=sorted(PRESETS),
                     help="random weights of these shapes instead (e.g. ouro-1.4b)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+    ap.add_argument("--device", type=device_argument,
+                    default="cuda" if torch.cuda.is_available() else "cpu",
                     choices=["cuda", "cpu"])
     ap.add_argument("--dtype", default=None, help="default bfloat16 on cuda, float32 on cpu")
     ap.add_argument("--num-processes", type=int, default=2)
@@ -166,13 +168,17 @@ def _parse(argv):
     args = ap.parse_args(argv)
     n = args.num_processes
     if n < 2:
-        raise ValueError("--num-processes must be >= 2 (it is compared with 1)")
+        ap.error("--num-processes must be >= 2 (it is compared with 1)")
     if args.repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.num_prompts < 2 * n:
-        raise ValueError(f"--num-prompts must be >= {2 * n} (two blocks per rank)")
+        ap.error(f"--num-prompts must be >= {2 * n} (two blocks per rank)")
     if args.batch_size % n:
-        raise ValueError(f"--batch-size {args.batch_size} must be divisible by {n}")
+        ap.error(f"--batch-size {args.batch_size} must be divisible by {n}")
+    if args.model and not Path(args.model).is_dir():   # before the ranks are launched
+        ap.error(f"--model: checkpoint directory {args.model} does not exist")
+    if args.out and Path(args.out).is_dir() and any(Path(args.out).iterdir()):
+        ap.error(f"--out {args.out} is not empty")
     args.thread_mode, args.threads_one, args.threads_many = thread_plan(
         args.total_threads, args.threads, n, args.device, os.cpu_count() or 1)
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
@@ -185,8 +191,6 @@ def main(argv=None) -> dict:
     args = _parse(argv)
     n, key = args.num_processes, str(args.num_processes)
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="rltlab-bench-scale-"))
-    if args.out and any(root.glob("*")):
-        raise ValueError(f"{root} is not empty")
     runs = {"1": [], key: []}
     try:
         for r in range(args.repeats):
@@ -256,4 +260,6 @@ def _print_table(r: dict, key: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main()["identical_every_repeat"] else 1)
+    from rltlab.common.command import run_command
+
+    sys.exit(0 if run_command(main)["identical_every_repeat"] else 1)

@@ -62,6 +62,7 @@ from pathlib import Path
 import torch
 
 from rltlab.common.atomic import write_json_atomic
+from rltlab.common.device import device_argument
 from rltlab.draft_heads.selfdistill import draft_heads_dir
 from rltlab.engine.config import EngineConfig
 from rltlab.engine.hooks import LOOKUP_RULES
@@ -290,7 +291,8 @@ def main(argv=None) -> dict:
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="model dir (default: the embedded model)")
     ap.add_argument("--heads", default=HEADS)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", type=device_argument,
+                    default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=32)
@@ -344,12 +346,15 @@ def main(argv=None) -> dict:
     args.engine_compile = [c == "on" for c in args.engine_compile]
     # a bare --adaptive-lookup: the hits rule
     args.adaptive_lookup = ["hits"] if args.adaptive_lookup == [] else args.adaptive_lookup or []
-    if args.repeats < 1 or args.prompts < 2 or args.max_tokens < 1 or min(args.chains) < 1 \
-            or min(args.pipelines) < 1 \
-            or not all(1 <= g <= 64 for g in args.gemv_rows) \
-            or not all(0 <= n <= 16 for n in args.lookup) or args.ngram < 1:
-        ap.error("--repeats >= 1, --prompts >= 2, --max-tokens >= 1, --chains and --pipelines "
-                 ">= 1, --gemv-rows in 1..64, --lookup in 0..16 (the block size) and --ngram >= 1")
+    limits = {"--repeats >= 1": args.repeats >= 1, "--prompts >= 2": args.prompts >= 2,
+              "--max-tokens >= 1": args.max_tokens >= 1, "--chains >= 1": min(args.chains) >= 1,
+              "--pipelines >= 1": min(args.pipelines) >= 1,
+              "--gemv-rows in 1..64": all(1 <= g <= 64 for g in args.gemv_rows),
+              "--lookup in 0..16 (the block size)": all(0 <= n <= 16 for n in args.lookup),
+              "--ngram >= 1": args.ngram >= 1}
+    broken = [limit for limit, holds in limits.items() if not holds]
+    if broken:
+        ap.error("needs " + ", ".join(broken))
     res = run(args)
     print("host (start / end): " + ", ".join(
         f"{k} {res['host']['start'][k]:.1f} / {res['host']['end'][k]:.1f}"
@@ -370,4 +375,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from rltlab.common.command import run_command
+
+    run_command(main)

@@ -1,6 +1,8 @@
 """Host -> device copies that never wait for the device, and the commands' device check."""
 from __future__ import annotations
 
+import argparse
+
 import torch
 
 
@@ -30,3 +32,12 @@ def device_problem(name: str) -> str | None:
     if kind == "cuda" and not torch.cuda.is_available():
         return f"{name!r}: CUDA is not available on this machine"
     return None
+
+
+def device_argument(name: str) -> str:
+    """argparse type for a command's --device: a device this machine cannot run on is a usage
+    error (exit 2, one "error: argument --device: ..." line) before anything is loaded."""
+    problem = device_problem(name)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return name

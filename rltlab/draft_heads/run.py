@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from rltlab.common.device import device_argument
 from rltlab.draft_heads.train import distill, evaluate, training_rows
 from rltlab.model.architecture import OuroForCausalLM
 
@@ -136,7 +137,8 @@ def add_train_args(ap) -> None:
     ap.add_argument("--log-every", type=int, default=None, help="default: steps // 5")
     ap.add_argument("--no-precompute", action="store_true",
                     help="teacher forward every step (reuse-exact kinds precompute it once)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+    ap.add_argument("--device", type=device_argument,
+                    default="cuda" if torch.cuda.is_available() else "cpu",
                     choices=["cuda", "cpu"], help="cuda: each rank uses cuda:LOCAL_RANK")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=None,
@@ -191,7 +193,8 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+    from rltlab.common.command import run_command
     from rltlab.common.distributed import shutdown
 
-    main()
+    run_command(main)
     shutdown()   # every rank tears its process group down before exit

@@ -283,4 +283,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    from rltlab.common.command import run_command
+
+    run_command(main)

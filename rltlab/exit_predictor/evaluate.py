@@ -221,9 +221,9 @@ def run(model_dir: str | None, predictors: dict[str, str], out_dir: str | Path, 
         raise ValueError(f"problems and text_rows must be >= 1 (the arithmetic and the "
                          f"teacher-forced text parts), got {problems} and {text_rows}")
     t_start = time.perf_counter()
+    model, tokenizer, mdir = load_model(model_dir, threads=threads)  # a bad one: no OUT yet
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model, tokenizer, mdir = load_model(model_dir, threads=threads)
     R = model.config.num_rounds
     mhash = model_hash(model)
     register_rule_policies(model)
@@ -341,4 +341,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    from rltlab.common.command import run_command
+
+    run_command(main)

@@ -337,4 +337,6 @@ def merge_results(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    from rltlab.common.command import run_command
+
+    run_command(main)

@@ -333,7 +333,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    from rltlab.common.command import run_command
     from rltlab.common.distributed import shutdown
 
-    main()
+    run_command(main)
     shutdown()   # every rank tears its process group down before exit

@@ -300,7 +300,8 @@ def load_model(model_dir: str | os.PathLike | None = None, dtype: str = "float32
 
     if threads:
         torch.set_num_threads(threads)
-    path = Path(model_dir) if model_dir else embedded_model_dir()
+    # a Path, so a missing directory is named as one and never looked up on the hub
+    path = _resolve_dir(Path(model_dir)) if model_dir else embedded_model_dir()
     if hf_tokenizer:
         tokenizer = load_tokenizer(path)
     else:
