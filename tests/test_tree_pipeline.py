@@ -147,7 +147,7 @@ def test_pipelined_capture_warm_up_restores_the_programs_inputs(model, prompts, 
     captures = []
 
     class Replayed:
-        def __init__(self, fn, warmup=None):
+        def __init__(self, fn, warmup=None, keep=False):
             captures.append(fn)
             for _ in range(2):
                 (warmup or fn)()

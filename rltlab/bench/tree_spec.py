@@ -27,7 +27,8 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
         first", TreeProposer(first_drafts=True)); --launch-early also with each request's
         first program launched behind its prompt step ("... early",
         EngineConfig.launch_behind_prompt; target only's first token window too: "target
-        only early" rows, among the baselines vs_faster takes the fastest of); --also-heads
+        only early" rows, among the baselines vs_faster takes the fastest of); --device-loop
+        also with EngineConfig.device_loop ("... device-loop"); --also-heads
         DIR... also with each of
         these lookahead heads in place of --heads ("... heads=<DIR's name>"), paired in the
         same run;
@@ -57,6 +58,7 @@ import itertools
 import json
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -133,7 +135,8 @@ def _trees(args, artifact_tree) -> dict:
 
 
 def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
-    """One engine per (--engine-compile, --chains, --pipelines, --gemv-rows, --launch-early),
+    """One engine per (--engine-compile, --chains, --pipelines, --gemv-rows, --launch-early,
+    --device-loop),
     holding a TreeProposer per tree and heads (their private blocks reserved beside one
     max_len sequence's) -> {name: generate function}. heads: {name suffix: LookaheadHeads},
     "" for --heads."""
@@ -152,20 +155,27 @@ def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
                  for first in (False, True)[:1 + (args.first_drafts and bool(tree))]}
     private = sum(map(private_blocks, proposers.values()))
     configs = {}
-    for compiled, chain, pipeline, gemv, early in itertools.product(
+    for compiled, chain, pipeline, gemv, early, loop in itertools.product(
             args.engine_compile, args.chains, args.pipelines, args.gemv_rows,
-            (False, True)[:1 + args.launch_early]):
+            (False, True)[:1 + args.launch_early], (False, True)[:1 + args.device_loop]):
         llm = LLM(model, max_num_seqs=1, block_size=bs, max_model_len=max_len,
                   spec_chain=chain, spec_pipeline=pipeline,
                   num_blocks=-(-max_len // bs) + private,
                   decode_path="static", compile=compiled,   # static: auto's choice on CUDA
-                  gemv_rows=gemv, launch_behind_prompt=early)
+                  gemv_rows=gemv, launch_behind_prompt=early, device_loop=loop)
         suffix = (f" P={pipeline}" if pipeline != PIPELINE else "") + " compiled" * compiled + \
-            (f" gemv<={gemv}" if gemv > 1 else "") + " early" * early
+            (f" gemv<={gemv}" if gemv > 1 else "") + " early" * early + " device-loop" * loop
         for name, proposer in proposers.items():
-            configs[f"engine {name} M={chain}{suffix}"] = _engine_config(
+            configs[f"engine {name} M={chain}{suffix}"] = go = _engine_config(
                 llm, proposer, params, SpecStats)
+            if loop:   # where the loop ran, or why it could not
+                go.device_loop = partial(_device_loop_use, llm, proposer)
     return configs
+
+
+def _device_loop_use(llm, proposer) -> dict:
+    tree = llm.spec_graphs[id(proposer)]
+    return {"runs": tree.device_loop_runs, "error": tree.device_loop_error}
 
 
 def _engine_config(llm, proposer, params, stats_type):
@@ -181,8 +191,6 @@ def _engine_config(llm, proposer, params, stats_type):
 
 
 def run(args) -> dict:
-    from functools import partial
-
     from rltlab.draft_heads import lookahead
     from rltlab.draft_heads.evaluate import eval_prompt_kinds, eval_prompts
     from rltlab.engine import LLM, SamplingParams
@@ -272,6 +280,8 @@ def run(args) -> dict:
                "paired_mean": paired["mean"], "paired_se": paired["se"],
                "paired_range": paired["range"],
                "identical": f"{sum(a == b for a, b in zip(tokens[name], base))}/{len(base)}"}
+        if hasattr(engines.get(name), "device_loop"):
+            row["device_loop"] = engines[name].device_loop()
         if stats[name]:
             row["tau"], row["tau_by_kind"] = tau_by_kind(
                 [(x.steps, x.emitted) for x in stats[name]], kinds)
@@ -282,6 +292,7 @@ def run(args) -> dict:
             "paths": args.paths, "chains": args.chains, "pipelines": args.pipelines,
             "engine_compile": args.engine_compile,
             "gemv_rows": args.gemv_rows, "launch_early": args.launch_early,
+            "device_loop": args.device_loop,
             "heads_training": meta.get("training", {}).get("script"), "prompts": args.prompts,
             "max_tokens": args.max_tokens, "repeats": args.repeats, "host": host, "rows": rows}
 
@@ -330,6 +341,10 @@ def main(argv=None) -> dict:
                     help="engine path: also run every engine config with each request's first "
                          "program launched behind its prompt step (' early' rows, "
                          "EngineConfig.launch_behind_prompt)")
+    ap.add_argument("--device-loop", action="store_true",
+                    help="engine path: also run every engine config with EngineConfig."
+                         "device_loop (' device-loop' rows; each row's device_loop: the "
+                         "requests it ran, or why it could not be built)")
     ap.add_argument("--also-heads", nargs="+", default=[], metavar="DIR",
                     help="engine path: also run every engine config with these lookahead "
                          "heads (' heads=<DIR name>' rows)")

@@ -121,6 +121,11 @@ class EngineConfig:
     greedy requests only (prompt_step.py; the same tokens and statistics; at c = 1 over four
     machine starts 1.01-1.05x paired on the tree path, 1.00-1.04x for target only:
     docs/benchmarks/2026-12-05-s26-h200.md; off by default).
+    device_loop: with a TreeProposer on CUDA graphs (spec_chain 1), a request's programs
+    after its first are launched by the device itself, one CUDA graph looping over them
+    (conditional nodes; rltlab.engine.device_loop), not by the host after each read-back; the
+    same tokens and statistics. Experimental and off by default: it needs nvcc (built once)
+    and CUDA >= 12.8, and falls back to the host loop with a warning; not yet timed on a GPU.
     whole_prompt_steps: a step whose rows are all fresh whole prompts, with no other sequence
     running (c = 1, the start of a batch), runs their R rounds and samples their first tokens
     in one engine step (rltlab.engine.prompt_step; the same tokens, log-probs and K/V), not in
@@ -164,6 +169,7 @@ class EngineConfig:
     spec_chain: int = 1
     spec_pipeline: int = 16
     launch_behind_prompt: bool = False
+    device_loop: bool = False
     whole_prompt_steps: bool = True
 
     def __post_init__(self) -> None:
@@ -215,7 +221,7 @@ class EngineConfig:
         for name in ("cuda_graphs", "compile", "small_batch_kernels", "pdl", "fused_qkv_rope",
                      "fused_tokens", "fused_prefill", "fused_spec", "prefill_first",
                      "pad_prefill_attention", "shared_prefix_attention", "whole_prompt_steps",
-                     "launch_behind_prompt"):
+                     "launch_behind_prompt", "device_loop"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if isinstance(self.gemv_rows, bool) or not isinstance(self.gemv_rows, int) or \

@@ -103,6 +103,7 @@ class GraphProgram:
     static: object
     out: torch.Tensor
     _graph = None
+    keep_graph = False   # capture a graph that keeps its cudaGraph_t (device_loop.py)
 
     def _warmup(self) -> None:
         """The capture's warm-up run (an idempotent program is its own)."""
@@ -114,7 +115,8 @@ class GraphProgram:
             self._program()
         else:
             if self._graph is None:
-                self._graph = self.static._capture(self._program, self._warmup)
+                self._graph = self.static._capture(self._program, self._warmup,
+                                                   self.keep_graph)
             self._graph.replay()
 
     def read(self) -> list[int]:

@@ -43,17 +43,17 @@ GEMV_ROWS = 1
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
 
 
-def capture_graph(fn, pool, warmup=None) -> torch.cuda.CUDAGraph:
-    """fn captured as a CUDA graph in `pool`, after two warm-up runs on a side stream (compile
-    / autotune / Triton specialisations outside the capture); fn must be idempotent, or
-    `warmup` a version of it that is (fn, then undo what fn writes to its own inputs)."""
+def capture_graph(fn, pool, warmup=None, keep=False) -> torch.cuda.CUDAGraph:
+    """fn captured as a CUDA graph in `pool` (keep: keeping its cudaGraph_t) after two warm-ups
+    on a side stream (compile / autotune / Triton specialisations outside the capture); fn must
+    be idempotent, or `warmup` a version that is (fn, then undo its writes to its inputs)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(2):
             (warmup or fn)()
     torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
+    graph = torch.cuda.CUDAGraph(keep_graph=True) if keep else torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
         fn()
     return graph
@@ -306,8 +306,8 @@ class StaticDecoder:
             self._graphs[key] = self._capture(fn)
         self._graphs[key].replay()
 
-    def _capture(self, fn, warmup=None) -> torch.cuda.CUDAGraph:
-        return capture_graph(fn, self._pool, warmup)
+    def _capture(self, fn, warmup=None, keep=False) -> torch.cuda.CUDAGraph:
+        return capture_graph(fn, self._pool, warmup, keep)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE's (cos, sin) [n, head_dim] at positions [n], for _round(rope=...): rounds at

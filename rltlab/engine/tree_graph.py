@@ -44,8 +44,11 @@ Writes to the sequence's own slots never pass position P + cap <= its last reser
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
+from rltlab.engine.device_loop import DeviceLoop, DeviceLoopUnavailable, keeps_graphs
 from rltlab.engine.tree_program import TreeProgram
 
 
@@ -131,6 +134,13 @@ class TreeGraph:
         self._heads_within = [sum(len(p) <= cap for p in proposer.tree)
                               for cap in range(span + 1)]
         self._static, self._programs = None, {}
+        # EngineConfig.device_loop: whether it runs (off after a failed build, with the reason
+        # in device_loop_error), the loop of the current programs, and the runs it took
+        self.device_loop, self.device_loop_error = engine.config.device_loop, None
+        self._pipeline, self._loop, self.device_loop_runs = engine.config.spec_pipeline, None, 0
+        if self.device_loop and runner.device.type == "cuda" and not keeps_graphs():
+            self._host_loop_only("this torch's CUDAGraph cannot keep its cudaGraph_t "
+                                 "(keep_graph=True, torch >= 2.8)")
         self.lookup_next = True   # with adaptive_lookup: the drafts' rows at drafted_for
         self._early = None        # launch_first's (_early_key, _start's result)
 
@@ -141,8 +151,9 @@ class TreeGraph:
         key = (chain, follow, lookup_rows, first)
         if key not in self._programs:
             lead = None if lookup_rows and not first else self._program_of(static, chain, follow)
-            self._programs[key] = TreeProgram(self, static, chain, follow, lookup_rows, lead,
-                                              first)
+            program = TreeProgram(self, static, chain, follow, lookup_rows, lead, first)
+            program.keep_graph = self.device_loop and static.cuda_graphs   # device_loop.py
+            self._programs[key] = program
         return self._programs[key]
 
     def run(self, seq, chain: int, launches: int = 1, stops: frozenset = frozenset()):
@@ -152,9 +163,11 @@ class TreeGraph:
         left to emit. With launches > 1 each next program starts from the last one's bonus
         and position on the device, launched as soon as the host has read the last one back
         and seen that the sequence goes on (tokens left, no token in `stops`, finite logits);
-        the caller handles the yielded results while it runs. The first program is the one
-        launch_first launched, where it was launched for this sequence at this token."""
-        follow, adaptive = launches > 1, self.proposer.adaptive_lookup
+        the caller handles the yielded results while it runs. With EngineConfig.device_loop
+        (chain 1) the device launches them itself (rltlab.engine.device_loop). The first
+        program is the one launch_first launched, where it was launched for this sequence at
+        this token."""
+        follow = launches > 1
         start, left = seq.num_tokens - 1, seq.max_output_tokens - seq.num_output_tokens
         early, self._early = self._early, None
         if early is not None and early[0] == self._early_key(seq, start, chain, follow):
@@ -167,9 +180,34 @@ class TreeGraph:
             programs, program, cap, valid, lookup = self._start(
                 seq, chain, follow, start, left, fresh, emitted[1] if first else None,
                 seq.output_token_ids[-1])
-        depth, position = self.proposer.span, start
+        loop = self._device_loop(programs, chain, launches, stops)
+        if loop is not None:
+            try:
+                loop.launch(launches, stops)
+            except DeviceLoopUnavailable as err:   # the launch refused: nothing ran
+                self._host_loop_only(str(err))
+                loop = None
+        if loop is not None:
+            self.device_loop_runs += 1
+            yield from self._results(seq, chain, cap, valid, lookup, launches, stops,
+                                     loop.row, lambda rows: None)
+            return
+        current = [program]
+
+        def relaunch(rows: bool) -> None:          # its inputs are on the device already
+            current[0] = programs[rows]
+            current[0].launch()
+        yield from self._results(seq, chain, cap, valid, lookup, launches, stops,
+                                 lambda _: current[0].read(), relaunch)
+
+    def _results(self, seq, chain, cap, valid, lookup, launches, stops, read, relaunch):
+        """run()'s handling of the programs' outputs: read(i) -> program i's (waiting for it);
+        relaunch(lookup rows) launches the next program where the host does."""
+        depth, adaptive = self.proposer.span, self.proposer.adaptive_lookup
+        position, left = seq.num_tokens - 1, seq.max_output_tokens - seq.num_output_tokens
+        width = self.proposer.span + 5
         for launch in range(launches):
-            flat, width = program.read(), program.width
+            flat = read(launch)
             results, goes_on = [], launch + 1 < launches
             for m in range(chain):
                 n, *path, bonus, finite, live, hits = flat[m * width: (m + 1) * width]
@@ -190,11 +228,30 @@ class TreeGraph:
             self.drafted_for, self.lookup_next = (seq.seq_id, position), hits > 0
             if goes_on:
                 lookup = not adaptive or self.lookup_next
-                program = programs[lookup]
-                program.launch()                       # its inputs are on the device already
+                relaunch(lookup)
             yield from results
             if not goes_on:
                 return
+
+    def _device_loop(self, programs: dict, chain: int, launches: int, stops: frozenset):
+        """The DeviceLoop over these programs where EngineConfig.device_loop asks for one and
+        it can run this request's programs (chain 1, more than one launch, its stop tokens,
+        the programs captured by earlier host runs), else None (the host loop)."""
+        if not self.device_loop or chain != 1 or launches < 2 or (
+                self._static.cuda_graphs and any(p._graph is None for p in programs.values())):
+            return None
+        key = tuple(id(p) for p in programs.values())
+        if self._loop is None or self._loop[0] != key:
+            try:
+                self._loop = key, DeviceLoop(self, programs, self._pipeline)
+            except DeviceLoopUnavailable as err:
+                self._host_loop_only(str(err))
+                return None
+        return self._loop[1] if self._loop[1].accepts(launches, stops) else None
+
+    def _host_loop_only(self, reason: str) -> None:
+        self.device_loop, self.device_loop_error, self._loop = False, reason, None
+        warnings.warn(f"EngineConfig.device_loop: the host loop runs instead ({reason})")
 
     def launch_first(self, seq, token: torch.Tensor, hidden: torch.Tensor, chain: int,
                      launches: int) -> None:
@@ -225,7 +282,7 @@ class TreeGraph:
         in the lookup history too, behind the staged inputs)."""
         static = self.runner.static_rows(self.shape.num_rows)
         if static is not self._static:            # a new (grown) decoder: new buffers, graphs
-            self._static, self._programs = static, {}
+            self._static, self._programs, self._loop = static, {}, None
         adaptive = self.proposer.adaptive_lookup
         programs = {rows: self._program_of(static, chain, follow, rows)
                     for rows in ((True, False) if adaptive else (True,))}
