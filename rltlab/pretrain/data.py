@@ -17,7 +17,6 @@ at token 0.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 from concurrent.futures import ProcessPoolExecutor

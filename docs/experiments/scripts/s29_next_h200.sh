@@ -13,6 +13,3 @@ tree_bench claim_32_device_loop 420 --only "chain K=4" --budgets --gemv-rows 64 
   --device-loop --repeats 15
 python3 -c "import json; [print(r['config'], r.get('device_loop')) for r in
   json.load(open('$OUT/claim_32_device_loop.json'))['rows'] if 'device_loop' in r]"
-timeout 200 python3 docs/experiments/scripts/device_loop_ab.py --device cuda \
-  > $OUT/device_loop_ab.log 2>&1
-echo "device_loop_ab rc $?"; grep -v "^W1204\|warn" $OUT/device_loop_ab.log | tail -5 | cut -c1-1500
