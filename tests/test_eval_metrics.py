@@ -175,3 +175,20 @@ def test_engine_generate_fn_stop_strings_stop_early():
             G.truncate_at_stop(tok.decode(f.token_ids), [stop])
         assert e.token_ids == f.token_ids[:len(e.token_ids)]
     assert not llm.has_unfinished_requests()
+
+
+def test_evaluate_policies_shows_a_bar_over_its_settings_only_when_asked(capsys):
+    """progress=True: a tqdm bar over the settings on stderr (`workbench.scale evaluate
+    --progress` on rank 0); the default prints nothing."""
+    from rltlab.engine import LLM
+    from rltlab.eval.policies import evaluate_policies
+    from rltlab.eval.problems import eval_problems
+    from rltlab.model.checkpoint import load_model
+    model, tok, model_dir = load_model(None, hf_tokenizer=True)
+    llm, problems = LLM(model, tok, max_num_seqs=4), eval_problems(model_dir, 2)
+    for progress in (False, True):
+        rows, _ = evaluate_policies(llm, tok, problems, depths=[1], thresholds=[0.5],
+                                    max_tokens=3, progress=progress)
+        assert [r["setting"] for r in rows] == ["depth=1", "t=0.5"]
+        err = capsys.readouterr().err
+        assert ("policies" in err and "2/2" in err) == progress, err

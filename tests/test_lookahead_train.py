@@ -75,3 +75,16 @@ def test_bad_time_limits_are_refused_before_anything_runs(model, rollouts, tmp_p
         lookahead_train.main(["--device", "cpu", "--out", str(tmp_path / "bad"),
                               "--time-limit", str(limit)])
     assert not (tmp_path / "bad").exists()
+
+
+def test_the_command_ends_with_its_record_as_json(tmp_path, capsys):
+    """The command's last line is its training record as JSON (it was a Python dict). So
+    small a run leaves a head without calibration targets: it must still be saved (its
+    accuracy was NaN, never "best", and loading its best state failed)."""
+    import json
+    lookahead_train.main(["--device", "cpu", "--out", str(tmp_path / "heads"), "--n-arith", "4",
+                          "--n-text", "4", "--max-new", "6", "--inner", "16", "--steps", "3",
+                          "--batch", "8", "--rollout-batch", "8"])
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["steps_run"] == 3 and record["arith_prompts"] == 4
+    assert (tmp_path / "heads" / "lookahead.json").is_file()

@@ -182,7 +182,8 @@ def part_a(args) -> dict:
                       c["t_target"], c.get("t_token")]
                 print(f"{impl:>9} {d:>2} {k:>2} "
                       + " ".join(f"{1e3 * t:>8.3f}" if t else f"{'-':>8}" for t in ms) + " "
-                      + " ".join(f"{t:>5.2f}/{s:<5.2f}/{f or 0:<5.2f}" for t, s, f in cells))
+                      + " ".join(f"{t:>5.2f}/{s:<5.2f}/{'-' if f is None else f'{f:.2f}':<5}"
+                                 for t, s, f in cells))
     del model
     if torch.device(args.device).type == "cuda":
         torch.cuda.empty_cache()
@@ -211,9 +212,14 @@ def implied_at_measured_tau(a: dict, b: dict) -> list[dict]:
     print(f"\n(c) {a['model']} costs from (a) at the tau measured in (b), c=1, K={k}; per "
           "workload: one program")
     for r in out:
-        kinds = ", ".join(f"{kind} tau {v['tau']:.2f}: {v['speedup_one_program'] or 0:.2f}x"
+        kinds = ", ".join(f"{kind} tau {v['tau']:.2f}: {_times(v['speedup_one_program'])}"
                           for kind, v in r["by_kind"].items())
         print(f"T={r['temperature']:<4} {r['config']:<28} d={r['d']} tau {r['tau']:.2f}: "
               f"host loop {r['speedup_host_loop']:.2f}x, one program "
-              f"{r['speedup_one_program'] or 0:.2f}x ({kinds})")
+              f"{_times(r['speedup_one_program'])} ({kinds})")
     return out
+
+
+def _times(speedup: float | None) -> str:
+    """A speedup as printed: "-" where there is none (no one-program path, e.g. on the CPU)."""
+    return "-" if speedup is None else f"{speedup:.2f}x"

@@ -62,6 +62,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from rltlab.common.atomic import write_json_atomic
 from rltlab.common.device import device_argument
@@ -245,7 +246,8 @@ def run(args) -> dict:
     from rltlab.bench.host import host_speed
     host = {"start": host_speed(args.device)}   # the host this run saw (rltlab.bench.host)
     failed = {}
-    for name, fn in list(configs.items()):   # warm-up: graph captures, compiles
+    # warm-up: graph captures, compiles
+    for name, fn in tqdm(list(configs.items()), desc="warm-up", unit="config"):
         try:
             fn()
         except Exception as err:   # one broken config must not cost the others' device time
@@ -257,7 +259,7 @@ def run(args) -> dict:
     seconds = {name: [] for name in configs}
     tokens, stats = {}, {}
     names = list(configs)
-    for rep in range(args.repeats):
+    for rep in tqdm(range(args.repeats), desc="repeats", unit="repeat"):   # outside the timing
         for name in names[rep % len(names):] + names[:rep % len(names)]:
             _sync(args.device)
             started = time.perf_counter()

@@ -25,6 +25,7 @@ rule, 3.47 -> 3.60 (the last two) with the agree rule and first drafts.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -163,8 +164,8 @@ def train(model, rollouts, depth: int, inner: int, steps: int, batch: int, lr: f
             top1 = torch.cat([heads(vH[i:i + 8192], vNX[i:i + 8192]).argmax(-1)
                               for i in range(0, len(vH), 8192)])
         for k in range(depth):
-            ok = vTG[:, k] >= 0
-            acc = float((top1[ok, k] == vTG[ok, k]).float().mean())
+            ok = vTG[:, k] >= 0   # none on tiny runs: 0, not NaN (a NaN never became best)
+            acc = float((top1[ok, k] == vTG[ok, k]).float().mean()) if ok.any() else 0.0
             if acc > best[k][0]:
                 state = {n: p.detach().clone() for n, p in heads.heads[k].state_dict().items()}
                 best[k] = (acc, state, step)
@@ -254,7 +255,7 @@ def main(argv=None) -> dict:
                   arith_prompts=args.n_arith, text_prompts=args.n_text,
                   stored_dtype=args.save_dtype)
     save(heads, args.out, tree, model_hash(model), record, getattr(torch, args.save_dtype))
-    print(record)
+    print(json.dumps(record, default=str))   # the last line: JSON, as every command's
     return record
 
 

@@ -157,7 +157,8 @@ def run_evaluate(args) -> dict[str, Any]:
     rows, scores = evaluate_policies(
         llm, tokenizer, problems, thresholds=floats, depths=depths, max_tokens=args.max_tokens,
         min_loops=args.min_loops, label=args.label or None,
-        wrap_generate=lambda fn: dist.sharded_generate_fn(fn, state, args.block))
+        wrap_generate=lambda fn: dist.sharded_generate_fn(fn, state, args.block),
+        progress=args.progress and state.is_main_process)
     result = {"command": "evaluate", "num_processes": state.num_processes,
               "device": str(state.device), "rows": rows, "scores": scores}
     _write_result(args, state, result)
