@@ -311,6 +311,9 @@ def main(argv=None) -> dict:
             prompts = file_prompts(args.prompts_file, tok, model.config.vocab_size, args.prompts)
         except ValueError as err:
             ap.error(str(err))
+        if len(prompts) < args.prompts:   # the JSON's "prompts" says so too
+            print(f"{args.prompts_file} holds {len(prompts)} prompts: using them all, not "
+                  f"--prompts {args.prompts}", flush=True)
     elif args.split == "eval":
         prompts = eval_prompts(tok, model_dir, args.prompts)
     else:

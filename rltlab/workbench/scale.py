@@ -171,8 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m rltlab.workbench.scale", description=__doc__.split(
         "\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
+    helps = {"collect": "teacher-mode traces of the prompts, sharded by block over the ranks",
+             "evaluate": "exact match vs mean rounds for fixed depths and Q-exit thresholds"}
     for name in ("collect", "evaluate"):
-        p = sub.add_parser(name)
+        p = sub.add_parser(name, help=helps[name])
         p.add_argument("--model", default=None, help="checkpoint dir (default: embedded model)")
         p.add_argument("--preset", default=None, choices=sorted(PRESETS),
                        help="random-weight model of these shapes instead of --model")
