@@ -239,3 +239,15 @@ def test_the_cpu_matmul_ceiling_is_the_best_of_several_timings(monkeypatch):
     monkeypatch.setattr(ceilings, "device_seconds", lambda fn, device, repeats: next(timings))
     assert ceilings.matmul_tflop_s("cpu", torch.float32, size=100) == \
         ceilings.significant(2 * 100 ** 3 / 0.001 / 1e12)
+
+
+def test_off_cuda_the_default_modes_leave_out_the_graph_modes(capsys):
+    """Without CUDA, graph and compile would time the eager path again under their own names
+    (each row said "timed": "eager"): the default is plain and eager there. An unknown mode is
+    a usage error."""
+    res = bench_main(["--preset", "tiny", "--device", "cpu", "--workload", "W1",
+                      "--scale", "0.02", "--kv-gib", "0.05"])
+    assert sorted(res["workloads"]["W1"]["modes"]) == ["eager", "plain"]
+    with pytest.raises(SystemExit) as stop:
+        bench_main(["--preset", "tiny", "--device", "cpu", "--modes", "eager,warp"])
+    assert stop.value.code == 2 and "unknown modes ['warp']" in capsys.readouterr().err
