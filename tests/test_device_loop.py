@@ -84,18 +84,25 @@ def test_stop_tokens_end_the_device_loop_and_too_many_take_the_host_loop(model, 
         assert (runs[True][2] > 0) == loop_runs, stops
 
 
-def test_a_loop_that_cannot_be_built_leaves_the_host_loop_with_a_warning(model, prompts,
-                                                                          monkeypatch):
+@pytest.mark.parametrize("error, reason", [
+    (device_loop.DeviceLoopUnavailable("nvcc not found (test)"), "nvcc not found (test)"),
+    (RuntimeError("nvcc not found (driver)"),
+     "building it raised RuntimeError: nvcc not found (driver)")])
+def test_a_loop_that_cannot_be_built_leaves_the_host_loop_with_a_warning(model, prompts, error,
+                                                                          reason, monkeypatch):
+    """The reason is kept and warned about once, whatever the build raised (the loop is
+    untried on most GPUs and drivers), and the request runs on the host loop."""
     def refuse(self, tree, programs, capacity):
-        raise device_loop.DeviceLoopUnavailable("nvcc not found (test)")
+        raise error
     monkeypatch.setattr(device_loop.DeviceLoop, "__init__", refuse)
     out = token_lists(make_engine(model, block_size=6).generate(prompts[:1], greedy(24)))[0]
     proposer = TreeProposer(Oracle(out, (0, 0, 0, 0)), TREE)
     llm = make_engine(model, proposer, block_size=6, device_loop=True)
-    with pytest.warns(UserWarning, match=r"device_loop: the host loop runs instead \(nvcc not"):
+    with pytest.warns(UserWarning, match=r"device_loop: the host loop runs instead \(" +
+                      reason.replace("(", r"\(").replace(")", r"\)")):
         assert token_lists(llm.generate(prompts[:1], greedy(24))) == [out]
     tree = llm.spec_graphs[id(proposer)]
-    assert not tree.device_loop and tree.device_loop_error == "nvcc not found (test)"
+    assert not tree.device_loop and tree.device_loop_error == reason
     assert tree.device_loop_runs == 0
 
 

@@ -189,23 +189,23 @@ class TreeGraph:
                 loop = None
         if loop is not None:
             self.device_loop_runs += 1
-            yield from self._results(seq, chain, cap, valid, lookup, launches, stops,
-                                     loop.row, lambda rows: None)
+            yield from self._results(seq, chain, program.width, cap, valid, lookup, launches,
+                                     stops, loop.row, lambda rows: None)
             return
         current = [program]
 
         def relaunch(rows: bool) -> None:          # its inputs are on the device already
             current[0] = programs[rows]
             current[0].launch()
-        yield from self._results(seq, chain, cap, valid, lookup, launches, stops,
+        yield from self._results(seq, chain, program.width, cap, valid, lookup, launches, stops,
                                  lambda _: current[0].read(), relaunch)
 
-    def _results(self, seq, chain, cap, valid, lookup, launches, stops, read, relaunch):
-        """run()'s handling of the programs' outputs: read(i) -> program i's (waiting for it);
-        relaunch(lookup rows) launches the next program where the host does."""
+    def _results(self, seq, chain, width, cap, valid, lookup, launches, stops, read, relaunch):
+        """run()'s handling of the programs' outputs (`width` values an iteration): read(i) ->
+        program i's (waiting for it); relaunch(lookup rows) launches the next program where
+        the host does."""
         depth, adaptive = self.proposer.span, self.proposer.adaptive_lookup
         position, left = seq.num_tokens - 1, seq.max_output_tokens - seq.num_output_tokens
-        width = self.proposer.span + 5
         for launch in range(launches):
             flat = read(launch)
             results, goes_on = [], launch + 1 < launches
@@ -246,6 +246,9 @@ class TreeGraph:
                 self._loop = key, DeviceLoop(self, programs, self._pipeline)
             except DeviceLoopUnavailable as err:
                 self._host_loop_only(str(err))
+                return None
+            except Exception as err:   # untried on this GPU / driver: report it, keep running
+                self._host_loop_only(f"building it raised {type(err).__name__}: {err}")
                 return None
         return self._loop[1] if self._loop[1].accepts(launches, stops) else None
 
