@@ -330,8 +330,8 @@ def main(argv=None) -> dict:
     check_spread(ap, args.prompt_spread)
     if args.w5_rounds < 1:
         ap.error(f"--w5-rounds must be at least 1, got {args.w5_rounds}")
-    args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     cuda = torch.device(args.device).type == "cuda"
+    args.dtype = args.dtype or ("bfloat16" if cuda else "float32")
     modes = (args.modes or ("plain,eager,graph,compile" if cuda else "plain,eager")).split(",")
     unknown = set(modes) - set(MODES) - {"plain"}
     if unknown:
