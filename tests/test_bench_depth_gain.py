@@ -5,9 +5,11 @@ import pytest
 from rltlab.bench.depth_gain import main
 
 
-def test_depth_gain_reports_both_policies_and_the_ideal():
+def test_depth_gain_reports_both_policies_and_the_ideal(capsys):
     res = main(["--preset", "tiny", "--device", "cpu", "--concurrency", "2", "--max-tokens", "4",
                 "--prompt-len", "8", "--repeats", "1", "--pattern", "2,3", "--kv-gib", "0.05"])
+    err = capsys.readouterr().err   # a bar per policy over its warm-up and timed runs
+    assert "fixed_R" in err and "replay" in err and err.count("2/2") >= 2, err
     assert res["fixed_R"]["tokens"] == res["replay"]["tokens"] == 4 * 4
     # 4 requests replay "2,3" from offsets 0, 0, 1, 1: 2,3,2 twice and 3,2,3 twice
     assert res["replay_policy"] == "trace"

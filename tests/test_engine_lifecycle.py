@@ -211,6 +211,21 @@ def test_generate_order_text_free_inputs_and_pause():
     assert_no_leak(llm)
 
 
+def test_generate_use_tqdm_counts_finished_requests(capsys):
+    """use_tqdm=True: one bar on stderr that ends at the number of requests (vLLM's
+    argument); the default prints nothing."""
+    llm = LLM(tiny_model(4), block_size=4, max_num_seqs=2)
+    prompts = [prompt(n, n) for n in (15, 2, 9)]
+    sp = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    llm.generate(prompts, sp)
+    assert "generate" not in capsys.readouterr().err
+    outs = llm.generate(prompts, sp, use_tqdm=True)
+    err = capsys.readouterr().err
+    assert "generate" in err and "3/3" in err, err
+    assert [len(o.token_ids) for o in outs] == [3, 3, 3]
+    assert_no_leak(llm)
+
+
 def test_round_observer_hook():
     model = tiny_model(5)
     llm = LLM(model, block_size=4)

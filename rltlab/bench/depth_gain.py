@@ -17,6 +17,7 @@ import argparse
 import json
 
 import torch
+from tqdm.auto import tqdm
 
 from rltlab.bench.__main__ import (add_model_arguments, bench_engine, build_model, median_run,
                                    prompts_for)
@@ -74,13 +75,18 @@ def main(argv=None) -> dict:
     if torch.device(args.device).type == "cuda":
         results["gpu"] = torch.cuda.get_device_name()
     for name, params in policies.items():
-        # One untimed pass of the very workload: a fresh process captures the graphs of every
-        # batch size and grows its allocator here, not inside the first timed run (a two-prompt
-        # warm-up left 26 ms per token in one baseline run on a fresh H200: 8.7 steady).
-        for _ in range(args.warmup):
-            bench_engine(llm, prompts, params, args.concurrency)
-        results[name] = median_run(lambda: bench_engine(llm, prompts, params, args.concurrency),
-                                   args.repeats)
+        with tqdm(total=args.warmup + args.repeats, desc=name, unit="run") as bar:
+            def run_once():
+                result = bench_engine(llm, prompts, params, args.concurrency)
+                bar.update()            # after bench_engine has taken its own time
+                return result
+            # One untimed pass of the very workload: a fresh process captures the graphs of
+            # every batch size and grows its allocator here, not inside the first timed run (a
+            # two-prompt warm-up left 26 ms per token in one baseline run on a fresh H200: 8.7
+            # steady).
+            for _ in range(args.warmup):
+                run_once()
+            results[name] = median_run(run_once, args.repeats)
         print(f"{name:>8}: {results[name]['tok_s']:.1f} tok/s, "
               f"TPOT {results[name]['tpot_ms']:.2f} ms")
     decode_depths = [d for t in traces for d in t[1:]]

@@ -13,6 +13,7 @@ import argparse
 import json
 
 import torch
+from tqdm.auto import tqdm
 
 from rltlab.bench.__main__ import PRESETS, build_model, prompts_for
 from rltlab.common.device import device_argument
@@ -61,10 +62,11 @@ def main(argv=None) -> dict:
     report = {"model": args.model or f"random:{args.preset}", "device": args.device,
               "tokens_per_run": args.requests * args.max_tokens, "gaps": {}}
     for engine_dtype in ("float32", "bfloat16"):
-        outs = LLM(fp32, dtype=engine_dtype).generate(prompts, params)
+        outs = LLM(fp32, dtype=engine_dtype).generate(prompts, params, use_tqdm=True)
         for name, trainer in (("fp32", fp32), ("bf16", bf16)):
             diffs = [recompute(trainer, p, o) - torch.tensor(o.logprobs)
-                     for p, o in zip(prompts, outs)]
+                     for p, o in tqdm(list(zip(prompts, outs)), unit="request",
+                                      desc=f"{name} recompute of the {engine_dtype} rollouts")]
             key = f"engine_{engine_dtype}_vs_recompute_{name}"
             report["gaps"][key] = gap_stats(diffs)
             g = report["gaps"][key]

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Sequence as Seq
 
 import torch
+from tqdm.auto import tqdm
 
 from rltlab.engine.config import EngineConfig
 from rltlab.engine.llm_engine import LLMEngine
@@ -58,7 +59,8 @@ class LLM:
     def generate(self, prompts, sampling_params: SamplingParams | Seq[SamplingParams] | None
                  = None, use_tqdm: bool = False) -> list[RequestOutput]:
         """prompts: str, token-id list, {"prompt_token_ids": [...]} or a list of those.
-        Returns one RequestOutput per prompt, in input order (use_tqdm: vLLM compat, unused)."""
+        Returns one RequestOutput per prompt, in input order. use_tqdm: a bar over the
+        finished requests on stderr, as vLLM's."""
         engine = self.llm_engine
         if engine.has_unfinished_requests():
             raise RuntimeError("generate() needs an idle engine: finish or abort the requests "
@@ -74,6 +76,7 @@ class LLM:
                 raise ValueError(f"{len(params)} sampling params for {len(token_lists)} prompts")
         ids: list[str] = []
         results: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(token_lists), desc="generate", unit="request", disable=not use_tqdm)
         try:
             for tokens, param in zip(token_lists, params):
                 ids.append(engine.add_request(None, tokens, param))
@@ -81,10 +84,13 @@ class LLM:
                 for out in engine.step():
                     if out.finished:
                         results[out.request_id] = out
+                        bar.update()
         except BaseException:   # leave the engine idle: abort what this call started
             engine.abort_request(ids)
             engine._drain_outputs()
             raise
+        finally:
+            bar.close()
         for rid, text in zip(ids, texts):
             results[rid].prompt = text
         return [results[rid] for rid in ids]
