@@ -46,8 +46,11 @@ def _run(model, rollouts, monkeypatch, steps: int, time_limit):
 
 
 def test_time_limit_stops_the_steps_with_the_rate_decayed_by_time(model, rollouts,
-                                                                  monkeypatch):
+                                                                  monkeypatch, capsys):
     record, rates = _run(model, rollouts, monkeypatch, steps=1000, time_limit=20)
+    # the bar counts 20 of 1000 steps; its postfix says the schedule (time) is done
+    last_render = capsys.readouterr().err.split("\r")[-1]
+    assert "20/1000" in last_render and "schedule 100%" in last_render, last_render
     # the clock reads 1, 2, ... at steps 1, 2, ...: 20 s are up at step 20 of 1000
     assert record["stopped_by"] == "time limit" and record["steps_run"] == 20 == len(rates)
     assert record["steps"] == 1000 and record["time_limit"] == 20

@@ -171,9 +171,12 @@ def train(model, rollouts, depth: int, inner: int, steps: int, batch: int, lr: f
                 best[k] = (acc, state, step)
 
     started = clock()
-    for step in tqdm(range(1, steps + 1), desc="lookahead heads", unit="step"):
+    bar = tqdm(total=steps, desc="lookahead heads", unit="step")
+    for step in range(1, steps + 1):
         progress = step / steps if time_limit is None else \
             max(step / steps, (clock() - started) / time_limit)
+        if time_limit is not None:   # the bar's ETA counts steps; the clock may end it first
+            bar.set_postfix_str(f"schedule {progress:.0%} (steps or time limit)", refresh=False)
         for g in opt.param_groups:
             g["lr"] = lr * min(1.0, step / 100) * max(0.02, 1 - progress)
         pick = torch.randint(0, len(H), (batch,), generator=gen, device=device)
@@ -183,10 +186,12 @@ def train(model, rollouts, depth: int, inner: int, steps: int, batch: int, lr: f
         loss.backward()
         torch.nn.utils.clip_grad_norm_(heads.parameters(), 1.0)
         opt.step()
+        bar.update()
         if step % checks == 0 or progress >= 1:
             check(step)
         if progress >= 1:
             break
+    bar.close()
     for k, (_, state, _) in enumerate(best):
         heads.heads[k].load_state_dict(state)
     record = {"fit_rollouts": len(fit), "calibration_rollouts": len(cal),
