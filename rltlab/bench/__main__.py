@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from rltlab.common.device import device_argument
+from rltlab.common.device import add_device_argument
 from rltlab.model.config import OuroConfig
 from rltlab.engine import LLM, SamplingParams
 from rltlab.model.generate import generate_plain
@@ -39,8 +39,7 @@ def add_model_arguments(ap: argparse.ArgumentParser) -> None:
     """--model/--preset/--device/--dtype: what build_model reads (shared by the bench scripts)."""
     ap.add_argument("--model", help="checkpoint directory (default: a random --preset model)")
     ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
-    ap.add_argument("--device", type=device_argument,
-                    default="cuda" if torch.cuda.is_available() else "cpu")
+    add_device_argument(ap)
     ap.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16")
 
 

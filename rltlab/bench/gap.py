@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rltlab.bench.__main__ import PRESETS, build_model, prompts_for
-from rltlab.common.device import device_argument
+from rltlab.common.device import add_device_argument
 from rltlab.engine import LLM, SamplingParams
 
 
@@ -42,8 +42,7 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m rltlab.bench.gap", description=__doc__)
     ap.add_argument("--model")
     ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
-    ap.add_argument("--device", type=device_argument,
-                    default="cuda" if torch.cuda.is_available() else "cpu")
+    add_device_argument(ap)
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=32)

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from rltlab.bench.__main__ import PRESETS
-from rltlab.common.device import device_argument
+from rltlab.common.device import add_device_argument
 from rltlab.workbench.scale import launch
 
 _PHASES = (("startup_s", "entered"), ("load_s", "model_loaded"), ("engine_s", "engine_built"),
@@ -145,9 +145,7 @@ def _parse(argv):
     ap.add_argument("--model", default=None, help="checkpoint dir (default: artifacts/ouro-tiny)")
     ap.add_argument("--preset", default=None, choices=sorted(PRESETS),
                     help="random weights of these shapes instead (e.g. ouro-1.4b)")
-    ap.add_argument("--device", type=device_argument,
-                    default="cuda" if torch.cuda.is_available() else "cpu",
-                    choices=["cuda", "cpu"])
+    add_device_argument(ap, choices=["cuda", "cpu"])
     ap.add_argument("--dtype", default=None, help="default bfloat16 on cuda, float32 on cpu")
     ap.add_argument("--num-processes", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3, help="collections of each process count")

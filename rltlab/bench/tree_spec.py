@@ -65,7 +65,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rltlab.common.atomic import write_json_atomic
-from rltlab.common.device import device_argument
+from rltlab.common.device import add_device_argument
 from rltlab.draft_heads.selfdistill import draft_heads_dir
 from rltlab.engine.config import EngineConfig
 from rltlab.engine.hooks import LOOKUP_RULES
@@ -304,8 +304,7 @@ def main(argv=None) -> dict:
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="model dir (default: the embedded model)")
     ap.add_argument("--heads", default=HEADS)
-    ap.add_argument("--device", type=device_argument,
-                    default="cuda" if torch.cuda.is_available() else "cpu")
+    add_device_argument(ap)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=32)

@@ -41,3 +41,15 @@ def device_argument(name: str) -> str:
     if problem is not None:
         raise argparse.ArgumentTypeError(problem)
     return name
+
+
+def default_device() -> str:
+    """The commands' default device: cuda where this machine has it, else cpu."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def add_device_argument(parser: argparse.ArgumentParser, default: str | None = None, **kwargs):
+    """A command's --device option: checked by device_argument; default (None) default_device();
+    kwargs (choices, help) pass to add_argument."""
+    return parser.add_argument("--device", type=device_argument,
+                               default=default or default_device(), **kwargs)

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from rltlab.common.device import device_argument
+from rltlab.common.device import add_device_argument
 from rltlab.draft_heads.lookahead import LookaheadHeads, save, tree_from_ranks
 
 
@@ -209,8 +209,7 @@ def main(argv=None) -> dict:
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="model dir (default: the embedded model)")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--device", type=device_argument,
-                    default="cuda" if torch.cuda.is_available() else "cpu")
+    add_device_argument(ap)
     ap.add_argument("--n-arith", type=int, default=8000)
     ap.add_argument("--n-text", type=int, default=24000)
     ap.add_argument("--max-new", type=int, default=32)

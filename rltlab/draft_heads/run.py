@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from rltlab.common.device import device_argument
+from rltlab.common.device import add_device_argument
 from rltlab.draft_heads.train import distill, evaluate, training_rows
 from rltlab.model.architecture import OuroForCausalLM
 
@@ -137,9 +137,8 @@ def add_train_args(ap) -> None:
     ap.add_argument("--log-every", type=int, default=None, help="default: steps // 5")
     ap.add_argument("--no-precompute", action="store_true",
                     help="teacher forward every step (reuse-exact kinds precompute it once)")
-    ap.add_argument("--device", type=device_argument,
-                    default="cuda" if torch.cuda.is_available() else "cpu",
-                    choices=["cuda", "cpu"], help="cuda: each rank uses cuda:LOCAL_RANK")
+    add_device_argument(ap, choices=["cuda", "cpu"],
+                        help="cuda: each rank uses cuda:LOCAL_RANK")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch CPU threads per rank (CPU default: cores / local ranks)")

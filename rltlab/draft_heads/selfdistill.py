@@ -30,7 +30,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from rltlab.common.device import device_argument
+from rltlab.common.device import add_device_argument
 from rltlab.draft_heads.rollout_data import (KIND_NAMES, SequenceFeatures, corpus_prompts,
                                                rollouts, sequence_features, training_prompts)
 from rltlab.draft_heads.train import _frozen, _schedule, restore_best
@@ -246,8 +246,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--seed", type=int, default=0, help="init and batch-pick seed")
     ap.add_argument("--features-cache", default=None, help="reuse/write teacher features here")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--device", type=device_argument,
-                    default="cpu", help="rollouts, features and training (fp32)")
+    add_device_argument(ap, default="cpu", help="rollouts, features and training (fp32)")
     ap.add_argument("--rollout-batch", type=int, default=64, help="prompts per rollout batch")
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from rltlab.common.atomic import write_text_atomic
-from rltlab.common.device import device_argument
+from rltlab.common.device import add_device_argument
 from rltlab.model import gates
 from rltlab.model.generate import generate_plain
 from rltlab.pretrain.data import EOT_ID, extract_answer, extract_hop_answer
@@ -251,7 +251,7 @@ def evaluate_checkpoint(path: str | Path, device: str = "cpu", **kwargs) -> dict
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="per-round held-out metrics of a checkpoint")
     parser.add_argument("path", help="checkpoint directory holding eval/ files")
-    parser.add_argument("--device", type=device_argument, default="cpu")
+    add_device_argument(parser, default="cpu")
     parser.add_argument("--write", action="store_true", help="write PATH/metrics.json")
     args = parser.parse_args(argv)
     metrics = evaluate_checkpoint(args.path, device=args.device, progress=True)

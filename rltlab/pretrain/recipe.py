@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from rltlab.common.device import device_problem
+from rltlab.common.device import default_device, device_problem
 from rltlab.pretrain import data as D
 from rltlab.model import gates
 from rltlab.pretrain import evaluate as E
@@ -220,8 +220,7 @@ def _lr(peak, step, steps, warmup, min_ratio):
 def pretrain(cfg: PretrainConfig) -> dict:
     """Train (or resume) per cfg; save the bf16 checkpoint + tokenizer + eval files into out_dir."""
     from tqdm.auto import tqdm
-    device = torch.device(cfg.device if cfg.device != "auto" else
-                          ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(cfg.device if cfg.device != "auto" else default_device())
     out, t_start = Path(cfg.out_dir), time.time()
     state_dir, log_path = out / "train_state", out / "train_log.jsonl"
     tok, tokens, ddir = P.prepare_data(cfg)

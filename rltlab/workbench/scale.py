@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import torch
 
 from rltlab.common import distributed as dist
-from rltlab.common.device import device_argument
+from rltlab.common.device import add_device_argument
 from rltlab.common.paths import REPO_ROOT
 
 NUM_PROCESSES_ENV = "RLTLAB_NUM_PROCESSES"
@@ -178,9 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--model", default=None, help="checkpoint dir (default: embedded model)")
         p.add_argument("--preset", default=None, choices=sorted(PRESETS),
                        help="random-weight model of these shapes instead of --model")
-        p.add_argument("--device", type=device_argument,
-                       default="cuda" if torch.cuda.is_available() else "cpu",
-                       choices=["cuda", "cpu"], help="cuda: each rank uses cuda:LOCAL_RANK")
+        add_device_argument(p, choices=["cuda", "cpu"],
+                            help="cuda: each rank uses cuda:LOCAL_RANK")
         p.add_argument("--dtype", default="float32")
         p.add_argument("--threads", type=int, default=None,
                        help="torch CPU threads per rank (CPU default: cores / local ranks)")
