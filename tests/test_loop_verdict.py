@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rltlab.loop import UNCHANGED, LoopConfig, gate_verdict, rollout_problems, speedups
+from rltlab.loop import (UNCHANGED, LoopConfig, describe_iteration, gate_verdict,
+                         rollout_problems, speedups)
 
 from file_modes import assert_umask_permissions
 
@@ -43,6 +44,20 @@ def test_gate_verdict_margin():
     assert gate_verdict(_cmp([(0.0, 0.0)]), [False, True], margin)["verdict"] == "no worse"
     assert gate_verdict({"points": [], "why": "no overlap"}, [True], margin)["verdict"] == \
         "inconclusive"
+
+
+def test_the_iteration_line_says_a_rejected_gate_was_pushed_again():
+    """A rejected candidate still moves the weight version (the kept gate is pushed again):
+    the notebook's line says so, so "now v1" never reads as a new gate."""
+    gate = {"loss_before": 0.41, "loss_after": 0.35, "val_before": 0.40, "val_after": 0.36,
+            "best_step": 3, "accepted": False, "reasons": ["curve -10.6 pp"]}
+    res = {"iteration": 0, "seconds": 2.5, "rollout_weight_versions": [0], "trace_tokens": 90,
+           "gate_training": gate, "new_weight_version": 1, "gate_verdict": UNCHANGED}
+    line = describe_iteration(res)
+    assert "REJECTED: curve -10.6 pp; now v1 (the kept gate, pushed again)" in line, line
+    accepted = describe_iteration({**res, "gate_training": {**gate, "accepted": True},
+                                   "gate_verdict": "no worse"})
+    assert "accepted; now v1; held-out verdict: no worse" in accepted, accepted
 
 
 def test_speedups_relative_to_full_depth_of_version_0():

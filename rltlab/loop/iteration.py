@@ -244,7 +244,9 @@ def describe_iteration(res: dict[str, Any]) -> str:
             f"{f(g['loss_after'])}, validation {f(g.get('val_before'))} -> "
             f"{f(g.get('val_after'))} (best step {g.get('best_step')}), "
             f"{'accepted' if g.get('accepted', True) else 'REJECTED: ' + '; '.join(g['reasons'])}"
-            f"; now v{res['new_weight_version']}; held-out verdict: {res.get('gate_verdict')}")
+            f"; now v{res['new_weight_version']}"
+            f"{'' if g.get('accepted', True) else ' (the kept gate, pushed again)'}"
+            f"; held-out verdict: {res.get('gate_verdict')}")
     ep, dh = res.get("exit_predictor"), res.get("draft_head")
     if ep:
         cal = next((r for r in ep["rows"] if r.get("calibrated")), ep["rows"][0])
