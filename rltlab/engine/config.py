@@ -125,7 +125,8 @@ class EngineConfig:
     after its first are launched by the device itself, one CUDA graph looping over them
     (conditional nodes; rltlab.engine.device_loop), not by the host after each read-back; the
     same tokens and statistics. Experimental and off by default: it needs nvcc (built once)
-    and CUDA >= 12.8, and falls back to the host loop with a warning; not yet timed on a GPU.
+    and CUDA >= 12.8, and falls back to the host loop with a warning; on two H100 starts it
+    was slower than the host loop (0.983 paired: docs/benchmarks/2026-12-06-s30-h100.md).
     whole_prompt_steps: a step whose rows are all fresh whole prompts, with no other sequence
     running (c = 1, the start of a batch), runs their R rounds and samples their first tokens
     in one engine step (rltlab.engine.prompt_step; the same tokens, log-probs and K/V), not in

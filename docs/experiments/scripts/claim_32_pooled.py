@@ -1,6 +1,7 @@
 """Issue 16's 2.0x claim on 32 x 32, per machine start and pooled over the starts of each GPU
 (twenty-sixth session; starts E-G added in the twenty-seventh, H-O in the twenty-eighth,
-whose start I ran a reverted engine and is left out; no device): the paired ratios
+whose start I ran a reverted engine and is left out; P and Q in the thirtieth, whose runs
+also held the device loop's rows): the paired ratios
 of one config against the fastest target-only row, repeat by repeat, read from the committed
 raw data of `python -m rltlab.bench.tree_spec --launch-early` runs
 (docs/experiments/scripts/s25_call2_h200.sh).
@@ -32,7 +33,9 @@ RUNS = [("2026-12-05-s25-h100.json", "2", "A", "H100"),
         ("2026-12-05-s27.json", "4", "G", "H100"), ("2026-12-05-s28.json", "1", "H", "H100"),
         ("2026-12-05-s28.json", "3", "J", "H100"), ("2026-12-05-s28.json", "4", "K", "H100"),
         ("2026-12-05-s28.json", "5", "L", "H200"), ("2026-12-05-s28.json", "6", "M", "H100"),
-        ("2026-12-05-s28.json", "7", "N", "H100"), ("2026-12-05-s28.json", "8", "O", "H100")]
+        ("2026-12-05-s28.json", "7", "N", "H100"), ("2026-12-05-s28.json", "8", "O", "H100"),
+        ("2026-12-06-s30.json", "1", "P", "H100", "claim_32_device_loop"),
+        ("2026-12-06-s30.json", "2", "Q", "H100", "claim_32_device_loop")]
 CONFIG = "engine chain K=4 +lookup10 agree first M=1 compiled gemv<=64 early"
 
 
@@ -67,7 +70,7 @@ def main() -> None:
     args = parser.parse_args()
     report = {"config": args.config, "starts": {}, "pooled": {}, "early_over_without": {}}
     pooled: dict[str, tuple[list[float], list[float]]] = {}
-    for file, call, start, gpu in RUNS:
+    for file, call, start, gpu, *named in RUNS:   # the workload: claim_32 unless named
         data = json.loads((DATA / file).read_text())
         runs = {workload: {row["config"]: row for row in result["rows"]}
                 for workload, result in data["calls"][call]["results"].items()
@@ -77,7 +80,7 @@ def main() -> None:
             recorded = data["derived"][f"call {call} {workload}"]
             assert all(gains[n]["median"] == recorded[n]["median"] for n in recorded), start
             report["early_over_without"][f"{start} {workload}"] = gains
-        rows = runs["claim_32"]
+        rows = runs[named[0] if named else "claim_32"]
         fastest, target = ratios(rows, args.config)
         written = rows[args.config]["vs_faster"]
         assert abs(statistics.median(fastest) - written["median"]) < 1e-9, (start, written)
