@@ -13,8 +13,11 @@ appends the last program's output row to a ring, sets go (the sequence is live, 
 finite, it has tokens left, none of the emitted tokens is a stop token, fewer than `launches`
 programs ran: TreeGraph.run's own test) and rows (the proposer's rule, as TreeGraph.run's
 lookup_next), then copies the ring and its count to pinned host memory. The host polls the
-count and handles each row as it does a read-back, while the device goes on. (As ~25 captured
-torch ops, the first version's decide made the loop 7% slower than the host loop on an H100.)
+count and handles each row as it does a read-back, while the device goes on.
+
+Timed on two H100 starts (docs/benchmarks/2026-12-06-s30-h100.md), the loop is slower than the
+host loop: 0.928 paired with the first decide (~25 captured torch ops, 44 us a decide), 0.983
+with this one-kernel decide (11.5 us). Hence experimental and off by default.
 
 On CUDA this needs CUDA graphs (EngineConfig.cuda_graphs), a torch that keeps a captured
 graph's cudaGraph_t (CUDAGraph(keep_graph=True)), nvcc to build csrc/tree_loop.cu once (cached

@@ -2,7 +2,8 @@
 # Thirtieth session, third device call (asked for as nvidia-h200): the device loop's own cost a
 # program on stand-in programs (device_loop_overhead.py: one long kernel, and 137 small ones),
 # then the claim's 32 x 32 rows on the host loop alone, as s28_call3_h200.sh (15 repeats): one
-# more start for the pooled claim.
+# more start for the pooled claim. Unrun: no machine was given after call 2, then the
+# session's device time ran out; the next session's first device call.
 set -uo pipefail
 source "$(dirname "$0")/h200_common.sh"
 timeout 90 python3 docs/experiments/scripts/device_loop_overhead.py --device cuda \
