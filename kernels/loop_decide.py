@@ -79,6 +79,8 @@ def loop_decide(out: torch.Tensor, left: torch.Tensor, count: torch.Tensor, ring
     if any(t.dtype != torch.int64 for t in (out, left, count, ring, limit, stops)) or \
             flags.dtype != torch.int32:
         raise ValueError("loop_decide takes int64 rows, counts and stops and int32 flags")
+    if not all(t.is_contiguous() for t in (out, ring, stops, flags)):
+        raise ValueError("loop_decide takes contiguous rows, ring, stops and flags")
     _decide_kernel[(1,)](out, left, count, ring, limit, stops, flags, ring.shape[0],
                          SPAN=span, NUM_STOPS=stops.numel(), ADAPTIVE=bool(adaptive),
                          BLOCK=triton.next_power_of_2(width), num_warps=1)

@@ -74,4 +74,7 @@ def test_bad_shapes_and_dtypes_are_refused():
     with pytest.raises(ValueError, match="int32 flags"):
         loop_decide(torch.zeros(8, dtype=torch.int32, device=DEVICE), left, **state, span=3,
                     adaptive=True)
+    with pytest.raises(ValueError, match="contiguous"):
+        loop_decide(torch.zeros(16, dtype=torch.long, device=DEVICE)[::2], left, **state,
+                    span=3, adaptive=True)
     assert int(state["count"]) == 0 and (state["ring"] == -7).all()
