@@ -118,6 +118,7 @@ class DeviceLoop:
         self._seen = self._host_count.numpy()   # polled without a torch call
         self._stop_rows: dict[frozenset, torch.Tensor] = {}
         self._exec, self._done = None, None
+        self._decide_step = loop_decide if triton_available(lead.out) else loop_decide_ref
         if pin:
             self._lib = native_library()
             self._decide()                       # warm-up outside the capture
@@ -140,10 +141,10 @@ class DeviceLoop:
         on, the next program's rows], by TreeGraph.run's rules (rltlab.kernels.loop_decide:
         one kernel where Triton runs)."""
         lead = self.programs[True]
-        decide = loop_decide if triton_available(lead.out) else loop_decide_ref
         # index[2]: the next program's tokens left (a follow program's input)
-        decide(lead.out[: self.width], lead.index[2:3], self.count, self.ring, self.limit,
-               self.stops, self.flags, self.tree.proposer.span, self.tree.proposer.adaptive_lookup)
+        self._decide_step(lead.out[: self.width], lead.index[2:3], self.count, self.ring,
+                          self.limit, self.stops, self.flags, self.tree.proposer.span,
+                          self.tree.proposer.adaptive_lookup)
         self._host_ring.copy_(self.ring, non_blocking=True)
         self._host_count.copy_(self.count, non_blocking=True)
 
