@@ -1,5 +1,4 @@
-"""LLMEngine: requests in, one round per step, RequestOutputs out (built at the step's end; a
-step that ends the last running request also takes the next step, a waiting prompt's, first).
+"""LLMEngine: requests in, one round per step, RequestOutputs out.
 
     step():  [a token window (token_window.py), whole tokens (token_step.py) or a round window
              (round_window.py) when every row decodes under host-fixed depths; otherwise:]
@@ -126,7 +125,7 @@ class LLMEngine:
         self._token_window = (TokenWindow(self, config.token_window)
                               if self._whole_tokens and config.token_window > 1 else None)
         self._whole_prompts = WholePrompts(self) if config.whole_prompt_steps else None
-        self._outputs: list[tuple[Request, int]] = []   # finished: (request, weight version)
+        self._outputs: list[RequestOutput] = []
         self._failed: dict[int, str] = {}   # seq_id -> why, within one step
         self._streamed: dict[str, Request] = {}
         self._seq_ids, self._request_ids = itertools.count(), itertools.count()
@@ -211,33 +210,18 @@ class LLMEngine:
     # ---------------------------------------------------------------------------------- step
     @torch.no_grad()
     def step(self) -> list[RequestOutput]:
-        self._step_once()
-        if self._outputs and not self.scheduler.running and self.scheduler.waiting and \
-                not self.paused:
-            # it ended the last running request: the next call's step (a prompt's) runs now
-            # and the outputs are built behind it, not in the device's idle turn between
-            # requests (docs/experiments/scripts/host_turn.py)
-            self._step_once()
-        return self._drain_outputs()
-
-    def _step_once(self) -> None:
         if self.proposer is not None and self._spec.ready():   # all decoding: speculate
-            self._spec.step()
-            return
+            return self._spec.step()
         depth = self._whole_tokens.ready() if self._whole_tokens else None
         if isinstance(depth, int):   # all decoding at one host-fixed depth: one launch a token
             if self._token_window and self._token_window.fits(self.scheduler.running):
-                self._token_window.step(depth)   # several tokens, one read-back
-            else:
-                self._whole_tokens.step(depth)
-            return
+                return self._token_window.step(depth)   # several tokens, one read-back
+            return self._whole_tokens.step(depth)
         window = self._round_window.plan() if self._round_window else None
         if window:   # mixed host-fixed depths: round steps, the host once per window
-            self._round_window.step(window)
-            return
+            return self._round_window.step(window)
         if depth:   # mixed depths, whole tokens deepest first
-            self._whole_tokens.step(depth)
-            return
+            return self._whole_tokens.step(depth)
         hold = self._whole_tokens.hold() if self._whole_tokens else frozenset()
         if self._round_window:   # prefill first (EngineConfig.prefill_first): decode rows wait
             hold |= self._round_window.held()
@@ -255,6 +239,7 @@ class LLMEngine:
             forked = fork_followers(self.runner, seqs, emitting)   # n > 1: one prefill
             self._sample(emitting + forked)
             self._finish_failed(seqs + [seq for seq, _, _ in forked])
+        return self._drain_outputs()
 
     def _finish_failed(self, seqs) -> None:
         """End the step's sequences that failed in it (self._failed) with an error output."""
@@ -351,14 +336,11 @@ class LLMEngine:
             request.finished_time = time.perf_counter()
             del self.requests[request.request_id]
             self._streamed.pop(request.request_id, None)
-            self._outputs.append((request, self.weights.version))   # built when drained
+            self._outputs.append(build_output(request, self.weights.version, self.tokenizer))
 
     def _drain_outputs(self) -> list[RequestOutput]:
-        """The outputs of the requests finished since the last drain (each with the weight
-        version of its finish) and of the streamed ones that moved on."""
-        outputs = [build_output(r, version, self.tokenizer) for r, version in self._outputs] + \
-            [build_output(r, self.weights.version, self.tokenizer)
-             for r in self._streamed.values()]
+        outputs = self._outputs + [build_output(r, self.weights.version, self.tokenizer)
+                                   for r in self._streamed.values()]
         self._outputs, self._streamed = [], {}
         return outputs
 

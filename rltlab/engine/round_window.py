@@ -203,6 +203,7 @@ class RoundWindow:
                 self._finish_window(plan, sampled, static, leave_states=True)
                 break
         eng._finish_failed(seqs)
+        return eng._drain_outputs()
 
     def _launch(self, plan: WindowPlan, pending: torch.Tensor) -> ReadBack:
         """Queue the plan's round steps on the device (rows inside a token already in

@@ -203,6 +203,7 @@ class SpecDecoder:
         for j, (seq, rows) in enumerate(zip(seqs, target.split(sizes))):
             self._finish_seq(seq, starts[j], tokens[j][1:], q[j], rows, next(best),
                              all(next(finite)))
+        return eng._drain_outputs()
 
     def _program_step(self, seqs: list[Sequence], starts: list[int], ks: list[int], k: int,
                       own: list[int]):
@@ -227,6 +228,7 @@ class SpecDecoder:
                     self.engine._finish(seq, "error", "non-finite logits")
                     continue
                 self._emit(seq, seq.num_tokens - 1, drafts, n, nxt, logits[j])
+        return self.engine._drain_outputs()
 
     def _tree_step(self, seq: Sequence):
         """Tree iterations as one device program (tree_graph), up to EngineConfig.spec_chain
@@ -245,6 +247,7 @@ class SpecDecoder:
                 self.engine._finish(seq, "error", "non-finite logits")
                 continue
             self._emit(seq, seq.num_tokens - 1, path, len(path), nxt, None, drafted=nodes)
+        return self.engine._drain_outputs()
 
     def _tree_plan(self, seq: Sequence) -> tuple[int, int]:
         """(iterations a program, programs a step) for the sequence's tree steps."""

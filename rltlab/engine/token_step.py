@@ -106,3 +106,4 @@ class FusedTokenStep:
         depths = [depth] * len(seqs) if isinstance(depth, int) else depth
         eng._sample([(seq, hidden[i], d) for i, (seq, d) in enumerate(zip(seqs, depths))])
         eng._finish_failed(seqs)
+        return eng._drain_outputs()

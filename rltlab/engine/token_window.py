@@ -196,6 +196,7 @@ class TokenWindow:
                 self._finish(seqs, plan, sampled)
                 break
         eng._finish_failed(seqs)
+        return eng._drain_outputs()
 
     def launch_first(self, seq: Sequence, token: torch.Tensor, depth: int) -> None:
         """Launch the window step(depth) starts with once the lone row `seq` has its token 0,
