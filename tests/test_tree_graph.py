@@ -218,18 +218,18 @@ def test_private_blocks_are_reserved_once_and_refused_when_short(model, prompts)
     manager = llm.llm_engine.block_manager
     total = manager.num_blocks
     llm.set_proposer(proposer)
-    leaves = llm.llm_engine._spec._tree.shape.num_leaves
-    assert manager.num_blocks == total - 2 * leaves
+    leaves = llm.llm_engine._spec._tree.shape.num_leaves   # the first writes in place
+    assert manager.num_blocks == total - 2 * (leaves - 1)
     reserved = [b for b, owners in manager.owner.items() if owners == {RESERVED}]
-    assert len(reserved) == 2 * leaves
+    assert len(reserved) == 2 * (leaves - 1)
     llm.generate(prompts, greedy(16))
     llm.set_proposer(None)
     llm.set_proposer(proposer)              # the same proposer: its program and blocks again
-    assert manager.num_blocks == total - 2 * leaves
+    assert manager.num_blocks == total - 2 * (leaves - 1)
     assert manager.num_free_blocks == manager.num_blocks
-    assert private_blocks(proposer) == private_blocks(TREE) == 2 * leaves
-    assert private_blocks(TreeProposer(heads, [])) == 2                   # the root's row
-    assert private_blocks(TreeProposer(heads, TREE, lookup=3)) == 2 * (leaves + 1)
+    assert private_blocks(proposer) == private_blocks(TREE) == 2 * (leaves - 1)
+    assert private_blocks(TreeProposer(heads, [])) == 0                   # the root's row alone
+    assert private_blocks(TreeProposer(heads, TREE, lookup=3)) == 2 * leaves
     short = make_engine(model, num_blocks=20)
     with pytest.raises(ValueError, match="num_blocks >= "):
         short.set_proposer(TreeProposer(heads, TREE))

@@ -174,3 +174,42 @@ def test_pipelined_capture_warm_up_restores_the_programs_inputs(model, prompts, 
     assert len(captures) == 1
     assert outs[True][0].outputs[0].spec_stats == outs[False][0].outputs[0].spec_stats
     assert outs[True][0].outputs[0].spec_stats["accepted"] > 0
+
+
+@pytest.mark.parametrize("ranks", [(0, 0, 0, 0), (9, 9, 9, 9)])
+@pytest.mark.parametrize("chain, pipeline", [(1, 1), (1, 5), (2, 3)])
+def test_first_leaf_writes_in_place_and_its_programs_copy_nothing(model, prompts, ranks, chain,
+                                                                  pipeline, monkeypatch):
+    """A chain of heads beside an adaptive lookup chain (the claimed config's shape): the
+    chain's leaf writes its K/V into the sequence's own slots, so a program without the lookup
+    chain's rows copies no prefix block and commits nothing, and one with them commits once
+    an iteration; tokens equal target-only and the iterations the host recompute."""
+    max_tokens, lookup = 32, 3
+    chain_tree = [tuple([0] * j) for j in range(1, DEPTH + 1)]
+    params = greedy(max_tokens)
+    target = token_lists(make_engine(model).generate(prompts, params))
+    oracles = [Oracle(out, ranks) for out in target]
+    launched, commits = {True: 0, False: 0}, [0]
+    launch, commit = TreeProgram.launch, TreeProgram._commit
+
+    def counted_launch(program):
+        launched[program.lookup_rows] += program.chain
+        launch(program)
+
+    def counted_commit(program, *args):
+        commits[0] += 1
+        commit(program, *args)
+    monkeypatch.setattr(TreeProgram, "launch", counted_launch)
+    monkeypatch.setattr(TreeProgram, "_commit", counted_commit)
+    outs = [make_engine(model, TreeProposer(oracle, chain_tree, lookup=lookup,
+                                            adaptive_lookup="agree"),
+                        spec_chain=chain, spec_pipeline=pipeline)
+            .generate([prompt], params)[0] for prompt, oracle in zip(prompts, oracles)]
+    assert token_lists(outs) == target
+    stats = [tuple(o.outputs[0].spec_stats[k] for k in ("steps", "accepted", "drafted"))
+             for o in outs]
+    assert stats == [expected_stats(oracle, out, max_tokens, chain_tree, prompt, lookup,
+                                    adaptive="agree", chain=chain)
+                     for oracle, out, prompt in zip(oracles, target, prompts)]
+    assert launched[False] > 0 and launched[True] > 0
+    assert commits[0] == launched[True]   # the in-place programs' iterations commit nothing

@@ -7,19 +7,25 @@ paged KV cache) instead of the model's reference modules:
   tree:    node 0 is the pending token x_P; node (r1..rj) is head j's r_j-th candidate at
            position P + j (rltlab.draft_heads.lookahead);
   rows:    every root-to-leaf path is laid out as an ordinary causal run of token rows at
-           positions P..P + depth. Leaf l owns two private KV blocks (reserved from the block
-           manager for the engine's life) that stand in for the blocks holding positions P and
-           P + block_size in its rows' block tables; the block of P is copied into the first
-           of them first, so a row sees the shared prefix, then its own ancestors and nothing
-           else: the tree mask, with the engine's paged attention unchanged. Ancestors shared
-           by several leaves are recomputed once per leaf (37 rows for the shipped B = 16 tree
-           of 11 leaves): at c = 1 a row costs little, a launch a lot;
+           positions P..P + depth. The first leaf's rows write their K/V in place, into the
+           sequence's own slots (what the sequence will keep if that path is accepted; rows
+           past it are stale, never read, as in spec_decode's rollback). Every other leaf l
+           owns two private KV blocks (reserved from the block manager for the engine's life)
+           that stand in for the blocks holding positions P and P + block_size in its rows'
+           block tables; the block of P is copied into the first of them first, so a row sees
+           the shared prefix, then its own ancestors and nothing else: the tree mask, with the
+           engine's paged attention unchanged. Ancestors shared by several leaves are
+           recomputed once per leaf (37 rows for the shipped B = 16 tree of 11 leaves): at
+           c = 1 a row costs little, a launch a lot;
   verify:  rounds 1..R over all rows (StaticDecoder._round with explicit rows);
   accept:  from the root, follow the child whose token is the target's argmax at its parent,
            at most `cap` deep (the tokens the request may still emit); the argmax at the last
            accepted node is the bonus token, the next pending token;
-  commit:  the accepted nodes' K/V (every layer and plane) is copied from one leaf's private
-           slots to the sequence's own slots P..P + n; rejected branches leave no trace;
+  commit:  where the accepted path ends in another leaf than the first, its nodes' K/V (every
+           layer and plane) is copied from that leaf's private slots to the sequence's own
+           slots P..P + n; rejected branches leave no trace before P + n + 1. A program whose
+           rows are all the first leaf's (a chain's heads without the lookup chain's rows)
+           copies nothing: no prefix, no commit;
   draft:   the heads read h_R of the last accepted node and the bonus -> the next candidates;
   lookup:  with TreeProposer(lookup=L), a chain of L more nodes from the root carries
            prompt-lookup drafts (rltlab.engine.prompt_lookup) of the sequence's own tokens,
@@ -91,13 +97,14 @@ class TreeShape:
         self.row_node, self.row_leaf, self.row_depth = (t(list(col)) for col in zip(*rows))
         self.node_row = t([first_row[i] for i in range(len(nodes))])
         self.node_leaf = self.row_leaf[self.node_row]    # a leaf whose path holds the node
+        self.first_leaf_rows = sum(li == 0 for _, li, _ in rows)   # they come first
 
 
 def private_blocks(tree) -> int:
     """KV blocks a TreeProposer, or a tree of rank paths alone, takes out of the engine's pool
-    (two per leaf)."""
+    (two per leaf but the first, which writes in place)."""
     paths = tree.paths if hasattr(tree, "paths") else list(tree)
-    return 2 * TreeShape(paths, "cpu").num_leaves
+    return 2 * (TreeShape(paths, "cpu").num_leaves - 1)
 
 
 class TreeGraph:
@@ -119,8 +126,9 @@ class TreeGraph:
                 f"beside the {one_sequence} of a max_model_len sequence; "
                 f"{manager.num_free_blocks} are free. Build the engine with num_blocks >= "
                 f"{manager.num_blocks + blocks + one_sequence - manager.num_free_blocks}")
-        self.private = torch.tensor(manager.reserve(blocks), dtype=torch.long,
-                                    device=runner.device).view(-1, 2)     # [leaves, 2]
+        # [leaves - 1, 2]: the private blocks of leaves 1.. (leaf 0 writes in place)
+        self.private = torch.tensor(manager.reserve(blocks) if blocks else [],
+                                    dtype=torch.long, device=runner.device).view(-1, 2)
         # the heads' candidates: [span, ranks] token ids (rows past their depth unused),
         # drafted for `drafted_for`
         self.cand_in = torch.zeros(span, proposer.ranks, dtype=torch.long, device=runner.device)

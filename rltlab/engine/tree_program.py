@@ -36,6 +36,8 @@ class TreeProgram(GraphProgram):
         self.lookup_rows, self.rows = lookup_rows, shape.num_rows if lookup_rows else \
             shape.heads_rows
         self._computed = torch.arange(shape.num_rows, device=static.device) < self.rows
+        # every row it computes is the first leaf's, which writes in place: no private blocks
+        self.in_place = self.rows <= shape.first_leaf_rows
         dev, nb = static.device, static.max_blocks
         pin = dev.type == "cuda"
         # int64: [pending token, P, tokens left to emit, first cap, candidates valid | block
@@ -167,17 +169,21 @@ class TreeProgram(GraphProgram):
         depths = torch.minimum(sh.row_depth, cap)            # rows past the cap: no write
         positions = pos_p + depths                                            # [rows]
         first = pos_p // bs                                  # the table column of P's block
-        columns = torch.arange(table.numel(), device=table.device)[None]
-        tables = torch.where(columns == first, private[sh.row_leaf, :1],
-                             torch.where(columns == first + 1, private[sh.row_leaf, 1:],
-                                         table[None]))                        # [rows, nb]
+        if self.in_place:
+            tables = table[None].expand(sh.num_rows, -1)
+        else:   # leaf l > 0: its private blocks l - 1 in the columns of P and P + bs
+            columns = torch.arange(table.numel(), device=table.device)[None]
+            own = private[(sh.row_leaf - 1).clamp(min=0)]                    # [rows, 2]
+            tables = torch.where(columns == first, own[:, :1],
+                                 torch.where(columns == first + 1, own[:, 1:], table[None]))
+            tables = torch.where(sh.row_leaf[:, None] == 0, table[None], tables)   # [rows, nb]
+            by_block = st.kv_cache.flatten(4)         # [layers, 2, planes, blocks, bs*Hkv*D]
+            leaves = private[:, 0]
+            sources = table.index_select(0, first.expand(leaves.numel()))
+            by_block.index_copy_(3, leaves, by_block.index_select(3, sources))
         blocks = tables.gather(1, (positions // bs)[:, None])[:, 0]
         writes = live & (sh.row_depth <= cap)
         slots = torch.where(writes, blocks * bs + positions % bs, -1)
-        by_block = st.kv_cache.flatten(4)             # [layers, 2, planes, blocks, bs*Hkv*D]
-        leaves = private[:, 0]
-        sources = table.index_select(0, first.expand(leaves.numel()))
-        by_block.index_copy_(3, leaves, by_block.index_select(3, sources))
         if proposer.lookup:   # the lookup chain's column, rank `ranks`
             drafts = prompt_lookup(history, pos_p, proposer.span, proposer.ngram)
             cand = torch.cat([cand, drafts[:, None]], 1)
@@ -203,8 +209,9 @@ class TreeProgram(GraphProgram):
         path = (accepted[None] & (sh.node_depth[None] == levels[:, None])).float().argmax(-1)
         last = path.index_select(0, n)                         # the deepest accepted node
         path = torch.where(levels <= n, path, last)
-        self._commit(pos_p, first, table, sh.node_leaf.index_select(0, last), levels,
-                     live & (levels <= n))
+        if not self.in_place:   # the first leaf's accepted K/V is in place already
+            self._commit(pos_p, first, table, sh.node_leaf.index_select(0, last), levels,
+                         live & (levels <= n))
         bonus = best.index_select(0, last)
         h_last = x.index_select(0, sh.node_row.index_select(0, last))
         if proposer.tree:
@@ -243,13 +250,15 @@ class TreeProgram(GraphProgram):
 
     def _commit(self, pos_p, first, table, leaf, levels, keep) -> None:
         """Copy positions P + levels[keep] of `leaf`'s private slots to the sequence's own,
-        every layer and plane (the other levels copy onto themselves)."""
-        bs, private, st = self.tree.block_size, self.tree.private, self.static
+        every layer and plane (the other levels, and every level of leaf 0, which wrote in
+        place, copy onto themselves)."""
+        bs, st = self.tree.block_size, self.static
+        private = self.tree.private.index_select(0, (leaf - 1).clamp(min=0))[0]   # [2]
         positions = pos_p + levels
         column = positions // bs
-        source = torch.where(column == first, private[leaf, 0], private[leaf, 1])
-        source = source * bs + positions % bs
+        source = torch.where(column == first, private[0], private[1]) * bs + positions % bs
         own = table.index_select(0, column.clamp(max=table.numel() - 1)) * bs + positions % bs
+        source = torch.where(leaf == 0, own, source)
         target = torch.where(keep, own, source)
         by_slot = st.kv_cache.flatten(3, 4)                 # [layers, 2, planes, slots, Hkv, D]
         by_slot.index_copy_(3, target, by_slot.index_select(3, source))

@@ -3,7 +3,9 @@
 # the next prompt's step where a step ends the last running request, paired against one step
 # a call on the claim's workload (chained_step_ab.py: four target-only rows and the claimed
 # tree config, both modes, 15 repeats); then the device loop's own cost a program on
-# stand-in programs (device_loop_overhead.py, unrun since the thirtieth session).
+# stand-in programs (device_loop_overhead.py, unrun since the thirtieth session). Ran at
+# 32e63df; the chaining was reverted after it (043dabc), and chained_step_ab.py with it:
+# git show 32e63df:docs/experiments/scripts/chained_step_ab.py.
 set -uo pipefail
 source "$(dirname "$0")/h200_common.sh"
 timeout 300 python3 docs/experiments/scripts/chained_step_ab.py --device cuda --repeats 15 \
