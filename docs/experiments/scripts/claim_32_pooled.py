@@ -1,7 +1,9 @@
 """Issue 16's 2.0x claim on 32 x 32, per machine start and pooled over the starts of each GPU
 (twenty-sixth session; starts E-G added in the twenty-seventh, H-O in the twenty-eighth,
 whose start I ran a reverted engine and is left out; P and Q in the thirtieth, whose runs
-also held the device loop's rows; R, an H200, in the thirty-first): the paired ratios
+also held the device loop's rows; R and S, H200s, in the
+thirty-first, whose S ran the engine with the tree's first leaf in place (6d1c025), twice: S
+and S'): the paired ratios
 of one config against the fastest target-only row, repeat by repeat, read from the committed
 raw data of `python -m rltlab.bench.tree_spec --launch-early` runs
 (docs/experiments/scripts/s25_call2_h200.sh).
@@ -36,7 +38,8 @@ RUNS = [("2026-12-05-s25-h100.json", "2", "A", "H100"),
         ("2026-12-05-s28.json", "7", "N", "H100"), ("2026-12-05-s28.json", "8", "O", "H100"),
         ("2026-12-06-s30.json", "1", "P", "H100", "claim_32_device_loop"),
         ("2026-12-06-s30.json", "2", "Q", "H100", "claim_32_device_loop"),
-        ("2026-12-06-s31.json", "2", "R", "H200")]
+        ("2026-12-06-s31.json", "2", "R", "H200"), ("2026-12-06-s31.json", "4", "S", "H200"),
+        ("2026-12-06-s31.json", "5", "S'", "H200")]
 CONFIG = "engine chain K=4 +lookup10 agree first M=1 compiled gemv<=64 early"
 
 
