@@ -80,6 +80,19 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
+def interleaved(configs: dict, repeats: int, device):
+    """Run every config once a repeat, the order rotating each repeat -> yields (name, its
+    result, seconds), each timed between device syncs (the bar and the rotation outside)."""
+    names = list(configs)
+    for rep in tqdm(range(repeats), desc="repeats", unit="repeat"):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            _sync(device)
+            started = time.perf_counter()
+            result = configs[name]()
+            _sync(device)
+            yield name, result, time.perf_counter() - started
+
+
 def _paired(base_seconds: list[float], seconds: list[float]) -> dict:
     """Per-repeat time ratios base / config: median, mean, SE, range."""
     ratios = [b / t for b, t in zip(base_seconds, seconds)]
@@ -259,15 +272,11 @@ def run(args) -> dict:
     seconds = {name: [] for name in configs}
     tokens, stats = {}, {}
     names = list(configs)
-    for rep in tqdm(range(args.repeats), desc="repeats", unit="repeat"):   # outside the timing
-        for name in names[rep % len(names):] + names[:rep % len(names)]:
-            _sync(args.device)
-            started = time.perf_counter()
-            tokens[name] = configs[name]()
-            _sync(args.device)
-            seconds[name].append(time.perf_counter() - started)
-            fn = configs[name]
-            stats[name] = getattr(getattr(fn, "func", fn), "stats", None)
+    for name, result, elapsed in interleaved(configs, args.repeats, args.device):
+        tokens[name] = result
+        seconds[name].append(elapsed)
+        fn = configs[name]
+        stats[name] = getattr(getattr(fn, "func", fn), "stats", None)
     host["end"] = host_speed(args.device)
     base = tokens["target only"]
     rows = []

@@ -19,13 +19,12 @@ Every row's tokens must equal target only's. Last line: JSON.
 import argparse
 import json
 import statistics
-import time
 from functools import partial
 
 import torch
 from tqdm.auto import tqdm
 
-from rltlab.bench.tree_spec import FASTER, HEADS, _paired, _sync
+from rltlab.bench.tree_spec import FASTER, HEADS, _paired, interleaved
 from rltlab.common.device import add_device_argument
 from rltlab.draft_heads import lookahead
 from rltlab.draft_heads.evaluate import eval_prompts
@@ -84,14 +83,9 @@ def main():
         fn()
     seconds = {name: [] for name in configs}
     tokens = {}
-    names = list(configs)
-    for rep in tqdm(range(args.repeats), desc="repeats", unit="repeat"):
-        for name in names[rep % len(names):] + names[:rep % len(names)]:
-            _sync(args.device)
-            started = time.perf_counter()
-            tokens[name] = configs[name]()
-            _sync(args.device)
-            seconds[name].append(time.perf_counter() - started)
+    for name, result, elapsed in interleaved(configs, args.repeats, args.device):
+        tokens[name] = result
+        seconds[name].append(elapsed)
     identical = {name: tokens[name] == tokens["target only"] for name in configs}
     fastest = list(map(min, *(seconds[b] for b in FASTER)))
     claim = {name: _paired(fastest, seconds[name]) for name in ("tree in place", "tree copies")}
