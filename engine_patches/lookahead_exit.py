@@ -1,4 +1,4 @@
-"""N+k lookahead exit policy backed by a trained predictor (REFERENCE section 3).
+"""N+k lookahead exit policy backed by a trained predictor (docs/ouro.md).
 
     from rltlab.engine_patches.lookahead_exit import install
     name = install(model, "runs/predictor/n1")         # checks the checkpoint against the model

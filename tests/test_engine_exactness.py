@@ -125,8 +125,8 @@ def test_full_depth_matches_plain_forward():
 
 def stock_cdf(g) -> list[float]:
     """CDF_r = 1 - S_r with S_r = prod_{j<=r} (1 - sigmoid(g_j)) for r = 1..R, written out
-    from REFERENCE section 1 (float64 on the host) so that the oracle shares no code with the
-    engine's rltlab.model.gates."""
+    from docs/ouro.md, the exit gate (float64 on the host) so that the oracle shares no code
+    with the engine's rltlab.model.gates."""
     cdf, surviving = [], 1.0
     for logit in g.tolist():
         surviving *= 1.0 - 1.0 / (1.0 + math.exp(-logit))

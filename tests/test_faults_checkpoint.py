@@ -113,6 +113,54 @@ def test_unimplemented_config_keys_are_refused(saved, key, value):
     from_pretrained(saved)
 
 
+@pytest.mark.parametrize("value", ["gelu", "relu", "gelu_pytorch_tanh", None, 1])
+def test_other_hidden_act_is_refused(saved, value):
+    # HF builds the MLP from hidden_act; rltlab's MLP is SiLU whatever the key says (gelu loaded
+    # and gave SiLU's logits bit for bit)
+    edit_config(saved, hidden_act=value)
+    with pytest.raises(ValueError, match=r"config.json: OuroConfig.hidden_act=.* is not "
+                                         r"implemented.*'silu'"):
+        from_pretrained(saved)
+    for ok in ("silu", "swish", _DROP):     # swish is HF's other name for SiLU; missing = silu
+        edit_config(saved, hidden_act=ok)
+        from_pretrained(saved)
+
+
+@pytest.mark.parametrize("changes", [
+    {"use_sliding_window": True, "sliding_window": 4},
+    {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1},
+    {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0},
+    {"use_sliding_window": True},                       # HF's config classes default to 4096
+    {"use_sliding_window": 1, "sliding_window": 4},
+    {"layer_types": ["full_attention", "sliding_attention"]},
+    {"layer_types": "full_attention"},
+    {"layer_types": ["full_attention"]},                # one entry for two layers
+])
+def test_sliding_window_attention_is_refused(saved, changes):
+    edit_config(saved, **changes)
+    key = "layer_types" if "layer_types" in changes else "use_sliding_window"
+    with pytest.raises(ValueError, match=f"config.json: OuroConfig.{key}=.* not implemented"):
+        from_pretrained(saved)
+
+
+@pytest.mark.parametrize("changes", [
+    {"use_sliding_window": False, "sliding_window": 4},   # off: the window is ignored (as HF)
+    {"use_sliding_window": False, "sliding_window": None, "max_window_layers": 28},
+    {"use_sliding_window": True, "sliding_window": None},
+    {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 2},  # no layer >= 2
+    {"layer_types": ["full_attention", "full_attention"]},
+])
+def test_sliding_window_keys_that_leave_attention_full_load(saved, changes):
+    edit_config(saved, **changes)
+    assert_same_state(from_pretrained(saved), tiny_model())
+
+
+def test_ouro_1_4b_config_keys_load():
+    path = Path(__file__).parent / "data" / "ouro-1.4b" / "config.json"
+    config = OuroConfig.from_json_file(path)
+    assert config.extra["hidden_act"] == "silu" and config.extra["use_sliding_window"] is False
+
+
 def test_missing_rope_theta_is_refused(saved):
     edit_config(saved, rope_theta=_DROP)
     with pytest.raises(ValueError, match=r"config.json: config has no rope_theta"):

@@ -177,6 +177,133 @@ def test_bad_draft_metadata_names_file_and_field(model, head, edit, words):
         assert word in str(info.value)
 
 
+# ------------------------------------------------------------------ B5: lookahead heads
+@pytest.fixture
+def la_heads(model, tmp_path):
+    from rltlab.draft_heads import lookahead
+    heads = lookahead.LookaheadHeads(model, depth=2, inner=8)
+    with torch.no_grad():
+        heads.heads[1].down.weight.normal_(0, 0.05, generator=torch.Generator().manual_seed(1))
+    out = tmp_path / "la"
+    lookahead.save(heads, out, [(0,), (1,), (0, 0)], model_hash(model), {"x": 1})
+    return out
+
+
+def _rewrite_la(out: Path, edit, rehash: bool = False) -> None:
+    """Edit heads.safetensors' tensors; rehash: record the new file's sha256 (a file that
+    passes the digest check)."""
+    import hashlib
+    from safetensors.torch import load_file, save_file
+    state = load_file(out / "heads.safetensors")
+    edit(state)
+    save_file(state, out / "heads.safetensors")
+    if rehash:
+        _set_la_meta(out, weights_sha256=hashlib.sha256(
+            (out / "heads.safetensors").read_bytes()).hexdigest())
+
+
+def _set_la_meta(out: Path, **fields) -> None:
+    meta = json.loads((out / "lookahead.json").read_text())
+    meta.update(fields)
+    (out / "lookahead.json").write_text(json.dumps(meta))
+
+
+def test_lookahead_heads_sha256_is_checked_on_load(model, la_heads):
+    """Lookahead heads replaced by other valid weights of the right shapes loaded silently."""
+    from rltlab.draft_heads import lookahead
+    lookahead.load(la_heads, model)                          # as saved: loads
+    assert len(json.loads((la_heads / "lookahead.json").read_text())["weights_sha256"]) == 64
+    _rewrite_la(la_heads, lambda s: s["heads.1.down.weight"].mul_(2.0))
+    with pytest.raises(ValueError, match=r"la/heads\.safetensors does not match the sha256 "
+                                         r"recorded in .*lookahead\.json: truncated, corrupt"):
+        lookahead.load(la_heads, model)
+
+
+def test_nan_lookahead_heads_are_refused_naming_the_tensor(model, tmp_path):
+    from rltlab.draft_heads import lookahead
+    heads = lookahead.LookaheadHeads(model, depth=2, inner=8)
+    for bad in (float("nan"), float("inf")):
+        with torch.no_grad():
+            heads.heads[0].up.weight[0, 0] = bad
+        lookahead.save(heads, tmp_path / "nan", [(0,)], model_hash(model), {})  # its digest
+        with pytest.raises(ValueError, match=r"nan/heads\.safetensors: tensor\(s\) "
+                                             r"heads\.0\.up\.weight hold NaN/Inf"):
+            lookahead.load(tmp_path / "nan", model)
+
+
+def test_lookahead_heads_without_a_recorded_sha256_are_refused_with_the_fix(model, la_heads):
+    from rltlab.draft_heads import lookahead
+    meta = json.loads((la_heads / "lookahead.json").read_text())
+    del meta["weights_sha256"]
+    (la_heads / "lookahead.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"lookahead\.json: field 'weights_sha256': missing.*"
+                                         r"record_sha256"):
+        lookahead.load(la_heads, model)
+    lookahead.record_sha256(la_heads)             # the files are known good: record it
+    lookahead.load(la_heads, model)
+
+
+@pytest.mark.parametrize("edit, words", [
+    ("truncated_weights", ["heads.safetensors", "cannot be read"]),
+    ("garbage_weights", ["heads.safetensors", "cannot be read"]),
+    ("missing_tensor", ["heads.safetensors", "heads.1.up.weight", "Missing"]),
+    ("wrong_inner", ["heads.safetensors", "shape"]),
+    ("truncated_json", ["lookahead.json", "truncated"]),
+    ("list_json", ["lookahead.json", "holds a list"]),
+    ("no_depth", ["lookahead.json", "field 'depth'", "missing"]),
+    ("depth_str", ["lookahead.json", "field 'depth'", "a string"]),
+    ("depth_zero", ["lookahead.json", "field 'depth'", ">= 1"]),
+    ("tree_str", ["lookahead.json", "field 'tree'"]),
+    ("tree_bad_rank", ["lookahead.json", "field 'tree'"]),
+    ("hash_int", ["lookahead.json", "field 'base_model_hash'"]),
+    ("sha_int", ["lookahead.json", "field 'weights_sha256'"]),
+])
+def test_bad_lookahead_files_name_the_file(model, la_heads, edit, words):
+    """A truncated or malformed heads.safetensors / lookahead.json: a bare SafetensorError,
+    JSONDecodeError, KeyError or AttributeError."""
+    from rltlab.draft_heads import lookahead
+    weights = la_heads / "heads.safetensors"
+    if edit == "truncated_weights":
+        weights.write_bytes(weights.read_bytes()[:100])
+        _set_la_meta(la_heads, weights_sha256=__import__("hashlib").sha256(
+            weights.read_bytes()).hexdigest())
+    elif edit == "garbage_weights":
+        weights.write_bytes(b"\xff" * 64)
+        _set_la_meta(la_heads, weights_sha256=__import__("hashlib").sha256(
+            weights.read_bytes()).hexdigest())
+    elif edit == "missing_tensor":
+        _rewrite_la(la_heads, lambda s: s.pop("heads.1.up.weight"), rehash=True)
+    elif edit == "wrong_inner":
+        _set_la_meta(la_heads, inner=16)
+    elif edit in ("truncated_json", "list_json"):
+        text = (la_heads / "lookahead.json").read_text()
+        (la_heads / "lookahead.json").write_text(
+            text[: len(text) // 2] if edit == "truncated_json" else "[" + text + "]")
+    else:
+        meta = json.loads((la_heads / "lookahead.json").read_text())
+        changes = {"no_depth": None, "depth_str": {"depth": "2"}, "depth_zero": {"depth": 0},
+                   "tree_str": {"tree": "0"}, "tree_bad_rank": {"tree": [[0], [0, -1]]},
+                   "hash_int": {"base_model_hash": 5}, "sha_int": {"weights_sha256": 5}}[edit]
+        if changes is None:
+            del meta["depth"]
+        else:
+            meta.update(changes)
+        (la_heads / "lookahead.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError) as info:
+        lookahead.load(la_heads, model)
+    assert type(info.value).__name__ in ("ValueError", "JSONFileError")
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
+
+
+def test_shipped_lookahead_heads_carry_their_sha256():
+    import hashlib
+    from rltlab.bench.tree_spec import HEADS
+    meta = json.loads((Path(HEADS) / "lookahead.json").read_text())
+    assert meta["weights_sha256"] == hashlib.sha256(
+        (Path(HEADS) / "heads.safetensors").read_bytes()).hexdigest()
+
+
 # ------------------------------------------------------------------ B6: trace provenance
 def trace_params():
     return SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, seed=3)

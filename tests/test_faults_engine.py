@@ -3,6 +3,7 @@ owns its weights, tiny temperatures are greedy on every sampling path, exit-poli
 prompt ids are checked, weight updates are staged and atomic, versions only increase, and an
 AsyncLLM consumer survives a rejected update. Tiny random models, fp32, CPU."""
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -152,6 +153,41 @@ def test_unknown_exit_policy_args_are_refused_by_name(policy, args, bad, valid):
     assert _idle(llm)
 
 
+@pytest.mark.parametrize("policy,args,field", [
+    ("fixed", {"depth": True}, "depth"),                 # ran at depth 1
+    ("trace", {"depths": [R, True]}, "depths"),          # replayed [4, 1]
+    ("trace", {"depths": [R, 2], "fallback": True}, "fallback"),
+    ("lookahead", {"round": True}, "round"),
+    ("lookahead", {"k": True}, "k"),
+    ("lookahead", {"threshold": True}, "threshold"),
+])
+def test_bools_in_exit_policy_args_are_refused(policy, args, field):
+    """B4: a bool passed as an int (True == 1) in exit_policy_args; prompt ids refuse bools."""
+    llm = LLM(tiny_engine_model(0), block_size=4)
+    sp = SamplingParams(max_tokens=4, exit_policy=policy, exit_policy_args=args)
+    with pytest.raises(ValueError, match=rf"exit_policy_args\['{field}'\].*got True"):
+        llm.generate([PROMPTS[0]], sp)
+    assert _idle(llm)
+
+
+@pytest.mark.parametrize("n", [10 ** 8, 2 ** 16 + 1, 10 ** 30])
+def test_huge_n_is_refused_at_once_naming_the_limit(n):
+    """B4: SamplingParams(n=10**8) hung add_request (2*10^5 samples: 5.8 s, 667 MB): each
+    sample is a sequence with its own generator from add_request on."""
+    from rltlab.engine.sampling import MAX_N
+    assert MAX_N == 2 ** 16
+    with pytest.raises(ValueError, match=rf"SamplingParams.n must be .*<= {MAX_N}.*got {n}"):
+        SamplingParams(n=n)
+    llm = LLM(tiny_engine_model(0), block_size=4)
+    sp = SamplingParams(n=2, max_tokens=2)
+    sp.n = n                            # set after construction: checked again on the way in
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=rf"SamplingParams.n must be .*<= {MAX_N}"):
+        llm.llm_engine.add_request("r", PROMPTS[0], sp)
+    assert time.perf_counter() - t0 < 1.0
+    assert _idle(llm)
+
+
 def test_unknown_engine_level_exit_policy_args_are_refused_by_name():
     model = tiny_engine_model(0)
     with pytest.raises(ValueError, match="'depth'") as err:
@@ -250,6 +286,43 @@ def test_weight_versions_only_increase():
         llm.update_weights(_chunks(tiny_engine_model(2))[0])
     assert all(o.weight_version == 26 for o in llm.generate(PROMPTS, SAMPLED))
     assert _full_update(llm, tiny_engine_model(2), 27) == 27
+
+
+def test_async_shutdown_ends_every_consumer_and_frees_every_block():
+    """AsyncLLM.shutdown() with consumers mid-generation: their generate never finished nor
+    raised, and their requests kept their KV blocks. Now each raises, naming the shutdown, the
+    block pool is full again, and the AsyncLLM refuses new requests."""
+    from rltlab.engine.async_engine import EngineShutdown
+    long = SamplingParams(temperature=1.0, seed=3, max_tokens=200, ignore_eos=True)
+
+    async def main():
+        llm = AsyncLLM(tiny_engine_model(6), block_size=4)
+        bm = llm.engine.block_manager
+
+        async def stream(rid):
+            return [out async for out in llm.generate(PROMPTS[0], long, rid)]
+
+        tasks = [asyncio.create_task(llm.generate_final(PROMPTS[2], long, "final")),
+                 asyncio.create_task(stream("streamed")),
+                 asyncio.create_task(llm.generate_final(
+                     PROMPTS[1], SamplingParams(n=3, max_tokens=200, ignore_eos=True), "n3"))]
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not any(t.done() for t in tasks) and bm.num_free_blocks < bm.num_blocks
+        await llm.shutdown()
+        done, pending = await asyncio.wait(tasks, timeout=10)
+        assert not pending, "a consumer was stranded by shutdown"
+        for task in tasks:
+            with pytest.raises(EngineShutdown, match="shut down.*aborted"):
+                task.result()
+        assert bm.num_free_blocks == bm.num_blocks
+        assert not llm.engine.has_unfinished_requests()
+        with pytest.raises(EngineShutdown, match="shut down"):
+            await llm.generate_final(PROMPTS[0], GREEDY)
+        assert llm._task is None and bm.num_free_blocks == bm.num_blocks
+        await llm.shutdown()                    # twice: nothing left to do
+
+    asyncio.run(main())
 
 
 def test_async_generate_in_flight_survives_a_rejected_chunk():

@@ -86,3 +86,31 @@ def test_nonpositive_counts_are_refused(tmp_path, monkeypatch, capsys):
     with pytest.raises(ValueError, match="NUM_PROMPTS=0"):
         runs.execute_notebook(nb01, {"NUM_PROMPTS": 0}, progress=False)
     assert list(tmp_path.iterdir()) == []          # no run directory was made
+
+
+@pytest.mark.parametrize("name,value", [("GATE_LR", "inf"), ("GATE_LR", "nan"),
+                                        ("GATE_LR", "-inf"), ("GATE_LR", "Infinity"),
+                                        ("NONINFERIORITY_MARGIN_PP", "inf"),
+                                        ("THRESHOLDS", "[0.5, 1e999]"),
+                                        ("ROLLOUT_HOPS_SHARE", "nan")])
+def test_non_finite_parameters_are_refused(name, value):
+    """E: `rltlab run 10 -p GATE_LR inf` passed its [>= 0] bound: Stage II went NaN and
+    parameters.json recorded null (the resume was refused)."""
+    nb10 = NOTEBOOKS / "10_rollout_update_evaluate.ipynb"
+    with pytest.raises(ValueError, match=f"parameter {name}=.*finite"):
+        runs.coerce_parameters(nb10, {name: value})
+
+
+def test_non_finite_values_are_refused_for_any_numeric_parameter(tmp_path):
+    """Unbounded float parameters (tiny_notebook's SCALE) and values given as numbers or read
+    back from a parameters.json are refused too."""
+    for value in ("inf", "nan", float("inf"), float("nan"), [1.0, float("inf")]):
+        with pytest.raises(ValueError, match="SCALE=.*must be finite"):
+            runs.coerce_parameters(TINY, {"SCALE": value})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(json.dumps({"notebook_name": "tiny_notebook",
+                                                  "status": "finished", "attempts": []}))
+    (run_dir / "parameters.json").write_text('{"SCALE": Infinity}')
+    with pytest.raises(ValueError, match=r"SCALE=inf \(from .*parameters.json\).*finite"):
+        runs.execute_notebook(TINY, {"LABEL": "x"}, run_dir=run_dir, progress=False)

@@ -178,6 +178,57 @@ def test_run_dir_refuses_foreign_directories(tmp_path):
     assert _snapshot(tmp_path) == before
 
 
+def test_run_dir_parameter_is_the_run_directory(tmp_path, monkeypatch, capsys):
+    """C2: `rltlab run NB -p RUN_DIR D` made a new run directory anyway (and `-p RUN_DIR
+    /etc/hostname` ran with defaults). -p RUN_DIR is --run-dir; both with different values are
+    refused; a RUN_DIR that cannot be a directory is refused before the notebook starts."""
+    monkeypatch.setenv("RLTLAB_RUNS_DIR", str(tmp_path / "runs"))
+    calls = []
+    monkeypatch.setattr(runs, "execute_notebook",
+                        lambda nb, params, run_dir, **kw: calls.append((run_dir, params)))
+    target = tmp_path / "mine"
+    assert _cli("run", str(TINY), "-p", "RUN_DIR", str(target), "-p", "STEPS", "2",
+                "--no-progress") == 0
+    assert calls == [(str(target), {"STEPS": 2})]        # RUN_DIR is not passed on as a value
+    for same in (str(target), str(target) + "/", str(tmp_path / "." / "mine")):
+        assert _cli("run", str(TINY), "-p", "RUN_DIR", same, "--run-dir", str(target),
+                    "--no-progress") == 0
+    assert _cli("run", str(TINY), "-p", "RUN_DIR", "None", "--no-progress") == 0
+    assert calls[-1][0] != "None" and Path(calls[-1][0]).parent == tmp_path / "runs"
+    capsys.readouterr()
+    assert _cli("run", str(TINY), "-p", "RUN_DIR", str(tmp_path / "a"), "--run-dir",
+                str(tmp_path / "b"), "--no-progress") == 2
+    err = capsys.readouterr().err
+    assert len(calls) == 5 and err.count("\n") == 1
+    assert "-p RUN_DIR" in err and "--run-dir" in err and "differ" in err
+    assert _cli("run", str(TINY), "--list-parameters") == 0
+    assert "same as --run-dir" in capsys.readouterr().out
+
+
+def test_run_dir_that_cannot_be_a_directory_is_refused_in_one_line(tmp_path, capsys,
+                                                                   monkeypatch):
+    """E: a --run-dir under /proc or below a file failed inside execution, pointing at a
+    notebook file that was never written."""
+    monkeypatch.setenv("RLTLAB_RUNS_DIR", str(tmp_path / "runs"))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    cases = [(a_file, "is a file"), (a_file / "run", "below a file"),
+             (a_file / "x" / "run", "below a file"), (Path("/proc/rltlab-run"), "/proc"),
+             (Path("/proc/self/rltlab-run"), "/proc")]
+    for target, message in cases:
+        before = _snapshot(tmp_path)
+        with pytest.raises(ValueError, match=message) as err:
+            runs.execute_notebook(TINY, {}, run_dir=target, progress=False)
+        assert type(err.value).__name__ == "RunRefused"
+        for how in (("--run-dir", str(target)), ("-p", "RUN_DIR", str(target))):
+            assert _cli("run", str(TINY), *how, "--no-progress") == 2
+            err = capsys.readouterr().err
+            assert err.startswith("error: ") and err.count("\n") == 1, err
+            assert message in err and ".ipynb" not in err
+        assert _snapshot(tmp_path) == before
+        assert target == a_file or not target.exists()
+
+
 # ----------------------------------------------------------------------------- C3
 
 def test_second_execution_on_a_run_dir_is_refused(probe_notebook, tmp_path, capsys):
@@ -312,6 +363,33 @@ def test_runs_listing_survives_damaged_runs(tmp_path, capsys):
     assert _cli("runs", "--root", str(tmp_path)) == 0
     table = capsys.readouterr().out
     assert "quality=97.5" in table and table.count("unreadable") == 7
+
+
+def test_runs_listing_survives_deeply_nested_json(tmp_path, capsys):
+    """C6: one deeply nested metrics.json raised RecursionError and hid every run."""
+    deep = "[" * 100_000 + "]" * 100_000
+    good = json.dumps({"notebook_name": "04_evaluate", "status": "finished", "seconds": 3})
+    files = {"good": (good, '{"headline": {"quality": 97.5}}'),
+             "deep-metrics": (good, deep), "deep-inside": (good, '{"a": ' + deep + "}"),
+             "deep-headline": (good, '{"headline": ' + "[" * 500 + "]" * 500 + "}"),
+             "deep-run": ('{"notebook_name": "x", "attempts": ' + deep + "}", None)}
+    for name, (run, metrics) in files.items():
+        d = tmp_path / f"2026-12-01-{name}"
+        d.mkdir()
+        (d / "run.json").write_text(run)
+        if metrics is not None:
+            (d / "metrics.json").write_text(metrics)
+    listed = {r["name"][11:]: r for r in runs.list_runs(tmp_path)}
+    assert listed["good"]["status"] == "finished" and listed["good"]["metrics"] == {
+        "quality": 97.5}
+    for name in ("deep-metrics", "deep-inside", "deep-run"):
+        assert listed[name]["status"] == "unreadable", name
+        assert "nested too deeply" in listed[name]["problem"], listed[name]["problem"]
+    assert listed["deep-headline"]["status"] == "unreadable"
+    assert "field 'headline'" in listed["deep-headline"]["problem"]
+    assert _cli("runs", "--root", str(tmp_path)) == 0
+    table = capsys.readouterr().out
+    assert "quality=97.5" in table and table.count("unreadable") == 4
 
 
 # ----------------------------------------------------------------------------- C4

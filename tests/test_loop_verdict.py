@@ -111,6 +111,81 @@ def test_loop_config_refuses_bad_settings():
         LoopConfig(inject_candidate="worse")
 
 
+def test_non_finite_loop_settings_are_refused():
+    """Notebook 10 with GATE_LR inf: Stage II went NaN (and parameters.json recorded null)."""
+    import math
+    for field in ("gate_lr", "slope", "margin", "curve_z", "rollout_threshold", "draft_lr"):
+        for bad in (math.inf, -math.inf, math.nan):
+            with pytest.raises(ValueError, match=f"{field} must be finite"):
+                LoopConfig(**{field: bad})
+    with pytest.raises(ValueError, match=r"thresholds\[1\] must be finite"):
+        LoopConfig(thresholds=(0.5, math.nan))
+
+
+def _synthetic_traces(monkeypatch, model, n_prompts=6, per_prompt=8, seed=0):
+    """stage2.train_gate_on_traces reads these in place of a trace directory."""
+    import torch
+    import rltlab.traces as traces
+    gen = torch.Generator().manual_seed(seed)
+    n, rounds, hidden = n_prompts * per_prompt, 4, model.config.hidden_size
+    tr = {"hidden": torch.randn(n, rounds, hidden, generator=gen),
+          "logprob_ref": -torch.rand(n, rounds, generator=gen) * torch.tensor([2.0, 1, .9, .8]),
+          "round_mask": torch.ones(n, rounds, dtype=torch.bool),
+          "prompt_id": torch.arange(n_prompts).repeat_interleave(per_prompt),
+          "top1_id": torch.randint(0, 5, (n, rounds), generator=gen),
+          "ref_token": torch.randint(0, 5, (n,), generator=gen)}
+    monkeypatch.setattr(traces, "read_manifest",
+                        lambda _d: {"projection": None, "hidden_dim": hidden})
+    monkeypatch.setattr(traces, "load_traces", lambda _d, fields: {k: tr[k] for k in fields})
+
+
+@pytest.mark.parametrize("case", ["lr_inf", "nan_weights", "nan_val_loss"])
+@pytest.mark.parametrize("keep_worse", [False, True])
+def test_non_finite_candidate_gate_is_rejected(monkeypatch, case, keep_worse):
+    """Validation read a NaN validation loss as "not higher" and accepted the NaN candidate
+    (the push then failed). A candidate with non-finite weights or a non-finite validation BCE
+    is rejected, also under gate_keep_worse, and the current gate is kept."""
+    import math
+    import torch
+    from rltlab.loop import stage2
+    from rltlab.loop.config import GATE_BIAS, GATE_WEIGHT
+    from tiny_models import tiny_engine_model
+
+    model = tiny_engine_model(0)
+    _synthetic_traces(monkeypatch, model)
+    cfg = LoopConfig(gate_steps=10, gate_eval_every=5, gate_keep_worse=keep_worse)
+    if case == "lr_inf":
+        cfg.gate_lr = math.inf          # as the notebook passed it before the parameter check
+    else:
+        real = stage2.train_gate
+
+        def broken(*args, **kwargs):
+            res = real(*args, **kwargs)
+            if case == "nan_weights":
+                res["state"][GATE_WEIGHT][0, 0] = math.nan
+            else:
+                res["val_after"] = math.nan
+            return res
+        monkeypatch.setattr(stage2, "train_gate", broken)
+    res = stage2.train_gate_on_traces(model, "unused", cfg)
+    assert res["accepted"] is False and res["validation_passed"] is False
+    assert any("not finite" in r for r in res["reasons"]), res["reasons"]
+    current = stage2.gate_state_of(model.model.early_exit_gate)
+    assert all(torch.equal(res["state"][k], current[k]) for k in (GATE_WEIGHT, GATE_BIAS))
+
+
+def test_finite_candidate_gate_is_still_judged_as_before(monkeypatch):
+    from rltlab.loop import stage2
+    from tiny_models import tiny_engine_model
+
+    model = tiny_engine_model(0)
+    _synthetic_traces(monkeypatch, model)
+    res = stage2.train_gate_on_traces(model, "unused", LoopConfig(gate_steps=10,
+                                                                   gate_eval_every=5))
+    assert not any("not finite" in r for r in res["reasons"])
+    assert res["val_after"] <= res["val_before"] and res["validation_passed"] is not None
+
+
 def _run(params, run_dir):
     from rltlab.workbench import runs
     run_dir = runs.execute_notebook(NOTEBOOK, params, run_dir=run_dir, progress=False)

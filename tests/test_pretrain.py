@@ -140,7 +140,7 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path):
 
 def test_oracle_leaves_out_the_first_answer_token():
     """The oracle exit depth skips each answer's first token (generation takes it from the prefill
-    at full depth, REFERENCE.md section 4) while the answer loss still scores it."""
+    at full depth, docs/ouro.md) while the answer loss still scores it."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     from rltlab.pretrain import evaluate as E

@@ -1,4 +1,4 @@
-"""Select-only exit (issue 18 A3; REFERENCE section 2, "How the public Hugging Face Ouro code
+"""Select-only exit (issue 18 A3; docs/ouro.md, KV semantics, "How the public Hugging Face Ouro code
 behaves") against a dense reference written from that description, fp32, CPU.
 
 Select-only: every token computes all R rounds with full-depth K/V; the output of each position

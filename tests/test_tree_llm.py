@@ -49,6 +49,27 @@ def test_proposer_and_engine_settings_can_be_overridden(embedded):
     assert FASTEST["lookup"] == 10   # the defaults were not mutated by the override
 
 
+def test_the_docstrings_proposer_example_runs(embedded):
+    """tree_llm's own docstring example, proposer={"lookup": 0}, tripped on FASTEST's
+    adaptive_lookup="agree" (no lookup chain to adapt), a default the caller never set."""
+    import ast
+    import re
+    model, prompts = embedded
+    example = ast.literal_eval(re.search(r"\(e\.g\. (\{.*?\})\)", tree_llm.__doc__).group(1))
+    assert example == {"lookup": 0}
+    max_len = len(prompts[0]) + 7
+    llm = tree_llm(model, max_model_len=max_len, proposer=example)
+    proposer = llm.llm_engine.proposer
+    assert (proposer.lookup, proposer.lookup_rule, proposer.first_drafts) == (0, None, True)
+    params = SamplingParams(temperature=0.0, max_tokens=6, exit_policy="fixed")
+    out = llm.generate(prompts[:1], params)[0]
+    plain = LLM(model, max_num_seqs=1, max_model_len=max_len).generate(prompts[:1], params)[0]
+    assert list(out.outputs[0].token_ids) == list(plain.outputs[0].token_ids)
+    # asked for explicitly, adaptive lookup without a chain is still refused
+    with pytest.raises(ValueError, match="adaptive_lookup needs a lookup chain"):
+        tree_llm(model, max_model_len=max_len, proposer={"lookup": 0, "adaptive_lookup": "agree"})
+
+
 def test_bad_input_is_refused(embedded, tmp_path):
     model, _ = embedded
     with pytest.raises(ValueError, match="max_model_len must be an int >= 2"):

@@ -45,6 +45,9 @@ def read_json_file(path: str | os.PathLike, default: Any = _ABSENT, expect: type
         cut = err.pos >= len(text.rstrip()) or err.msg.startswith("Unterminated string")
         raise JSONFileError(path, f"{'truncated' if cut else 'not valid JSON'} ({err.msg}: "
                                   f"line {err.lineno}, column {err.colno})") from None
+    except RecursionError:      # json's decoder recurses once per level of [ / {
+        raise JSONFileError(path, "nested too deeply to read (lists or objects inside each "
+                                  "other past Python's recursion limit)") from None
     if not isinstance(data, expect):
         raise JSONFileError(path, f"holds {_describe(data)}, expected {_TYPE_NAMES[expect]}")
     return data
@@ -76,6 +79,9 @@ def _is_one_of(value: Any, types: tuple[type, ...]) -> bool:
 
 
 def _describe(value: Any) -> str:
-    text = json.dumps(value)
+    try:
+        text = json.dumps(value)
+    except RecursionError:      # a value nested deeply (but within the decoder's reach)
+        text = "nested too deeply to show"
     return f"{_TYPE_NAMES.get(type(value), type(value).__name__)} " \
            f"({text if len(text) <= 40 else text[:37] + '...'})"

@@ -1,4 +1,4 @@
-"""Trainable draft components for loop-aware speculative decoding (REFERENCE section 3).
+"""Trainable draft components for loop-aware speculative decoding (docs/ouro.md).
 
 Reuse-exact (they read the frozen round-d state h_d; the draft's rounds 1..d stay the target's):
   * ResidualMLPHead:  logits = lm_head(h_d + down(silu(up(norm(h_d))))), `down` zero-initialised

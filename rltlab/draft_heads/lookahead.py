@@ -11,20 +11,23 @@ path, the true continuation is in the tree iff the rank of x_{t+1+k} under head 
 k <= j; `tree_from_ranks` keeps the most frequent such prefixes of a calibration set.
 
 On disk (`save` / `load`): heads.safetensors + lookahead.json (depth, inner, tree, base model
-hash, training record), written atomically.
+hash, the weights' sha256, training record), written atomically, the metadata last. `load`
+checks every field, the sha256 (heads saved before it was recorded are refused: see
+`record_sha256`) and that every weight is finite; a bad file is named in the error.
 """
 from __future__ import annotations
 
-import json
+import hashlib
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
+from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_bytes
 from torch import nn
 
 from rltlab.common.atomic import write_bytes_atomic, write_json_atomic
+from rltlab.common.json_files import JSONFileError, check_field, read_json_file
 from rltlab.engine.hooks import TreeProposer, validate_tree
 from rltlab.model.architecture import OuroForCausalLM, RMSNorm
 
@@ -125,30 +128,95 @@ def save(heads: LookaheadHeads, path, tree, base_model_hash: str, training: dict
     """dtype: the weights' dtype on disk (None: as they are; `load` casts to the model's)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to(dtype).contiguous().cpu() for k, v in heads.state_dict().items()}
+    data = safetensors_bytes(tensors)
     meta = {"kind": "lookahead", "depth": heads.depth, "inner": heads.inner,
             "tree": [list(p) for p in validate_tree(tree, heads.depth)],
-            "base_model_hash": base_model_hash, "training": training}
-    tensors = {k: v.detach().to(dtype).contiguous().cpu() for k, v in heads.state_dict().items()}
-    write_bytes_atomic(path / WEIGHTS_FILE, safetensors_bytes(tensors))
+            "base_model_hash": base_model_hash,
+            "weights_sha256": hashlib.sha256(data).hexdigest(), "training": training}
+    write_bytes_atomic(path / WEIGHTS_FILE, data)
+    write_json_atomic(path / META_FILE, meta, indent=1)     # last: it vouches for the weights
+
+
+def record_sha256(path) -> str:
+    """Record heads.safetensors' sha256 in lookahead.json (heads saved before `save` recorded
+    it). Only for files known to be the ones trained: from then on `load` refuses any other."""
+    path = Path(path)
+    meta = read_json_file(path / META_FILE)
+    meta["weights_sha256"] = hashlib.sha256((path / WEIGHTS_FILE).read_bytes()).hexdigest()
     write_json_atomic(path / META_FILE, meta, indent=1)
+    return meta["weights_sha256"]
+
+
+def read_metadata(path) -> dict:
+    """lookahead.json, every field checked: JSONFileError (a ValueError) naming the file and
+    the field."""
+    meta_path = Path(path) / META_FILE
+    meta = read_json_file(meta_path)
+    if check_field(meta, meta_path, "kind", str, required=True) != "lookahead":
+        raise JSONFileError(meta_path, f"is {meta['kind']!r}, expected 'lookahead'", "kind")
+    for name in ("depth", "inner"):
+        if check_field(meta, meta_path, name, int, required=True) < 1:
+            raise JSONFileError(meta_path, f"must be >= 1, got {meta[name]}", name)
+    check_field(meta, meta_path, "base_model_hash", str, required=True)
+    if "weights_sha256" not in meta:
+        raise JSONFileError(meta_path, f"missing: these heads were saved before {WEIGHTS_FILE}'s "
+                            "sha256 was recorded. Save them again (lookahead.save), or, if "
+                            "the files are the ones trained, record it: python -c \"from "
+                            "rltlab.draft_heads.lookahead import record_sha256; "
+                            f"record_sha256('{Path(path)}')\"", "weights_sha256")
+    digest = check_field(meta, meta_path, "weights_sha256", str)
+    if len(digest) != 64:
+        raise JSONFileError(meta_path, f"is not a sha256 ({digest!r:.80})", "weights_sha256")
+    check_field(meta, meta_path, "training", dict)
+    tree = check_field(meta, meta_path, "tree", list, required=True)
+    if not all(isinstance(p, list) and all(isinstance(r, int) and not isinstance(r, bool)
+                                           for r in p) for p in tree):
+        raise JSONFileError(meta_path, "must be a list of rank paths (lists of ints), got "
+                            f"{tree!r:.80}", "tree")
+    try:
+        validate_tree(tree, meta["depth"])
+    except ValueError as err:
+        raise JSONFileError(meta_path, str(err), "tree") from None
+    return meta
 
 
 def load(path, model: OuroForCausalLM, check_hash: bool = True
          ) -> tuple[LookaheadHeads, list[tuple[int, ...]], dict]:
-    """-> (heads on the model's device and dtype, tree, metadata)."""
+    """-> (heads on the model's device and dtype, tree, metadata). Refused with a ValueError
+    naming the file: a bad lookahead.json field, weights whose sha256 is not the recorded one,
+    an unreadable heads.safetensors or one of other tensors, a NaN / Inf weight; and, unless
+    check_hash=False, heads trained for another model."""
     path = Path(path)
     if not (path / META_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
         raise FileNotFoundError(f"{path} holds no lookahead heads ({META_FILE} + {WEIGHTS_FILE})")
-    meta = json.loads((path / META_FILE).read_text())
-    if meta.get("kind") != "lookahead":
-        raise ValueError(f"{path}: kind {meta.get('kind')!r}, expected 'lookahead'")
+    meta = read_metadata(path)
     if check_hash:
         from rltlab.model.checkpoint import model_hash
         if meta["base_model_hash"] != model_hash(model):
             raise ValueError(f"{path} was trained for model {meta['base_model_hash']}, not "
                              f"{model_hash(model)} (check_hash=False to load anyway)")
+    weights = path / WEIGHTS_FILE
+    data = weights.read_bytes()
+    if hashlib.sha256(data).hexdigest() != meta["weights_sha256"]:
+        raise ValueError(f"{weights} does not match the sha256 recorded in {path / META_FILE}: "
+                         "truncated, corrupt or replaced")
+    try:
+        state = safetensors_load(data)
+    except Exception as err:     # safetensors' SafetensorError and friends
+        raise ValueError(f"{weights} cannot be read as safetensors: {err}") from None
     heads = LookaheadHeads(model, meta["depth"], meta["inner"])
-    heads.load_state_dict(load_file(str(path / WEIGHTS_FILE)))
+    try:
+        heads.load_state_dict(state)
+    except RuntimeError as err:  # missing / unexpected tensors, other shapes
+        text = " ".join(str(err).split())
+        raise ValueError(f"{weights} does not hold heads of depth {meta['depth']} and inner "
+                         f"{meta['inner']} (as {META_FILE} says) for this model (hidden size "
+                         f"{model.config.hidden_size}): {text[:400]}") from None
+    bad = [n for n, t in state.items() if not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ValueError(f"{weights}: tensor(s) {', '.join(sorted(bad)[:5])} hold NaN/Inf "
+                         "values; refusing the heads")
     param = next(model.parameters())
     return (heads.to(device=param.device, dtype=param.dtype).eval(),
             validate_tree(meta["tree"], meta["depth"]), meta)

@@ -35,7 +35,8 @@ def tree_llm(model, heads=None, *, max_model_len: int, block_size: int = 16,
     of saved lookahead heads trained for this model (default: the embedded model's shipped
     lookahead_h4; a model they were not trained for is refused by their hash); proposer:
     TreeProposer arguments over FASTEST (e.g. {"lookup": 0}), "tree" among them (default: the
-    rank-0 chain)."""
+    rank-0 chain); lookup 0 (no lookup chain) also turns FASTEST's adaptive_lookup off unless
+    it is given."""
     from rltlab.draft_heads.lookahead import load
     from rltlab.draft_heads.selfdistill import draft_heads_dir
     from rltlab.engine import LLM, TreeProposer
@@ -48,6 +49,8 @@ def tree_llm(model, heads=None, *, max_model_len: int, block_size: int = 16,
         raise ValueError(f"max_model_len must be an int >= 2 (a prompt token and an output), "
                          f"got {max_model_len!r}")
     options = {**FASTEST, **(proposer or {})}
+    if options.get("lookup") == 0 and "adaptive_lookup" not in (proposer or {}):
+        options["adaptive_lookup"] = False   # no lookup chain: FASTEST's rule has none to adapt
     unknown = set(options) - {"tree", "lookup", "ngram", "adaptive_lookup", "first_drafts"}
     if unknown:
         raise ValueError(f"proposer: unknown TreeProposer arguments {sorted(unknown)}")

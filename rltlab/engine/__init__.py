@@ -1,5 +1,5 @@
 """The rollout engine for looped (Ouro) language models. See docs/engine.md."""
-from rltlab.engine.async_engine import AsyncLLM
+from rltlab.engine.async_engine import AsyncLLM, EngineShutdown
 from rltlab.engine.block_manager import CapacityError
 from rltlab.engine.config import EngineConfig
 from rltlab.engine.exit_policies import (ExitPolicy, RoundInfo, available_exit_policies,
@@ -13,7 +13,7 @@ from rltlab.engine.weights import WeightUpdateError
 
 __all__ = [
     "AsyncLLM", "CapacityError", "CompletionOutput", "DraftProposer", "EngineConfig",
-    "ExitPolicy", "LLM", "LLMEngine", "RequestOutput", "RoundEvent", "RoundInfo",
+    "EngineShutdown", "ExitPolicy", "LLM", "LLMEngine", "RequestOutput", "RoundEvent", "RoundInfo",
     "SamplingParams", "TreeProposer", "WeightUpdateError", "available_exit_policies",
     "create_exit_policy", "register_exit_policy",
 ]

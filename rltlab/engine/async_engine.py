@@ -15,11 +15,18 @@ from __future__ import annotations
 import asyncio
 from typing import AsyncIterator
 
+import torch
+
+from rltlab.engine.inputs import check_prompt, check_sampling_params
 from rltlab.engine.llm import build_engine
 from rltlab.engine.llm_engine import LLMEngine
 from rltlab.engine.outputs import RequestOutput
 from rltlab.engine.sampling import SamplingParams
 from rltlab.engine.tokenize import encode_prompt
+
+
+class EngineShutdown(RuntimeError):
+    """AsyncLLM.shutdown() ended this request (or the AsyncLLM is shut down)."""
 
 
 class AsyncLLM:
@@ -30,13 +37,21 @@ class AsyncLLM:
         self._queues: dict[str, asyncio.Queue] = {}
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+        self._closed = False
 
     # ------------------------------------------------------------------------------ requests
     async def generate(self, prompt, sampling_params: SamplingParams | None = None,
                        request_id: str | None = None, *, stream: bool = True
                        ) -> AsyncIterator[RequestOutput]:
-        """Yields RequestOutputs as tokens arrive (only the final one if stream=False)."""
+        """Yields RequestOutputs as tokens arrive (only the final one if stream=False).
+        Raises EngineShutdown if shutdown() ends the request (or came before it)."""
+        if self._closed:
+            raise EngineShutdown("AsyncLLM is shut down: it takes no new requests")
+        check_prompt(prompt)
+        check_sampling_params(sampling_params, single=True)
         tokens = prompt["prompt_token_ids"] if isinstance(prompt, dict) else prompt
+        if isinstance(tokens, torch.Tensor):
+            tokens = tokens.tolist()
         if isinstance(tokens, str):
             tokens = encode_prompt(self.engine.tokenizer, tokens)
         rid = self.engine.add_request(request_id, list(tokens), sampling_params, stream=stream)
@@ -101,6 +116,10 @@ class AsyncLLM:
         return self.engine.reset_prefix_cache()
 
     async def shutdown(self) -> None:
+        """Stop the step loop and end every request still in the engine: each is aborted (its
+        KV blocks freed now) and its consumer's generate raises EngineShutdown. A consumer whose
+        final output was already delivered still gets it. Later generate calls raise too."""
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             try:
@@ -108,9 +127,20 @@ class AsyncLLM:
             except asyncio.CancelledError:
                 pass
             self._task = None
+        running = list(self.engine.requests)
+        if running:
+            self.engine.abort_request(running)
+        if self.engine.has_unfinished_requests():
+            self.engine.step()      # collects the aborted requests' outputs (nothing runs)
+        for rid, queue in list(self._queues.items()):
+            queue.put_nowait(EngineShutdown(
+                f"AsyncLLM was shut down while request {rid!r} was running: it was aborted "
+                "and its KV blocks freed"))
 
     # ------------------------------------------------------------------------------- the loop
     def _kick(self) -> None:
+        if self._closed:
+            return
         if self._task is None or self._task.done():
             self._wakeup = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._run())

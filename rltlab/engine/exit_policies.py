@@ -123,6 +123,11 @@ class ExitPolicy:
         raise NotImplementedError
 
 
+def _is_int(value: Any) -> bool:
+    """An int that is not a bool (True would pass as round 1), as prompt ids are checked."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _q_fire(info: RoundInfo) -> torch.Tensor:
     """Stock Q-exit decision per row on the device (gates.q_exit_now, vectorized over rows with
     their own threshold / min_loops / max_loops)."""
@@ -143,7 +148,7 @@ class FixedDepth(ExitPolicy):
 
     def validate(self, params, num_rounds):
         depth = params.exit_policy_args.get("depth", params.max_loops)
-        if not isinstance(depth, int) or not 1 <= depth <= params.max_loops:
+        if not _is_int(depth) or not 1 <= depth <= params.max_loops:
             raise ValueError(f"SamplingParams.exit_policy_args['depth'] must lie in "
                              f"[1, max_loops={params.max_loops}], got {depth!r}")
 
@@ -186,15 +191,18 @@ class TraceReplay(ExitPolicy):
 
     def validate(self, params, num_rounds):
         depths = params.exit_policy_args.get("depths")
-        if not isinstance(depths, (list, tuple)) or not depths or not all(
-                isinstance(d, int) and 1 <= d <= num_rounds for d in depths):
+        if not isinstance(depths, (list, tuple)) or not depths:
             raise ValueError("SamplingParams.exit_policy_args['depths'] must be a non-empty "
                              f"list of rounds in [1, {num_rounds}], got {depths!r}")
+        for i, d in enumerate(depths):
+            if not _is_int(d) or not 1 <= d <= num_rounds:
+                raise ValueError(f"SamplingParams.exit_policy_args['depths'][{i}] must be an "
+                                 f"int round in [1, {num_rounds}], got {d!r}")
         if depths[0] != num_rounds:
             raise ValueError("SamplingParams.exit_policy_args['depths'][0] is the prefill's "
                              f"depth and must be R={num_rounds}, got {depths[0]}")
         fallback = params.exit_policy_args.get("fallback", num_rounds)
-        if not isinstance(fallback, int) or not 1 <= fallback <= num_rounds:
+        if not _is_int(fallback) or not 1 <= fallback <= num_rounds:
             raise ValueError("SamplingParams.exit_policy_args['fallback'] must lie in "
                              f"[1, {num_rounds}], got {fallback!r}")
 
@@ -226,12 +234,13 @@ class Lookahead(ExitPolicy):
 
     def validate(self, params, num_rounds):
         n, k, threshold = self._args(params)
-        if not isinstance(n, int) or not 1 <= n <= num_rounds:
+        if not _is_int(n) or not 1 <= n <= num_rounds:
             raise ValueError(f"SamplingParams.exit_policy_args['round'] must lie in "
                              f"[1, {num_rounds}], got {n!r}")
-        if not isinstance(k, int) or k < 1:
+        if not _is_int(k) or k < 1:
             raise ValueError(f"SamplingParams.exit_policy_args['k'] must be an int >= 1, got {k!r}")
-        if not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) \
+                or not 0 <= threshold <= 1:
             raise ValueError("SamplingParams.exit_policy_args['threshold'] must lie in [0, 1], "
                              f"got {threshold!r}")
 

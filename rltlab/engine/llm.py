@@ -10,6 +10,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rltlab.engine.config import EngineConfig
+from rltlab.engine.inputs import check_prompts, check_sampling_params
 from rltlab.engine.llm_engine import LLMEngine
 from rltlab.engine.outputs import RequestOutput
 from rltlab.engine.sampling import SamplingParams
@@ -67,6 +68,8 @@ class LLM:
                                "added with add_request() first")
         if engine.paused:
             raise RuntimeError("generation is paused: resume_generation() first")
+        check_prompts(prompts)
+        check_sampling_params(sampling_params)
         token_lists, texts = self._tokenize(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(token_lists)

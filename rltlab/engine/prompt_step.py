@@ -1,6 +1,6 @@
 """Whole-prompt steps: a step whose rows are all fresh prompts runs their R rounds at once.
 
-Every prompt position runs all R rounds and exits at R (REFERENCE.md section 2: full-depth
+Every prompt position runs all R rounds and exits at R (docs/ouro.md, KV semantics: full-depth
 prefill), so nothing between a prompt's rounds needs the host: no exit to decide, no
 LAST_EXITED copy, no token to sample before round R. Round steps still spend one engine step
 per round on it, each with its own scheduling, input building and read-back. At c = 1 on the

@@ -1,5 +1,5 @@
 """Select-only exit (EngineConfig.exit_semantics = "select_only"): what the public Hugging Face
-Ouro code does with `exit_threshold` (REFERENCE section 2).
+Ouro code does with `exit_threshold` (docs/ouro.md, KV semantics).
 
 Every token, prompt and decode alike, runs all R rounds and writes its own K/V into every
 plane: nothing is skipped and nothing is copied, so later tokens always attend to full-depth

@@ -1,4 +1,4 @@
-"""Loop-aware speculative decoding inside the paged engine (REFERENCE section 3, issue #7).
+"""Loop-aware speculative decoding inside the paged engine (docs/ouro.md, issue #7).
 
 `LLMEngine.set_proposer(DraftProposer(K, d, head))` turns it on. When every running sequence is
 at a decode boundary (its pending token sampled, nothing in flight) and no waiting request can

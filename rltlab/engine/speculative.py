@@ -1,4 +1,4 @@
-"""Loop-aware speculative decoding (REFERENCE section 3) over the reference model.
+"""Loop-aware speculative decoding (docs/ouro.md) over the reference model.
 
 Target = fixed full-depth decoding (every position runs all R rounds). Per iteration, with the
 pending token t at logical position P and cache column c (= cache.length):

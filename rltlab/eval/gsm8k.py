@@ -1,4 +1,4 @@
-"""GSM8K in lm-eval's gsm8k_cot protocol (REFERENCE section 4), for users with real Ouro
+"""GSM8K in lm-eval's gsm8k_cot protocol (docs/ouro.md), for users with real Ouro
 weights, read from a local JSONL (question / answer records).
 
 GSM8K follows lm-eval's ``gsm8k_cot`` task (lm_eval/tasks/gsm8k/gsm8k-cot.yaml, version 3.0):
@@ -7,7 +7,7 @@ prompt = few-shot exemplars "Q: <question>\\nA: <target>" joined by "\\n\\n", th
 "strict-match" filter takes the FIRST match of ``The answer is (\\-?[0-9\\.\\,]+).``
 ("[invalid]" if none); exact_match after removing ",", "$", "(?s).*#### ", a trailing "." from
 both prediction and reference, case-insensitive. Unparseable counts as wrong.
-Defaults that differ from lm-eval's own defaults, on purpose (REFERENCE section 4):
+Defaults that differ from lm-eval's own defaults, on purpose (docs/ouro.md):
 num_fewshot 3 (lm-eval's default is 8; the first 3 of the same fixed list, its "first_n"
 sampler), max 1024 new tokens, batch 1, no chat template. lm-eval 3.0 stops at "Q:", "</s>",
 "<|im_end|>"; older gsm8k_cot versions (and vllm-rlt's issue text) also stop at "\\n\\n":

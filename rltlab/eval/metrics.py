@@ -1,4 +1,4 @@
-"""Evaluation metrics (REFERENCE section 4): paired differences with a standard error, token
+"""Evaluation metrics (docs/ouro.md): paired differences with a standard error, token
 agreement with full depth, depth statistics without the first output token, and speed figures
 (tokens/s, TTFT, TPOT) from timing records.
 """
@@ -98,7 +98,7 @@ def token_agreement(tokens: Sequence[Sequence[int]], reference: Sequence[Sequenc
 
 def decode_depths(depths_per_seq: Iterable[Sequence[int]]) -> list[int]:
     """Flatten per-sequence depth lists, dropping each sequence's FIRST output token (it comes
-    from the full-depth prefill, REFERENCE sections 2 and 4)."""
+    from the full-depth prefill, docs/ouro.md, KV semantics)."""
     out: list[int] = []
     for depths in depths_per_seq:
         out.extend(int(d) for d in list(depths)[1:])

@@ -1,4 +1,4 @@
-"""N+k lookahead exit predictors for looped LMs (REFERENCE section 3): labels and features from
+"""N+k lookahead exit predictors for looped LMs (docs/ouro.md): labels and features from
 teacher-mode traces (features), the predictor and its checkpoint format (model), training with
 calibration (train, `python -m rltlab.exit_predictor.train`), training traces (data) and
 real-generation evaluation against the baselines (evaluate). The engine side lives in

@@ -1,4 +1,4 @@
-"""Labels and features of the N+k lookahead exit predictor (REFERENCE section 3).
+"""Labels and features of the N+k lookahead exit predictor (docs/ouro.md).
 
 Everything here reads teacher-mode traces (rltlab.traces: every decode token ran all R rounds)
 and is shared by training and by the live engine policy, so the features a checkpoint was

@@ -88,7 +88,7 @@ def _versus(scores: dict[str, list[float]], row: dict, other: dict | None, z: fl
 
 
 def select_only_cost(rows: list[dict], scores: dict[str, list[float]]) -> list[dict[str, Any]]:
-    """What LAST_EXITED costs against select-only exit (REFERENCE.md section 2) at the same
+    """What LAST_EXITED costs against select-only exit (docs/ouro.md, KV semantics) at the same
     Q-exit threshold: for each "select_only t=X" row that has a "q_exit t=X" row, the paired
     difference (pp) of LAST_EXITED minus select-only, its SE and z, with both settings'
     mean rounds. Select-only executes R rounds per token and only selects an earlier output

@@ -7,8 +7,8 @@ Iteration k (weight version k in the engine):
   1. rollout: generate on training-split problems (k-hop binding and word problems,
      `rollout_hops_share` of them k-hop) with the stock Q-exit, collecting traces in teacher
      mode (all R rounds per token, so every round has a Stage II label);
-  2. update: Stage II gate-only training of the exit gate on those traces (REFERENCE
-     section 1): CE_r = -log p_r(round-R token), I_r = max(0, CE_{r-1} - CE_r),
+  2. update: Stage II gate-only training of the exit gate on those traces (docs/ouro.md,
+     the exit gate): CE_r = -log p_r(round-R token), I_r = max(0, CE_{r-1} - CE_r),
      w_r = sigmoid(slope (I_r - margin)), BCE between 1 - lambda_r and w_r; round 1 takes w_2
      (the convention of rltlab.pretrain.recipe.stage2_loss, which trains the embedded model's gate).
      The traces are split by prompt into train / validation; the validation Stage II BCE is

@@ -2,7 +2,8 @@
 run's shared state that every step reads (below the steps, so they import no step)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -72,6 +73,13 @@ class LoopConfig:
 
     def __post_init__(self):
         """Refuse settings the loop would trip over later, before anything is written."""
+        for f in fields(self):      # gate_lr inf: Stage II went NaN; no knob takes NaN / inf
+            value = getattr(self, f.name)
+            items = list(value) if isinstance(value, (list, tuple)) else [value]
+            for i, item in enumerate(items):
+                if isinstance(item, float) and not math.isfinite(item):
+                    where = f"{f.name}[{i}]" if isinstance(value, (list, tuple)) else f.name
+                    raise ValueError(f"{where} must be finite, got {item!r}")
         if not 0.0 <= self.rollout_hops_share <= 1.0:
             raise ValueError(f"rollout_hops_share must lie in [0, 1], got "
                              f"{self.rollout_hops_share!r}")

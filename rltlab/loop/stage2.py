@@ -91,7 +91,10 @@ def train_gate(gate: torch.nn.Linear, hidden: torch.Tensor, ce: torch.Tensor,
             "loss_before": before, "loss_after": after, "tokens": n, "steps": steps,
             "steps_run": done, "best_step": best_step if val is not None else done,
             "val_tokens": int(len(val[0])) if val is not None else 0,
-            "val_before": val_before, "val_after": best_val if best is not None else val_before,
+            # no check improved (none ran, or every one was NaN): the returned state's own loss
+            "val_before": val_before,
+            "val_after": best_val if best is not None else
+            (val_loss() if val is not None else None),
             "val_curve": curve,
             "label_mean": float((1 - target)[mask].mean()) if n else math.nan}
 
@@ -196,13 +199,29 @@ def train_gate_on_traces(model, trace_dir: str | os.PathLike, cfg: LoopConfig) -
         res["val_curve_check"] = None
         reasons.append("no validation split (fewer than 2 rollout prompts or fraction 0): "
                        "not validated")
+    broken = _non_finite(res)
+    reasons += broken
     res["validation_passed"] = bool(res["val_tokens"]) and not reasons
-    res["accepted"] = res["validation_passed"] or cfg.gate_keep_worse or not res["val_tokens"]
+    res["accepted"] = not broken and (res["validation_passed"] or cfg.gate_keep_worse
+                                      or not res["val_tokens"])
     res["reasons"] = reasons
     res["candidate_state"] = res["state"]
     if not res["accepted"]:
         res["state"] = current
     return res
+
+
+def _non_finite(res: dict[str, Any]) -> list[str]:
+    """Why a candidate can never be pushed: NaN / inf weights, or a validation BCE that is not
+    finite (NaN compares as "not higher" and passed for equal). Rejected whatever
+    gate_keep_worse says."""
+    reasons = [f"candidate gate {name} is not finite ({int((~v.isfinite()).sum())} of "
+               f"{v.numel()} values)" for name, v in res["state"].items()
+               if not bool(v.isfinite().all())]
+    val_after = res.get("val_after")
+    if res["val_tokens"] and val_after is not None and not math.isfinite(val_after):
+        reasons.append(f"validation Stage II BCE of the candidate is not finite ({val_after})")
+    return reasons
 
 
 def _val_bce(state: dict[str, torch.Tensor], tr: dict[str, torch.Tensor], ce: torch.Tensor,

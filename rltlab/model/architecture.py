@@ -5,9 +5,9 @@ from every round) and as the numerics reference of the rollout engine. A forward
 R rounds of the same decoder layers; after each round `model.norm` gives h_r, which feeds the
 next round, the exit gate and (for an exiting token) lm_head.
 
-LAST_EXITED semantics (REFERENCE section 2): every round d has its own K/V plane; a token that
-exits after round e keeps its round-e K/V in every deeper plane, so a later query at round d
-sees that token's version min(d, e). Positions that already exited still flow through the
+LAST_EXITED semantics (docs/ouro.md, KV semantics): every round d has its own K/V plane; a
+token that exits after round e keeps its round-e K/V in every deeper plane, so a later query
+at round d sees that token's version min(d, e). Positions that already exited still flow through the
 layers (their results are discarded), which keeps this reference simple and batch-shaped.
 
 SELECT_ONLY semantics (what the public Hugging Face Ouro code does with `exit_threshold`):

@@ -10,6 +10,7 @@ from typing import Any
 
 
 _REQUIRED_KEYS = ("rope_theta",)
+_SUPPORTED_ACTS = ("silu", "swish")   # HF's ACT2FN maps both to SiLU
 
 
 def _is_token_id(value: Any) -> bool:
@@ -100,6 +101,42 @@ class OuroConfig:
                              "code then emits every token from that round, rltlab chooses "
                              "exits per token through the engine's exit policies" + hint +
                              "; remove the key or set it to null")
+        act = self.extra.get("hidden_act", "silu")     # missing: HF's default, silu
+        if act not in _SUPPORTED_ACTS:
+            raise ValueError(f"OuroConfig.hidden_act={act!r} is not implemented: rltlab's MLP "
+                             "computes down(silu(gate(x)) * up(x)) whatever the key says; the "
+                             "supported value is 'silu' (HF's alias 'swish' is taken too)")
+        self._refuse_sliding_window()
+
+    def _refuse_sliding_window(self) -> None:
+        """Sliding-window attention, as the HF Qwen2-style config classes read it: layer i slides
+        when `use_sliding_window` is true, `sliding_window` is not null (the classes default it
+        to 4096 when missing) and i >= `max_window_layers` (a class default when missing: no
+        guess, refused); an explicit `layer_types` list decides instead. rltlab attends over
+        the full context, so any sliding layer is refused."""
+        layer_types = self.extra.get("layer_types")
+        if layer_types is not None:
+            if (not isinstance(layer_types, list) or len(layer_types) != self.num_hidden_layers
+                    or any(t != "full_attention" for t in layer_types)):
+                raise ValueError(f"OuroConfig.layer_types={layer_types!r} is not implemented: "
+                                 "rltlab attends over the full context in every layer; the "
+                                 f"supported value is {self.num_hidden_layers} x "
+                                 "'full_attention' (or null)")
+            return
+        use = self.extra.get("use_sliding_window", False)
+        window = self.extra.get("sliding_window", 4096)
+        if not use or window is None:
+            return
+        first = self.extra.get("max_window_layers")
+        if isinstance(first, int) and not isinstance(first, bool) \
+                and first >= self.num_hidden_layers:
+            return          # HF would slide no layer (layers >= max_window_layers slide)
+        which = ("every layer from max_window_layers=" f"{first!r} on" if first is not None
+                 else "layers from max_window_layers on (not stated: a class default)")
+        raise ValueError(f"OuroConfig.use_sliding_window={use!r} (sliding_window={window!r}) is "
+                         f"not implemented: HF attends within the window in {which}, rltlab "
+                         "attends over the full context. Set use_sliding_window to false (or "
+                         "sliding_window to null) only if full attention is intended")
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

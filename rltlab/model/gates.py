@@ -1,4 +1,4 @@
-"""Exit-gate math of looped models (REFERENCE section 1), always in fp32.
+"""Exit-gate math of looped models (docs/ouro.md, the exit gate), always in fp32.
 
 Conventions: the round axis is the LAST axis of every tensor here, rounds are 1-based in
 names and results (round r lives at index r-1).

@@ -3,7 +3,7 @@
 Text (rltlab.pretrain.corpus: the stdlib and installed packages' Python source) and task examples
 (rltlab.pretrain.tasks: word problems with a chain of thought, k-hop variable binding) are
 tokenized once and packed into rows [N, seq_len]; a per-step Python loader was the first
-probe's bottleneck (REFERENCE.md section 6).
+probe's bottleneck (docs/ouro.md).
 
 Sequence convention: token 0 is "<|endoftext|>", the bos, eos and document separator. The
 shipped tokenizer adds it in front of every encoded text by itself (a post-processor, as Hugging

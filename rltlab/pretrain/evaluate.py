@@ -16,7 +16,7 @@ machine scores the same data. Every figure is at FIXED depth r (r = 1..R):
     the share of tokens per oracle round, over every text and code token, and over the answer
     tokens of the mixed held-out problem set (answer_text + EOT of the word problems and k-hop
     problems) except the first: in generation that one comes from the prompt's prefill at full
-    depth, and REFERENCE.md section 4 leaves it out of every depth statistic. "answers" pools the
+    depth, and docs/ouro.md leaves it out of every depth statistic. "answers" pools the
     two tasks, "mixed" pools everything.
 
 `python -m rltlab.pretrain.evaluate DIR` loads DIR's saved checkpoint in fp32 on the CPU and

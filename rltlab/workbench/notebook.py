@@ -3,7 +3,7 @@ functions of `rltlab.workbench` (this module plus the stage functions it re-expo
 
 Conventions: the embedded arithmetic task (rltlab.pretrain.data) with prompts [EOT] +
 encode(question), greedy decoding, the rollout engine (rltlab.engine.LLM) in fp32 on the CPU
-unless told otherwise. Depth figures exclude the first output token (REFERENCE section 4).
+unless told otherwise. Depth figures exclude the first output token (docs/ouro.md).
 
 Collection and evaluation hand their work to N ranks when `rltlab run --num-processes N` set
 $RLTLAB_NUM_PROCESSES (rltlab.workbench.scale); otherwise they run in-process.

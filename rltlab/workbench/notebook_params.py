@@ -8,12 +8,14 @@ end with bounds in brackets, which every value must meet (each element of a list
 
 Values given as strings (from the CLI) are converted to the type of the default; unknown names
 are rejected with the list of known ones; a value out of bounds is rejected naming the
-parameter and the bound. None is accepted for a bounded parameter only when its default is None.
+parameter and the bound; NaN and +-inf are rejected for every parameter (none takes them). None
+is accepted for a bounded parameter only when its default is None.
 """
 from __future__ import annotations
 
 import ast
 import io
+import math
 import operator
 import os
 import re
@@ -97,6 +99,7 @@ def check_bounds(known: dict[str, dict[str, Any]], values: dict[str, Any],
     (`source`, e.g. a parameters.json, is named as where the value came from)."""
     for name, value in values.items():
         spec = known.get(name, {})
+        _check_finite(name, value, source)
         bounds = spec.get("bounds")
         if not bounds or (value is None and spec["default"] is None):
             continue
@@ -110,6 +113,18 @@ def check_bounds(known: dict[str, dict[str, Any]], values: dict[str, Any],
                 origin = f" (from {source})" if source else ""
                 raise ValueError(f"parameter {name}={value!r}{origin}: {what} must be a "
                                  f"number {rule}")
+
+
+def _check_finite(name: str, value: Any, source: str | None) -> None:
+    """No parameter takes NaN or +-inf (a learning rate of inf turned Stage II into NaN, and
+    parameters.json can only record it as null): refused for every float, list elements too."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    for item in items:
+        if isinstance(item, float) and not math.isfinite(item):
+            what = f"every element of {name}" if items is value else name
+            origin = f" (from {source})" if source else ""
+            raise ValueError(f"parameter {name}={value!r}{origin}: {what} must be finite "
+                             "(no parameter takes NaN or infinity)")
 
 
 def _coerce(name: str, text: str, spec: dict[str, Any]) -> Any:

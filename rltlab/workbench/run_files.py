@@ -23,6 +23,7 @@ RUN_FILE = "run.json"
 PARAMS_FILE = "parameters.json"
 METRICS_FILE = "metrics.json"
 LOCK_FILE = ".rltlab-run.lock"
+_PSEUDO_FILESYSTEMS = (Path("/proc"), Path("/sys"))
 
 # run.json fields and their JSON types; all optional (older records lack some)
 _RUN_FIELDS: dict[str, tuple[type, ...]] = {
@@ -80,7 +81,18 @@ def check_run_dir(run_dir: Path, notebook_stem: str) -> dict[str, Any]:
     """Refuse a directory `rltlab run` must not write into; returns its run record ({} for a
     new or empty directory). Accepted: no directory yet, an empty one, or a run directory
     (run.json) of the same notebook. Refused: a file, a directory with other content (a model
-    directory, a run dir of another notebook), an unreadable run.json."""
+    directory, a run dir of another notebook), an unreadable run.json, a path that cannot be a
+    directory (below a file, under /proc or /sys)."""
+    for pseudo in _PSEUDO_FILESYSTEMS:
+        if run_dir == pseudo or pseudo in run_dir.parents:
+            raise RunRefused(f"run directory {run_dir} is under {pseudo} (a kernel "
+                             "pseudo-filesystem, not storage); use another --run-dir")
+    for parent in run_dir.parents:      # the nearest existing ancestor must be a directory
+        if parent.exists() or parent.is_symlink():
+            if not parent.is_dir():
+                raise RunRefused(f"run directory {run_dir} is below a file ({parent}); use "
+                                 "another --run-dir")
+            break
     if not run_dir.exists():
         return {}
     if not run_dir.is_dir():

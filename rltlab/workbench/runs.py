@@ -133,7 +133,11 @@ def execute_notebook(notebook_path: str | os.PathLike, parameters: dict[str, Any
     else:
         run_dir = new_run_dir(name or notebook_path.stem)
     run_dir = Path(run_dir).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:      # e.g. no permission: refused before anything is written
+        raise RunRefused(f"cannot create run directory {run_dir}: {err.strerror or err}") \
+            from None
     with run_dir_lock(run_dir):
         record, effective = _prepare(notebook_path, parameters, run_dir, start_over)
         if start_over:

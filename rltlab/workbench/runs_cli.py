@@ -53,13 +53,17 @@ def main(args: argparse.Namespace) -> int:
     except FileNotFoundError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    known = runs.notebook_parameters(notebook)
     if args.list_parameters:
-        for name, spec in runs.notebook_parameters(notebook).items():
+        for name, spec in known.items():
             help_text = f"  # {spec['help']}" if spec["help"] else ""
+            if name == "RUN_DIR":
+                help_text += " (-p RUN_DIR D is the same as --run-dir D)"
             print(f"{name} = {spec['default']!r}  ({spec['type']}){help_text}")
         return 0
     params = dict(args.parameter)
     try:
+        run_dir = _run_dir_of(args.run_dir, params, known)
         params = runs.coerce_parameters(notebook, params)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -70,7 +74,6 @@ def main(args: argparse.Namespace) -> int:
     # the kernel inherits the environment; rltlab.workbench.scale.num_processes() reads it
     from rltlab.workbench.scale import NUM_PROCESSES_ENV   # imports torch: only here
     os.environ[NUM_PROCESSES_ENV] = str(args.num_processes)
-    run_dir = args.run_dir
     if run_dir is None:
         run_dir = runs.new_run_dir(args.name or notebook.stem)
     print(f"run dir: {run_dir}", flush=True)
@@ -112,6 +115,22 @@ def main(args: argparse.Namespace) -> int:
         print(f"see {run_dir / notebook.name}", file=sys.stderr)
         return 1
     return 0
+
+
+def _run_dir_of(option: str | None, params: dict[str, str], known: dict) -> str | None:
+    """The run directory: --run-dir, or `-p RUN_DIR D` (taken out of params: the notebook gets
+    RUN_DIR from the run directory itself). "None" / "null" / "" mean none (a new one). Both
+    given must name the same directory."""
+    if "RUN_DIR" not in params or "RUN_DIR" not in known:
+        return option       # a notebook without RUN_DIR: coerce_parameters names it unknown
+    given = params.pop("RUN_DIR")
+    if given.strip() in ("", "None", "null"):
+        return option
+    if option is not None and (Path(option).expanduser().resolve()
+                               != Path(given).expanduser().resolve()):
+        raise ValueError(f"-p RUN_DIR {given} and --run-dir {option} differ: give the run "
+                         "directory once (--run-dir D, or -p RUN_DIR D)")
+    return option if option is not None else given
 
 
 def _interrupt(signum, _frame):
