@@ -18,6 +18,7 @@ import torch
 from rltlab.common.json_fields import field, read_json_object
 from rltlab.draft_heads.heads import (KINDS, META_FILE, build_component, component_kwargs,
                                       component_settings, saved_tensors)
+from rltlab.engine.spec.proposers import DraftProposer
 from rltlab.model.architecture import OuroForCausalLM
 
 
@@ -100,5 +101,13 @@ def load_draft_component(path, model: OuroForCausalLM, draft_rounds: int | None 
 
 
 def speculative_kwargs(component) -> dict:
-    """Keyword arguments of rltlab.engine.speculative.speculative_generate for a component."""
+    """Keyword arguments of rltlab.model.speculative.speculative_generate for a component."""
     return component_kwargs(component)
+
+
+def load_proposer(path, model, num_draft_tokens: int = 4, check_hash: bool = True
+                  ) -> DraftProposer:
+    """A DraftProposer from a trained component directory (load_draft_component checks
+    that it fits the model). Load it onto the model the engine runs (same dtype/device)."""
+    comp = load_draft_component(path, model, check_hash=check_hash)
+    return DraftProposer(num_draft_tokens, comp.draft_rounds, comp)

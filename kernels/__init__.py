@@ -26,7 +26,6 @@ else:
     from .greedy import greedy_tokens, greedy_tokens_ref
     from .interpreter import interpreter_problem
     from .l2_prefetch import prefetch_bytes
-    from .loop_decide import loop_decide, loop_decide_ref
     from .kv_copy import last_exited_copy, last_exited_copy_ref, write_kv, write_kv_ref
     from .paged_attention import (
         paged_decode_attention,
@@ -44,7 +43,7 @@ else:
     __all__ = [
         "add_rmsnorm", "add_rmsnorm_ref", "greedy_tokens", "greedy_tokens_ref",
         "interpreter_problem", "rmsnorm", "rmsnorm_ref",
-        "last_exited_copy", "last_exited_copy_ref", "loop_decide", "loop_decide_ref",
+        "last_exited_copy", "last_exited_copy_ref",
         "prefetch_bytes", "write_kv", "write_kv_ref",
         "paged_decode_attention", "paged_decode_attention_ref", "paged_decode_attention_torch",
         "paged_prefill_attention", "paged_prefill_attention_ref", "pdl_available",

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from rltlab.bench import ceilings
-from rltlab.bench.__main__ import build_model
+from rltlab.bench.models import build_model
 from rltlab.bench.ceilings import ModelCosts
 from rltlab.bench.engine import main as bench_main
 from tiny_models import tiny_engine_model
@@ -157,7 +157,7 @@ def run_tiny_w7_mode():
 
     model = build_model(SimpleNamespace(model=None, preset="tiny", device="cpu", dtype="float32"))
     spec = bench_engine.scaled(bench_engine.WORKLOADS["W7"], 0.02)
-    prompts = bench_engine.prompts_for(spec["requests"], spec["prompt_len"],
+    prompts = bench_engine.random_prompts(spec["requests"], spec["prompt_len"],
                                        model.config.vocab_size, seed=7)
     params = bench_engine.workload_params(spec, model.config.num_rounds, spec["requests"],
                                           model.config.vocab_size)
@@ -217,7 +217,7 @@ def test_decode_phase_counts_only_tokens_made_after_every_first_token(prefill_fi
 
     model = build_model(SimpleNamespace(model=None, preset="tiny", device="cpu", dtype="float32"))
     spec = dict(concurrency=6, requests=6, prompt_len=24, max_tokens=10, replay=True)
-    prompts = bench_engine.prompts_for(6, 24, model.config.vocab_size, seed=3)
+    prompts = bench_engine.random_prompts(6, 24, model.config.vocab_size, seed=3)
     params = bench_engine.workload_params(spec, model.config.num_rounds, 6,
                                           model.config.vocab_size)
     # two prompts per step: the last rows reach their first token several steps after the first

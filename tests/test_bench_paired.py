@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from rltlab.bench import ceilings
-from rltlab.bench.__main__ import build_model
+from rltlab.bench.models import build_model
 from rltlab.bench.ceilings import ModelCosts
 from rltlab.bench.paired import main as paired_main
 
@@ -86,17 +86,17 @@ def test_prompt_spread_draws_mixed_lengths_and_runs_the_pair(monkeypatch):
     """--prompt-spread: prompts of lengths around prompt_len (the engine sized for the longest),
     the same prompts for both workloads of the pair; 0 leaves the one-length prompts as they
     were."""
-    from rltlab.bench.__main__ import longest_prompt, prompts_for
-    same = prompts_for(50, 40, 61, seed=7)
+    from rltlab.model.presets import longest_prompt, random_prompts
+    same = random_prompts(50, 40, 61, seed=7)
     assert {len(p) for p in same} == {40}
-    mixed = prompts_for(200, 40, 61, seed=7, spread=0.5)
+    mixed = random_prompts(200, 40, 61, seed=7, spread=0.5)
     lengths = [len(p) for p in mixed]
     assert min(lengths) >= 20 and max(lengths) <= longest_prompt(40, 0.5) == 60
     assert len(set(lengths)) > 20 and 36 < statistics.mean(lengths) < 44
-    assert mixed == prompts_for(200, 40, 61, seed=7, spread=0.5)   # seeded
+    assert mixed == random_prompts(200, 40, 61, seed=7, spread=0.5)   # seeded
     for bad in (-0.1, 1.0):
         with pytest.raises(ValueError, match="spread"):
-            prompts_for(4, 40, 61, seed=7, spread=bad)
+            random_prompts(4, 40, 61, seed=7, spread=bad)
         with pytest.raises(SystemExit):
             paired_main(ARGS + ["--prompt-spread", str(bad)])
     import rltlab.bench.paired as paired

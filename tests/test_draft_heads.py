@@ -9,7 +9,7 @@ from rltlab import kernels
 from rltlab.model.config import OuroConfig
 from rltlab.draft_heads import build_component, component_kwargs, save_component
 from rltlab.draft_heads.train import distill, evaluate
-from rltlab.engine.speculative import speculative_generate
+from rltlab.model.speculative import speculative_generate
 from rltlab.engine_patches.loop_draft import IncompatibleDraftComponent, load_draft_component
 from rltlab.model.generate import generate_plain
 from rltlab.model.architecture import OuroForCausalLM
@@ -164,7 +164,7 @@ def test_distill_sequences_improves_heldout_and_ships(model, tmp_path):
     from rltlab.draft_heads.rollout_data import rollouts, sequence_features
     from rltlab.draft_heads.selfdistill import distill_sequences, evaluate_features
     from rltlab.engine import LLM, SamplingParams
-    from rltlab.engine.spec_decode import load_proposer
+    from rltlab.engine_patches.loop_draft import load_proposer
     g = torch.Generator().manual_seed(3)
     prompts = [(torch.randint(1, 48, (int(n),), generator=g).tolist(), int(n) % 2)
                for n in torch.randint(2, 8, (40,), generator=g)]

@@ -1,4 +1,4 @@
-"""The engine's speculative path (LLMEngine.set_proposer, rltlab.engine.spec_decode) is lossless:
+"""The engine's speculative path (LLMEngine.set_proposer, rltlab.engine.spec.decoder) is lossless:
 token-identical to full-depth engine decoding at T=0, the target distribution at T=1, no leaked
 KV blocks, consistent per-request stats."""
 import pytest
@@ -7,7 +7,7 @@ import torch
 from rltlab.model.config import OuroConfig
 from rltlab.draft_heads.heads import build_component, save_component
 from rltlab.engine import LLM, DraftProposer, SamplingParams
-from rltlab.engine.spec_decode import load_proposer
+from rltlab.engine_patches.loop_draft import load_proposer
 from rltlab.model.architecture import OuroForCausalLM
 from test_speculative import _exact_joint, chisquare_pvalue
 from tiny_models import tiny_engine_model
@@ -170,7 +170,7 @@ def test_rejects_bad_proposers(model):
 @pytest.mark.parametrize("d,k,with_head,path", [(1, 2, False, "gather"), (2, 2, True, "gather"),
                                                 (1, 2, False, "static"), (2, 2, True, "static")])
 def test_sampling_matches_target_distribution(d, k, with_head, path):
-    """path "static": the iteration runs as one device program (rltlab.engine.spec_graph),
+    """path "static": the iteration runs as one device program (rltlab.engine.spec.draft_program),
     drafts, acceptance tests and residual draws on the device."""
     vocab, n = 5, 3000
     model, llm = _vocab5_engine(path)

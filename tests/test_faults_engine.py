@@ -11,7 +11,7 @@ import torch
 
 from rltlab.engine import (LLM, AsyncLLM, DraftProposer, SamplingParams, WeightUpdateError)
 from rltlab.engine.sampling import SAMPLING_EPS, process_logits
-from rltlab.engine.speculative import speculative_generate
+from rltlab.model.speculative import speculative_generate
 from tiny_models import tiny_engine_model
 
 torch.set_num_threads(1)

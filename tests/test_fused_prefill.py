@@ -148,7 +148,7 @@ def test_padded_prefill_attention_equals_one_launch_per_length(monkeypatch):
 
 
 def test_pad_prefill_attention_must_be_a_bool():
-    from rltlab.engine import EngineConfig
+    from rltlab.engine import ExecutionConfig
     for bad in (1, "yes", None):
         with pytest.raises(ValueError, match="pad_prefill_attention"):
-            EngineConfig(pad_prefill_attention=bad)
+            ExecutionConfig(pad_prefill_attention=bad)

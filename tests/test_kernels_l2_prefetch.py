@@ -13,7 +13,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from rltlab.engine import EngineConfig  # noqa: E402
+from rltlab.engine import ExecutionConfig  # noqa: E402
 from rltlab.engine.static_decode import prefetch_plan  # noqa: E402
 from rltlab.kernels import prefetch_bytes, triton_available  # noqa: E402
 from rltlab.kernels.l2_prefetch import lane_chunks, prefetch_args  # noqa: E402
@@ -106,4 +106,4 @@ def test_prefetch_arguments_refuse_what_cannot_run():
 @pytest.mark.parametrize("value", [-1, True, "8", 1024])
 def test_engine_config_checks_the_prefetch_budget(value):
     with pytest.raises(ValueError, match="l2_prefetch_mb"):
-        EngineConfig(l2_prefetch_mb=value)
+        ExecutionConfig(l2_prefetch_mb=value)

@@ -15,7 +15,7 @@ import torch  # noqa: E402
 
 from rltlab import kernels  # noqa: E402
 from rltlab.engine import LLM, SamplingParams  # noqa: E402
-from rltlab.engine.config import EngineConfig  # noqa: E402
+from rltlab.engine.config import ExecutionConfig  # noqa: E402
 from rltlab.kernels.pdl import launch_options  # noqa: E402
 from tiny_models import tiny_engine_model  # noqa: E402
 
@@ -63,7 +63,7 @@ def test_every_pdl_kernel_refuses_pdl_where_unavailable_and_changes_nothing():
 
 def test_engine_option_is_validated_and_ignored_where_unavailable():
     with pytest.raises(ValueError, match="pdl must be a bool"):
-        EngineConfig(pdl="yes")
+        ExecutionConfig(pdl="yes")
     llm = LLM(tiny_engine_model(), device="cpu", dtype=torch.float32, decode_path="static",
               max_num_seqs=2, pdl=True)
     assert llm.llm_engine.runner.static.pdl is False

@@ -9,9 +9,9 @@ import torch
 
 from rltlab.draft_heads.lookahead import LookaheadHeads
 from rltlab.engine import SamplingParams, TreeProposer
-from rltlab.engine.tree_graph import TreeGraph
+from rltlab.engine.spec.tree_graph import TreeGraph
 from rltlab.engine.token_window import TokenWindow
-from rltlab.engine.tree_program import TreeProgram
+from rltlab.engine.spec.tree_program import TreeProgram
 from tree_oracle import DEPTH, TREE, Oracle, greedy, make_engine, token_lists, tree_model, \
     tree_prompts
 

@@ -1,5 +1,6 @@
-"""The package layout: no import circle among the project's modules, and a top level of
-packages only. Every import statement counts, function-local and TYPE_CHECKING ones too."""
+"""The package layout: no import circle among the project's modules, no import of a command's
+`__main__` module or of a higher stage (TIERS), and a top level of packages only.
+Every import statement counts, function-local and TYPE_CHECKING ones too."""
 from __future__ import annotations
 
 import ast
@@ -93,3 +94,67 @@ def test_top_level_holds_only_packages():
     loose = sorted(p.name for p in (REPO / "rltlab").glob("*.py")
                    if p.name not in ("__init__.py", "__main__.py"))
     assert not loose, f"modules at rltlab/'s top level: {loose}"
+
+
+# The stages from the bottom up: a module may import its own tier and the tiers below it.
+# Trained components and the engine patches that load them share a tier; the loop drives the
+# workbench's helpers; the bench commands measure everything.
+TIERS = [
+    ("rltlab.common",),
+    ("rltlab.kernels",),
+    ("rltlab.model",),
+    ("rltlab.pretrain",),
+    ("rltlab.engine",),
+    ("rltlab.traces",),
+    ("rltlab.eval",),
+    ("rltlab.exit_predictor", "rltlab.draft_heads", "rltlab.engine_patches"),
+    ("rltlab.workbench",),
+    ("rltlab.loop",),
+    ("rltlab.bench",),
+]
+
+
+def tier_of(module: str) -> int | None:
+    for rank, packages in enumerate(TIERS):
+        if any(module == p or module.startswith(p + ".") for p in packages):
+            return rank
+    return None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Edges from a module to a module of a higher tier, as 'a -> b'."""
+    bad = []
+    for name, targets in graph.items():
+        mine = tier_of(name)
+        for target in sorted(targets):
+            theirs = tier_of(target)
+            if mine is not None and theirs is not None and theirs > mine:
+                bad.append(f"{name} -> {target}")
+    return bad
+
+
+def main_module_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Edges into a `__main__` module (a command's entry point is never a library)."""
+    return [f"{name} -> {target}" for name, targets in graph.items() for target in targets
+            if target.rsplit(".", 1)[-1] == "__main__"]
+
+
+def test_the_layout_checks_see_what_they_forbid():
+    graph = {"rltlab.workbench.scale": {"rltlab.bench.__main__", "rltlab.engine"},
+             "rltlab.common.distributed": {"rltlab.eval.tasks"},
+             "rltlab.pretrain.rounds": {"rltlab.model.config"}}
+    assert main_module_imports(graph) == ["rltlab.workbench.scale -> rltlab.bench.__main__"]
+    assert sorted(upward_imports(graph)) == ["rltlab.common.distributed -> rltlab.eval.tasks",
+                                             "rltlab.workbench.scale -> rltlab.bench.__main__"]
+
+
+def test_every_package_has_a_tier():
+    packages = {".".join(name.split(".")[:2]) for name in project_modules()} - {"rltlab"}
+    assert {p for p in packages if tier_of(p) is None} == set()
+
+
+def test_no_module_imports_a_main_module_or_a_higher_tier():
+    modules = project_modules()
+    graph = {name: import_edges(name, path, modules) for name, path in modules.items()}
+    assert main_module_imports(graph) == []
+    assert upward_imports(graph) == []

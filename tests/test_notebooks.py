@@ -291,7 +291,7 @@ def _check_headline_computed(run_dir, m, model_dir, *, draft_prompts, draft_k):
     code, not copied from a committed file."""
     import numpy as np
     from rltlab.draft_heads.heads import component_kwargs
-    from rltlab.engine.speculative import speculative_generate
+    from rltlab.model.speculative import speculative_generate
     from rltlab.engine_patches.loop_draft import load_draft_component
     from rltlab.eval.curves import curve_scores_at, pareto_curve
     from rltlab.eval.problems import encode, eval_problems

@@ -5,7 +5,7 @@ itself needs CUDA). Tolerance 1e-5 on log-probs (assert_same_rollouts), 1e-5 on 
 import pytest
 import torch
 
-from rltlab.engine import LLM, EngineConfig, SamplingParams
+from rltlab.engine import LLM, ExecutionConfig, SamplingParams
 from rltlab.engine.prefill_graphs import (DEFAULT_MAX_TOKENS, PrefillGraphs, bucket,
                                           resolve_max_tokens)
 from test_engine_exactness import POLICIES, assert_same_rollouts, params_list, random_prompts
@@ -62,13 +62,13 @@ def test_prefill_graphs_are_on_by_default_only_where_cuda_graphs_run():
     assert resolve_max_tokens(None, cpu, cuda_graphs=True) == 0
     assert resolve_max_tokens(0, cuda, cuda_graphs=True) == 0     # an explicit value wins
     assert resolve_max_tokens(64, cpu, cuda_graphs=True) == 64
-    assert EngineConfig().prefill_graph_tokens is None
+    assert ExecutionConfig().prefill_graph_tokens is None
 
 
 def test_prefill_graph_tokens_must_be_a_non_negative_int():
     for bad in (-1, True, 2.0):
         with pytest.raises(ValueError, match="prefill_graph_tokens"):
-            EngineConfig(prefill_graph_tokens=bad)
+            ExecutionConfig(prefill_graph_tokens=bad)
     model = tiny_engine_model(8)
     assert LLM(model, decode_path="static").llm_engine.runner.prefill_graphs is None
     assert LLM(model, decode_path="gather",

@@ -1,4 +1,4 @@
-"""Prompt-lookup drafts (rltlab.engine.prompt_lookup): the rule on hand-checked cases, and the
+"""Prompt-lookup drafts (rltlab.engine.spec.prompt_lookup): the rule on hand-checked cases, and the
 device version equal to it on random histories with planted loops, never reading past the
 present (the entries there are out-of-vocabulary markers that would show up in the drafts)."""
 import random
@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from rltlab.engine.prompt_lookup import prompt_lookup, prompt_lookup_match, prompt_lookup_ref
+from rltlab.engine.spec.prompt_lookup import prompt_lookup, prompt_lookup_match, prompt_lookup_ref
 
 
 def test_the_rule_on_hand_checked_cases():

@@ -3,8 +3,8 @@ ones.
 
 At T = 1 a sampler that ignores the temperature somewhere is still right, so the T = 1 tests
 (test_speculative, test_engine_speculative) cannot see it. Here every sampling path is checked
-at T < 1: the reference speculative decoder (rltlab.engine.speculative), the engine's host loop
-(rltlab.engine.spec_decode, gather path), the one-program path (rltlab.engine.spec_graph, static
+at T < 1: the reference speculative decoder (rltlab.model.speculative), the engine's host loop
+(rltlab.engine.spec.decoder, gather path), the one-program path (rltlab.engine.spec.draft_program, static
 path) and plain engine sampling (rltlab.engine.sampling, no proposer).
 
 The exact distribution is enumerated from full-depth logits of a 5-token model with a
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from rltlab.engine import LLM, DraftProposer, SamplingParams
-from rltlab.engine.speculative import speculative_generate
+from rltlab.model.speculative import speculative_generate
 from rltlab.model.architecture import OuroForCausalLM
 from rltlab.model.config import OuroConfig
 

@@ -1,4 +1,4 @@
-"""Greedy speculative iterations as one device program (rltlab.engine.spec_graph) against the
+"""Greedy speculative iterations as one device program (rltlab.engine.spec.draft_program) against the
 host-driven speculative loop (fused_spec=False) and the engine without a proposer: same tokens,
 log-probs within 1e-5 (fp32, CPU; torch reference kernels, plus one run through the Triton
 kernels under TRITON_INTERPRET=1), same per-request speculation stats, no leaked blocks."""

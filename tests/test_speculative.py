@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rltlab.model.config import OuroConfig
-from rltlab.engine.speculative import speculative_generate
+from rltlab.model.speculative import speculative_generate
 from rltlab.model.generate import generate_plain
 from rltlab.model.architecture import OuroForCausalLM
 

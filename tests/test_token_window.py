@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rltlab.engine import LLM, SamplingParams
-from rltlab.engine.config import EngineConfig
+from rltlab.engine.config import ExecutionConfig
 from test_engine_exactness import MIXED, check_against_recompute, random_prompts, record_finished
 from test_round_window import assert_same_rollouts, stepped_outputs
 from tiny_models import tiny_engine_model
@@ -220,8 +220,8 @@ def test_each_windows_read_back_is_queued_before_the_next_window(monkeypatch, ki
 @pytest.mark.parametrize("bad", [-1, 2.0, True, "8"])
 def test_token_window_must_be_a_non_negative_int(bad):
     with pytest.raises(ValueError, match="token_window"):
-        EngineConfig(token_window=bad)
+        ExecutionConfig(token_window=bad)
     with pytest.raises(ValueError, match="window_chain"):
-        EngineConfig(window_chain=bad if bad != -1 else 0)
+        ExecutionConfig(window_chain=bad if bad != -1 else 0)
     assert LLM(tiny_engine_model(0), decode_path="static", token_window=1).llm_engine \
         ._token_window is None

@@ -1,11 +1,11 @@
-"""Tree speculative decoding inside the paged engine (rltlab.engine.tree_graph) is lossless at
+"""Tree speculative decoding inside the paged engine (rltlab.engine.spec.tree_graph) is lossless at
 T = 0: the engine's own target-only tokens, whatever the drafts. An oracle drafter that knows
 the reference continuation forces deep and partial acceptances through ranks > 0, with a block
 size equal to the tree depth so that paths cross block boundaries (both private blocks, the
 prefix copy and the commit are exercised); real heads, EOS, max_tokens caps, ineligible
 requests, the block accounting and bad input are checked too. A prompt-lookup chain beside the
 tree (TreeProposer(lookup=L)) is held to the same host recompute, the lookup's drafts from
-rltlab.engine.prompt_lookup's rule. Pipelined programs, the adaptive lookup chain and first
+rltlab.engine.spec.prompt_lookup's rule. Pipelined programs, the adaptive lookup chain and first
 drafts: test_tree_pipeline.py."""
 import pytest
 import torch
@@ -15,7 +15,7 @@ from rltlab.draft_heads.lookahead import LookaheadHeads
 from rltlab.engine import LLM, SamplingParams, TreeProposer
 from rltlab.engine.block_manager import RESERVED
 from rltlab.engine.static_decode import StaticDecoder
-from rltlab.engine.tree_graph import TreeShape, private_blocks
+from rltlab.engine.spec.tree_graph import TreeShape, private_blocks
 from tree_oracle import (DEPTH, ENGINE, TREE, Oracle, expected_stats, greedy, make_engine,
                          token_lists, tree_model, tree_prompts)
 

@@ -8,9 +8,9 @@ import torch
 
 from rltlab.draft_heads.lookahead import LookaheadHeads
 from rltlab.engine import TreeProposer
-from rltlab.engine.spec_decode import SpecDecoder
-from rltlab.engine.tree_graph import TreeShape
-from rltlab.engine.tree_program import TreeProgram
+from rltlab.engine.spec.decoder import SpecDecoder
+from rltlab.engine.spec.tree_graph import TreeShape
+from rltlab.engine.spec.tree_program import TreeProgram
 from tree_oracle import (DEPTH, TREE, Oracle, expected_stats, greedy, make_engine, token_lists,
                          tree_model, tree_prompts)
 

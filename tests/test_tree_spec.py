@@ -1,4 +1,4 @@
-"""Tree speculative decoding with lookahead heads (rltlab.engine.tree_spec) is lossless at
+"""Tree speculative decoding with lookahead heads (rltlab.model.tree_spec) is lossless at
 T = 0: the tokens of plain greedy full-depth decoding, whatever the drafts. An oracle drafter
 that knows the reference continuation forces deep and partial acceptances through ranks > 0
 (so the tree mask, the acceptance walk and the K/V commit are all exercised); the heads
@@ -8,7 +8,7 @@ import torch
 
 from rltlab.draft_heads import lookahead
 from rltlab.draft_heads.lookahead import LookaheadHeads, tree_from_ranks, validate_tree
-from rltlab.engine.tree_spec import TreeSpecGenerator
+from rltlab.model.tree_spec import TreeSpecGenerator
 from rltlab.model.architecture import OuroForCausalLM
 from rltlab.model.config import OuroConfig
 from rltlab.model.generate import generate_plain
@@ -202,7 +202,7 @@ def test_shipped_heads_with_a_lookup_chain_through_load_proposer():
     loop)."""
     from rltlab.draft_heads.evaluate import eval_prompts
     from rltlab.engine import LLM, SamplingParams
-    from rltlab.engine.tree_graph import private_blocks
+    from rltlab.engine.spec.tree_graph import private_blocks
     from rltlab.model.checkpoint import load_model
     model, tok, md = load_model(None)
     path = "artifacts/ouro-tiny/draft_heads/lookahead_h4"

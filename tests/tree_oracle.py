@@ -6,7 +6,7 @@ import itertools
 import torch
 
 from rltlab.engine import LLM, SamplingParams
-from rltlab.engine.prompt_lookup import prompt_lookup_match, prompt_lookup_ref
+from rltlab.engine.spec.prompt_lookup import prompt_lookup_match, prompt_lookup_ref
 from rltlab.model.architecture import OuroForCausalLM
 from rltlab.model.config import OuroConfig
 

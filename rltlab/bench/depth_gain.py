@@ -19,8 +19,9 @@ import json
 import torch
 from tqdm.auto import tqdm
 
-from rltlab.bench.__main__ import (add_model_arguments, bench_engine, build_model, median_run,
-                                   prompts_for)
+from rltlab.model.presets import random_prompts
+from rltlab.bench.models import add_model_arguments, build_model
+from rltlab.bench.throughput import bench_engine, median_run
 from rltlab.engine import LLM, SamplingParams
 
 
@@ -51,7 +52,7 @@ def main(argv=None) -> dict:
     if not all(1 <= d <= rounds for d in pattern):
         raise SystemExit(f"--pattern rounds must lie in [1, {rounds}], got {pattern}")
     common = dict(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    prompts = prompts_for(max(2 * args.concurrency, 4), args.prompt_len,
+    prompts = random_prompts(max(2 * args.concurrency, 4), args.prompt_len,
                           model.config.vocab_size, seed=args.concurrency)
     offsets = [j * len(pattern) // len(prompts) for j in range(len(prompts))]
     traces = [[rounds] + [pattern[(start + i) % len(pattern)] for i in range(args.max_tokens - 1)]

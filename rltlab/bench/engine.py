@@ -61,8 +61,8 @@ import time
 
 import torch
 
-from rltlab.bench.__main__ import (add_model_arguments, build_model, longest_prompt,
-                                   prompts_for)
+from rltlab.model.presets import longest_prompt, random_prompts
+from rltlab.bench.models import add_model_arguments, build_model
 from rltlab.bench import ceilings, engine_checks, group_workload
 from rltlab.bench.ceilings import ModelCosts, work_of
 from rltlab.engine import LLM, SamplingParams
@@ -149,12 +149,12 @@ def scaled(spec: dict, scale: float) -> dict:
 
 
 def with_spread(spec: dict, spread: float) -> dict:
-    """--prompt-spread: the workload's prompts of lengths around its prompt_len (prompts_for)."""
+    """--prompt-spread: the workload's prompts of lengths around its prompt_len (random_prompts)."""
     return dict(spec, prompt_spread=spread) if spread else spec
 
 
 def workload_prompts(spec: dict, vocab: int) -> list[list[int]]:
-    return prompts_for(spec["requests"], spec["prompt_len"], vocab, seed=7,
+    return random_prompts(spec["requests"], spec["prompt_len"], vocab, seed=7,
                        spread=spec.get("prompt_spread", 0.0))
 
 

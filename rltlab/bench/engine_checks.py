@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 
 from rltlab.common.atomic import write_text_atomic
-from rltlab.bench.__main__ import bench_engine, prompts_for
+from rltlab.model.presets import random_prompts
+from rltlab.bench.throughput import bench_engine
 from rltlab.bench.ceilings import ModelCosts, mean_executed_rounds, work_of
 from rltlab.engine import LLM, SamplingParams
 
@@ -137,7 +138,7 @@ def weight_update(model, kv_gib: float, mode_kwargs=None) -> dict:
     that a same-weights update leaves greedy outputs and log-probs unchanged."""
     llm = LLM(model, max_num_seqs=4, max_model_len=256, kv_cache_memory_gib=min(kv_gib, 8.0),
               **(mode_kwargs or {}))
-    prompts = prompts_for(4, 64, model.config.vocab_size, seed=11)
+    prompts = random_prompts(4, 64, model.config.vocab_size, seed=11)
     sp = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=0,
                         exit_policy="fixed")
     before = llm.generate(prompts, sp)
@@ -169,7 +170,7 @@ def bf16_agreement(model, kv_gib: float, num_prompts: int = 8, max_tokens: int =
                    prompts=None, **engine_kwargs) -> dict:
     """Engine (model dtype) vs a teacher-forced fp32 forward of the same model: greedy token
     agreement and |log-prob difference| of the engine's tokens."""
-    prompts = prompts or prompts_for(num_prompts, 128, model.config.vocab_size, seed=13)
+    prompts = prompts or random_prompts(num_prompts, 128, model.config.vocab_size, seed=13)
     llm = LLM(model, max_num_seqs=len(prompts),
               max_model_len=max(map(len, prompts)) + max_tokens,
               kv_cache_memory_gib=min(kv_gib, 16.0), **engine_kwargs)

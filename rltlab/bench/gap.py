@@ -15,7 +15,8 @@ import json
 import torch
 from tqdm.auto import tqdm
 
-from rltlab.bench.__main__ import PRESETS, build_model, prompts_for
+from rltlab.model.presets import PRESETS, random_prompts
+from rltlab.bench.models import build_model
 from rltlab.common.device import add_device_argument
 from rltlab.engine import LLM, SamplingParams
 
@@ -51,7 +52,7 @@ def main(argv=None) -> dict:
     fp32 = build_model(args)
     bf16 = build_model(argparse.Namespace(**{**vars(args), "dtype": "bfloat16"}))
     rounds = fp32.config.num_rounds
-    prompts = prompts_for(args.requests, args.prompt_len, fp32.config.vocab_size, seed=0)
+    prompts = random_prompts(args.requests, args.prompt_len, fp32.config.vocab_size, seed=0)
     gen = torch.Generator().manual_seed(1)
     params = [SamplingParams(temperature=1.0, seed=i, max_tokens=args.max_tokens, logprobs=0,
                              ignore_eos=True, exit_policy="trace", exit_policy_args={

@@ -108,7 +108,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("rltlab.bench.gemv times CUDA graphs: it needs a GPU")
-    from rltlab.bench.__main__ import PRESETS
+    from rltlab.model.presets import PRESETS
     from rltlab.model.architecture import OuroConfig
     cfg = (OuroConfig.from_json_file(args.config) if args.config
            else OuroConfig(**PRESETS[args.preset]))

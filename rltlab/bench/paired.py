@@ -33,7 +33,7 @@ import statistics
 from tqdm import tqdm
 
 from rltlab.bench import ceilings, engine_checks
-from rltlab.bench.__main__ import add_model_arguments, build_model
+from rltlab.bench.models import add_model_arguments, build_model
 from rltlab.bench.ceilings import ModelCosts
 from rltlab.bench.engine import (DEPTH_PAIRS, MODES, WORKLOADS, add_spread_argument,
                                  check_spread, decode_phase, make_llm, scaled, warm_up,

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from rltlab.bench.__main__ import PRESETS
+from rltlab.model.presets import PRESETS
 from rltlab.common.device import add_device_argument
 from rltlab.workbench.scale import launch
 

@@ -7,11 +7,11 @@
     (d rounds for 1 token + draft logits + argmax read back), of verification (rounds d+1..R over
     K+1 rows + logits + argmax read back) for K in --ks, and of one target-only token (R rounds
     for 1 token), for d in --draft-rounds, in the engine (the same runner calls
-    rltlab.engine.spec_decode makes, static/CUDA-graph decode path where the engine uses it) and
-    in the reference decoder (rltlab.engine.speculative.run_rounds on a LoopedKVCache).
+    rltlab.engine.spec.decoder makes, static/CUDA-graph decode path where the engine uses it) and
+    in the reference decoder (rltlab.model.speculative.run_rounds on a LoopedKVCache).
     On the static path also: a target-only token as the engine decodes it (all R rounds in
     one launch, runner.run_token: t_token) and one whole greedy iteration as one device
-    program (rltlab.engine.spec_graph: K chained drafts + verification + read-back: t_iter).
+    program (rltlab.engine.spec.draft_program: K chained drafts + verification + read-back: t_iter).
     Implied speedup of one speculative iteration (K+1 draft passes: the pending token and K
     drafts, the last one only for its h_d; then one verification), t_target = the faster of
     round-by-round and t_token:
@@ -47,7 +47,7 @@ import time
 
 import torch
 
-from rltlab.bench.__main__ import add_model_arguments
+from rltlab.bench.models import add_model_arguments
 from rltlab.bench.spec_costs import _engine_kwargs, _sync, implied_at_measured_tau, part_a
 from rltlab.engine import LLM, DraftProposer, SamplingParams
 
@@ -111,7 +111,7 @@ def engine_runs(model, prompts, kinds, configs, conc, temperature, args) -> list
               **_engine_kwargs(args))
     params = [SamplingParams(temperature=temperature, max_tokens=args.max_tokens, seed=17 + i,
                              exit_policy="fixed") for i in range(len(prompts))]
-    chain = llm.llm_engine.config.spec_chain
+    chain = llm.llm_engine.config.execution.spec_chain
     proposers = {"target only": (None, True, chain)}
     for name, proposer in configs.items():
         if args.spec_loop in ("one-program", "both"):
@@ -125,7 +125,7 @@ def engine_runs(model, prompts, kinds, configs, conc, temperature, args) -> list
     names = list(proposers)
 
     def use(name):
-        cfg = llm.llm_engine.config
+        cfg = llm.llm_engine.config.execution
         proposer, cfg.fused_spec, cfg.spec_chain = proposers[name]
         llm.set_proposer(proposer)
 

@@ -8,13 +8,14 @@ import time
 
 import torch
 
-from rltlab.bench.__main__ import build_model, prompts_for
+from rltlab.model.presets import random_prompts
+from rltlab.bench.models import build_model
 from rltlab.draft_heads.heads import build_component
 from rltlab.engine import LLM, DraftProposer, SamplingParams
 from rltlab.engine.sequence import Span
-from rltlab.engine.spec_decode import SpecDecoder, _View
-from rltlab.engine.spec_graph import SpecGraph
-from rltlab.engine.speculative import run_rounds
+from rltlab.engine.spec.decoder import SpecDecoder, _View
+from rltlab.engine.spec.draft_program import SpecGraph
+from rltlab.model.speculative import run_rounds
 from rltlab.model.architecture import LoopedKVCache
 
 
@@ -48,7 +49,7 @@ def engine_costs(model, args, ks, ds) -> dict:
               max_num_batched_tokens=max(2048, args.context), kv_cache_memory_gib=1.0,
               **_engine_kwargs(args))
     eng = llm.llm_engine
-    eng.add_request("a", prompts_for(1, args.context, cfg.vocab_size, 0)[0], SamplingParams(
+    eng.add_request("a", random_prompts(1, args.context, cfg.vocab_size, 0)[0], SamplingParams(
         temperature=0.0, max_tokens=max(ks) + 4, ignore_eos=True, exit_policy="fixed"))
     while not eng.scheduler.running or not eng.scheduler.running[0].output_token_ids:
         eng.step()                                      # prefill
@@ -106,7 +107,7 @@ def _reference_costs(model, args, ks, d) -> dict:
     cfg, R, device = model.config, model.config.num_rounds, args.device
     dtype = next(model.parameters()).dtype
     cache = LoopedKVCache(cfg, 1, args.context + max(ks) + 2, dtype, device)
-    ids = torch.tensor(prompts_for(1, args.context, cfg.vocab_size, 0), device=device)
+    ids = torch.tensor(random_prompts(1, args.context, cfg.vocab_size, 0), device=device)
     with torch.no_grad():
         model(ids, cache=cache, logits=False)
         col = cache.length

@@ -1,5 +1,5 @@
 """Tree proposers replayed on recorded greedy rollouts: the engine's tree path (issue 16,
-rltlab.engine.tree_graph) without the engine, to choose what to time on the GPU.
+rltlab.engine.spec.tree_graph) without the engine, to choose what to time on the GPU.
 
 A greedy request's tokens do not depend on the proposer (verification is exact), and neither
 do the heads' candidates at each position: they come from the final round's state of the token
@@ -36,9 +36,9 @@ from pathlib import Path
 
 import torch
 
-from rltlab.engine.prompt_lookup import prompt_lookup_match
+from rltlab.engine.spec.prompt_lookup import prompt_lookup_match
 from rltlab.engine.tokenize import encode_prompt
-from rltlab.engine.tree_graph import TreeShape
+from rltlab.engine.spec.tree_graph import TreeShape
 from rltlab.model.checkpoint import load_model, model_hash
 
 RANK_CAP = 64   # ranks at or past this are stored as the cap (no tree reaches that far)
@@ -228,7 +228,7 @@ def proposers(heads, artifact_tree, lookup: int) -> dict:
 def verify(model, proposer, rollouts: list[Rollout], max_tokens: int) -> int:
     """Requests whose replayed spec_stats and tokens equal the engine's (CPU, one at a time)."""
     from rltlab.engine import LLM, SamplingParams
-    from rltlab.engine.tree_graph import private_blocks
+    from rltlab.engine.spec.tree_graph import private_blocks
     max_len, block = max(len(r.prompt) for r in rollouts) + max_tokens + 1, max(16, proposer.span)
     llm = LLM(model, max_num_seqs=1, block_size=block, max_model_len=max_len,
               num_blocks=-(-max_len // block) + private_blocks(proposer), decode_path="static")

@@ -12,7 +12,7 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
     --trees-from the trees of a lookahead_tree_probe.py result (their "tree B=<b>" entries,
     --budgets); --only keeps the named ones. Each is run by
       - the engine (--paths engine): the same paged engine with a TreeProposer
-        (rltlab.engine.tree_graph), EngineConfig.spec_chain = M for each M of --chains
+        (rltlab.engine.spec.tree_graph), EngineConfig.spec_chain = M for each M of --chains
         ("engine <tree> M=<m>"), EngineConfig.spec_pipeline = P for each P of --pipelines
         (up to P programs a step, each launched while the host handles the last one's tokens;
         "... P=<p>" where P is not the engine's default), and with --engine-compile on also
@@ -27,12 +27,11 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
         first", TreeProposer(first_drafts=True)); --launch-early also with each request's
         first program launched behind its prompt step ("... early",
         EngineConfig.launch_behind_prompt; target only's first token window too: "target
-        only early" rows, among the baselines vs_faster takes the fastest of); --device-loop
-        also with EngineConfig.device_loop ("... device-loop"); --also-heads
+        only early" rows, among the baselines vs_faster takes the fastest of); --also-heads
         DIR... also with each of
         these lookahead heads in place of --heads ("... heads=<DIR's name>"), paired in the
         same run;
-      - the standalone generator (--paths standalone): rltlab.engine.tree_spec over the
+      - the standalone generator (--paths standalone): rltlab.model.tree_spec over the
         model's reference modules, and "<tree> compiled" under torch.compile
         (--compile-nodes: which node counts);
   - with --round-step-prompts, "target only (round-step prompts)": target only with
@@ -67,12 +66,12 @@ from tqdm.auto import tqdm
 from rltlab.common.atomic import write_json_atomic
 from rltlab.common.device import add_device_argument
 from rltlab.draft_heads.selfdistill import draft_heads_dir
-from rltlab.engine.config import EngineConfig
-from rltlab.engine.hooks import LOOKUP_RULES
+from rltlab.engine.config import ExecutionConfig
+from rltlab.engine.spec.proposers import LOOKUP_RULES
 
 # the shipped heads, found from any working directory (as the embedded model is)
 HEADS = str(draft_heads_dir() / "lookahead_h4")
-PIPELINE = EngineConfig.spec_pipeline   # rows at another spec_pipeline are named " P=<p>"
+PIPELINE = ExecutionConfig.spec_pipeline   # rows at another spec_pipeline are named " P=<p>"
 
 
 def _sync(device) -> None:
@@ -149,14 +148,13 @@ def _trees(args, artifact_tree) -> dict:
 
 
 def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
-    """One engine per (--engine-compile, --chains, --pipelines, --gemv-rows, --launch-early,
-    --device-loop),
+    """One engine per (--engine-compile, --chains, --pipelines, --gemv-rows, --launch-early),
     holding a TreeProposer per tree and heads (their private blocks reserved beside one
     max_len sequence's) -> {name: generate function}. heads: {name suffix: LookaheadHeads},
     "" for --heads."""
     from rltlab.engine import LLM, TreeProposer
-    from rltlab.engine.speculative import SpecStats
-    from rltlab.engine.tree_graph import private_blocks
+    from rltlab.model.speculative import SpecStats
+    from rltlab.engine.spec.tree_graph import private_blocks
     bs = 16
     rule_names = {False: "", "hits": " adaptive", "agree": " agree"}
     proposers = {f"{name}{f' +lookup{n}' if n else ''}{rule_names[rule]}{' first' * first}"
@@ -169,27 +167,20 @@ def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
                  for first in (False, True)[:1 + (args.first_drafts and bool(tree))]}
     private = sum(map(private_blocks, proposers.values()))
     configs = {}
-    for compiled, chain, pipeline, gemv, early, loop in itertools.product(
+    for compiled, chain, pipeline, gemv, early in itertools.product(
             args.engine_compile, args.chains, args.pipelines, args.gemv_rows,
-            (False, True)[:1 + args.launch_early], (False, True)[:1 + args.device_loop]):
+            (False, True)[:1 + args.launch_early]):
         llm = LLM(model, max_num_seqs=1, block_size=bs, max_model_len=max_len,
                   spec_chain=chain, spec_pipeline=pipeline,
                   num_blocks=-(-max_len // bs) + private,
                   decode_path="static", compile=compiled,   # static: auto's choice on CUDA
-                  gemv_rows=gemv, launch_behind_prompt=early, device_loop=loop)
+                  gemv_rows=gemv, launch_behind_prompt=early)
         suffix = (f" P={pipeline}" if pipeline != PIPELINE else "") + " compiled" * compiled + \
-            (f" gemv<={gemv}" if gemv > 1 else "") + " early" * early + " device-loop" * loop
+            (f" gemv<={gemv}" if gemv > 1 else "") + " early" * early
         for name, proposer in proposers.items():
-            configs[f"engine {name} M={chain}{suffix}"] = go = _engine_config(
+            configs[f"engine {name} M={chain}{suffix}"] = _engine_config(
                 llm, proposer, params, SpecStats)
-            if loop:   # where the loop ran, or why it could not
-                go.device_loop = partial(_device_loop_use, llm, proposer)
     return configs
-
-
-def _device_loop_use(llm, proposer) -> dict:
-    tree = llm.spec_graphs[id(proposer)]
-    return {"runs": tree.device_loop_runs, "error": tree.device_loop_error}
 
 
 def _engine_config(llm, proposer, params, stats_type):
@@ -208,7 +199,7 @@ def run(args) -> dict:
     from rltlab.draft_heads import lookahead
     from rltlab.draft_heads.evaluate import eval_prompt_kinds, eval_prompts
     from rltlab.engine import LLM, SamplingParams
-    from rltlab.engine.tree_spec import TreeSpecGenerator
+    from rltlab.model.tree_spec import TreeSpecGenerator
     from rltlab.model.checkpoint import load_model
     model, tok, md = load_model(args.model, dtype=args.dtype, device=args.device)
     model.eval()
@@ -291,8 +282,6 @@ def run(args) -> dict:
                "paired_mean": paired["mean"], "paired_se": paired["se"],
                "paired_range": paired["range"],
                "identical": f"{sum(a == b for a, b in zip(tokens[name], base))}/{len(base)}"}
-        if hasattr(engines.get(name), "device_loop"):
-            row["device_loop"] = engines[name].device_loop()
         if stats[name]:
             row["tau"], row["tau_by_kind"] = tau_by_kind(
                 [(x.steps, x.emitted) for x in stats[name]], kinds)
@@ -303,7 +292,6 @@ def run(args) -> dict:
             "paths": args.paths, "chains": args.chains, "pipelines": args.pipelines,
             "engine_compile": args.engine_compile,
             "gemv_rows": args.gemv_rows, "launch_early": args.launch_early,
-            "device_loop": args.device_loop,
             "heads_training": meta.get("training", {}).get("script"), "prompts": args.prompts,
             "max_tokens": args.max_tokens, "repeats": args.repeats, "host": host, "rows": rows}
 
@@ -351,10 +339,6 @@ def main(argv=None) -> dict:
                     help="engine path: also run every engine config with each request's first "
                          "program launched behind its prompt step (' early' rows, "
                          "EngineConfig.launch_behind_prompt)")
-    ap.add_argument("--device-loop", action="store_true",
-                    help="engine path: also run every engine config with EngineConfig."
-                         "device_loop (' device-loop' rows; each row's device_loop: the "
-                         "requests it ran, or why it could not be built)")
     ap.add_argument("--also-heads", nargs="+", default=[], metavar="DIR",
                     help="engine path: also run every engine config with these lookahead "
                          "heads (' heads=<DIR name>' rows)")

@@ -48,6 +48,30 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+AUTO = "auto"
+
+
+def resolve_device(name: str | torch.device | None) -> torch.device:
+    """A device setting -> the torch.device it names: None or "auto" is default_device(); a
+    device this machine cannot run on is a ValueError in one line (device_problem)."""
+    if name is None or name == AUTO:
+        return torch.device(default_device())
+    if isinstance(name, torch.device):
+        name = str(name)
+    if not isinstance(name, str):
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {name!r}")
+    problem = device_problem(name)
+    if problem is not None:
+        raise ValueError(f"device {problem}")
+    return torch.device(name)
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """The "auto" dtype: bfloat16 on a GPU (Ouro's own), float32 on the CPU (bf16 matmuls
+    there are slow and round every step)."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
 def add_device_argument(parser: argparse.ArgumentParser, default: str | None = None, **kwargs):
     """A command's --device option: checked by device_argument; default (None) default_device();
     kwargs (choices, help) pass to add_argument."""

@@ -76,15 +76,18 @@ def gather_indexed(state, local: Sequence[tuple[int, Any]], num_items: int) -> l
     return out
 
 
-def sharded_generate_fn(generate_fn: Callable, state, block: int) -> Callable:
+def sharded_generate_fn(generate_fn: Callable, state, block: int,
+                        light: Callable = lambda out: out) -> Callable:
     """A generate_fn (rltlab.eval.tasks: prompts -> outputs) whose calls are split across ranks
     in blocks and gathered back in order, so evaluation code runs unchanged on every rank and
-    every rank computes the same metrics. Every rank must make the same calls (collective)."""
+    every rank computes the same metrics. Every rank must make the same calls (collective).
+    light(output): the picklable part of an output that the metrics read, sent between ranks
+    (rltlab.eval.tasks.as_gen_output)."""
     def generate(prompts):
         pairs = []
         for blk in shard_blocks(len(prompts), block, state.num_processes, state.process_index):
             outs = generate_fn([prompts[i] for i in blk])
-            pairs += [(i, _light(o)) for i, o in zip(blk, outs)]
+            pairs += [(i, light(o)) for i, o in zip(blk, outs)]
         return gather_indexed(state, pairs, len(prompts))
     return generate
 
@@ -138,12 +141,6 @@ def reduce_weighted(values: dict[str, float], weight: float, state) -> dict[str,
                          device=state.device)
     summed = dict(zip(keys, reduce(local, "sum").cpu().tolist()))
     return {k: summed[k] for k in values}
-
-
-def _light(out):
-    """The picklable part of a generation output that the metrics read."""
-    from rltlab.eval.tasks import as_gen_output
-    return as_gen_output(out)
 
 
 def configure_threads(threads: int | None, device: str) -> int:

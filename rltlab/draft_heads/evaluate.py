@@ -17,7 +17,7 @@ import torch
 
 from rltlab.draft_heads.heads import build_component, component_kwargs, save_component
 from rltlab.draft_heads.train import distill, evaluate as agreement, training_rows
-from rltlab.engine.speculative import speculative_generate
+from rltlab.model.speculative import speculative_generate
 from rltlab.model.generate import generate_plain
 
 EOS = 0

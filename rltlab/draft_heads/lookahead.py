@@ -28,7 +28,7 @@ from torch import nn
 
 from rltlab.common.atomic import write_bytes_atomic, write_json_atomic
 from rltlab.common.json_files import JSONFileError, check_field, read_json_file
-from rltlab.engine.hooks import TreeProposer, validate_tree
+from rltlab.engine.spec.proposers import TreeProposer, validate_tree
 from rltlab.model.architecture import OuroForCausalLM, RMSNorm
 
 META_FILE, WEIGHTS_FILE = "lookahead.json", "heads.safetensors"

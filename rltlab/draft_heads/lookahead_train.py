@@ -7,7 +7,7 @@
      prompt is held out for calibration: the best step of each head by top-1 accuracy there,
      then the `budget` most frequent rank prefixes there as the tree;
   3. the heads, their tree and this record are saved (atomically) for
-     rltlab.engine.tree_spec and `python -m rltlab.bench.tree_spec --heads OUT`.
+     rltlab.model.tree_spec and `python -m rltlab.bench.tree_spec --heads OUT`.
 
     python -m rltlab.draft_heads.lookahead_train --device cuda --out /tmp/lookahead_h4
 

@@ -40,7 +40,7 @@ def tree_llm(model, heads=None, *, max_model_len: int, block_size: int = 16,
     from rltlab.draft_heads.lookahead import load
     from rltlab.draft_heads.selfdistill import draft_heads_dir
     from rltlab.engine import LLM, TreeProposer
-    from rltlab.engine.tree_graph import private_blocks
+    from rltlab.engine.spec.tree_graph import private_blocks
     if not callable(getattr(model, "parameters", None)):
         raise TypeError(f"tree_llm needs the loaded model (rltlab.model.checkpoint.load_model), "
                         f"got {type(model).__name__}")

@@ -84,7 +84,7 @@ class BlockManager:
 
     def reserve(self, count: int) -> list[int]:
         """Take `count` blocks out of the pool for good (scratch space of the engine's own, e.g.
-        rltlab.engine.tree_graph's private blocks); they never return, and requests are
+        rltlab.engine.spec.tree_graph's private blocks); they never return, and requests are
         checked against the blocks left."""
         if not 0 < count <= len(self.free_blocks):
             raise RuntimeError(f"cannot reserve {count} KV blocks, {len(self.free_blocks)} free")

@@ -1,7 +1,6 @@
 """LLM: the offline front end (vLLM names): LLM(model_or_path).generate(prompts, params)."""
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Sequence as Seq
@@ -9,6 +8,7 @@ from typing import Any, Sequence as Seq
 import torch
 from tqdm.auto import tqdm
 
+from rltlab.common.device import resolve_device
 from rltlab.engine.config import EngineConfig
 from rltlab.engine.inputs import check_prompts, check_sampling_params
 from rltlab.engine.llm_engine import LLMEngine
@@ -17,22 +17,19 @@ from rltlab.engine.sampling import SamplingParams
 from rltlab.engine.tokenize import encode_prompt
 from rltlab.model.architecture import OuroForCausalLM
 
-_CONFIG_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
-
 
 def build_engine(model_or_path, tokenizer=None, *, weight_version: int = 0,
                  **kwargs: Any) -> LLMEngine:
     """An LLMEngine from an OuroForCausalLM (+ tokenizer) or a local checkpoint directory.
-    Keyword arguments are EngineConfig fields."""
-    unknown = set(kwargs) - _CONFIG_FIELDS
-    if unknown:
-        raise ValueError(f"unknown engine arguments {sorted(unknown)}; "
-                         f"EngineConfig fields are {sorted(_CONFIG_FIELDS)}")
-    config = EngineConfig(**kwargs)
+    Keyword arguments are EngineConfig and ExecutionConfig fields, flat (or execution=...).
+    A checkpoint loads on the config's device ("auto": CUDA where there is one) in its dtype
+    ("auto": bfloat16 on a GPU, float32 on the CPU); a model stays where it is unless told."""
+    config = EngineConfig.from_kwargs(**kwargs)
     private = isinstance(model_or_path, (str, os.PathLike))   # loaded here: no copy needed
     if private:
         from rltlab.model import checkpoint
-        device = config.device or "cpu"
+        device = resolve_device(config.device)
+        config.device, config.dtype = device, config.resolve_dtype(device)
         if (Path(model_or_path) / "tokenizer.json").is_file():
             model, loaded = checkpoint.load_model_and_tokenizer(model_or_path, config.dtype,
                                                                 device)

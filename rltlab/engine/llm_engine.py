@@ -28,12 +28,12 @@ from rltlab.engine.config import EngineConfig
 from rltlab.engine.exit_decider import ExitDecider
 from rltlab.engine.exit_policies import ExitPolicy, create_exit_policy
 from rltlab.engine.groups import fork_followers
-from rltlab.engine.hooks import (DraftProposer, ObserverHandle, RoundEvent, RoundObserver,
-                                 TreeProposer)
+from rltlab.engine.hooks import ObserverHandle, RoundEvent, RoundObserver
 from rltlab.engine.model_runner import ModelRunner, StepRows, place_model
 from rltlab.engine.outputs import RequestOutput, build_output
 from rltlab.engine.sampling import SamplingParams, sample_finite
 from rltlab.engine.scheduler import Scheduler
+from rltlab.engine.spec.proposers import DraftProposer, TreeProposer
 from rltlab.engine import select_only
 from rltlab.engine.prompt_step import WholePrompts
 from rltlab.engine.round_window import RoundWindow
@@ -77,28 +77,31 @@ class LLMEngine:
         it is used without a copy."""
         self.config = config = config or EngineConfig()
         param = next(model.parameters())
-        static = config.use_static_decode(torch.device(config.device or param.device))
-        self.model = place_model(model, config.dtype, config.device, copy=not private_model)
+        device = torch.device(config.device or param.device)
+        static = config.use_static_decode(device)
+        run = config.execution
+        self.model = place_model(model, config.dtype, device, copy=not private_model)
         self.model_config, self.tokenizer = self.model.config, tokenizer
         self.num_rounds = self.model_config.num_rounds
         self.max_model_len = config.resolve_max_model_len(self.model_config)
         num_blocks = config.resolve_num_blocks(self.model_config, self.max_model_len,
-                                               next(self.model.parameters()).element_size())
+                                               next(self.model.parameters()).element_size(),
+                                               device)
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.scheduler = Scheduler(config, self.block_manager, self.num_rounds)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size,
                                   static_decode=static, max_batch=config.max_num_seqs,
                                   max_model_len=self.max_model_len,
-                                  cuda_graphs=config.cuda_graphs, compile=config.compile,
-                                  small_batch_kernels=config.small_batch_kernels,
-                                  gemv_rows=config.gemv_rows,
-                                  pdl=config.pdl, fused_qkv_rope=config.fused_qkv_rope,
-                                  l2_prefetch_mb=config.l2_prefetch_mb,
-                                  fused_prefill=config.fused_prefill,
-                                  cudnn_prefill_after=config.cudnn_prefill_after,
-                                  pad_prefill_attention=config.pad_prefill_attention,
-                                  shared_prefix_attention=config.shared_prefix_attention,
-                                  prefill_graph_tokens=config.prefill_graph_tokens)
+                                  cuda_graphs=run.cuda_graphs, compile=run.compile,
+                                  small_batch_kernels=run.small_batch_kernels,
+                                  gemv_rows=run.gemv_rows,
+                                  pdl=run.pdl, fused_qkv_rope=run.fused_qkv_rope,
+                                  l2_prefetch_mb=run.l2_prefetch_mb,
+                                  fused_prefill=run.fused_prefill,
+                                  cudnn_prefill_after=run.cudnn_prefill_after,
+                                  pad_prefill_attention=run.pad_prefill_attention,
+                                  shared_prefix_attention=run.shared_prefix_attention,
+                                  prefill_graph_tokens=run.prefill_graph_tokens)
         self.weights = WeightUpdater(self.model, weight_version)
         self.eos_token_id = getattr(tokenizer, "eos_token_id", None)
         # every id of a list-valued config eos_token_id stops too (as in HF generate)
@@ -118,13 +121,13 @@ class LLMEngine:
         self.proposer: DraftProposer | TreeProposer | None = None
         self.spec_graphs: dict = {}   # id(proposer) -> its SpecGraph (spec_decode)
         # select_only needs every round's state of a token: no whole-token launches
-        self._whole_tokens = (FusedTokenStep(self) if static and config.fused_tokens
+        self._whole_tokens = (FusedTokenStep(self) if static and run.fused_tokens
                               and not self.select_only else None)
-        self._round_window = (RoundWindow(self, config.round_window)
-                              if self._whole_tokens and config.round_window else None)
-        self._token_window = (TokenWindow(self, config.token_window)
-                              if self._whole_tokens and config.token_window > 1 else None)
-        self._whole_prompts = WholePrompts(self) if config.whole_prompt_steps else None
+        self._round_window = (RoundWindow(self, run.round_window)
+                              if self._whole_tokens and run.round_window else None)
+        self._token_window = (TokenWindow(self, run.token_window)
+                              if self._whole_tokens and run.token_window > 1 else None)
+        self._whole_prompts = WholePrompts(self) if run.whole_prompt_steps else None
         self._outputs: list[RequestOutput] = []
         self._failed: dict[int, str] = {}   # seq_id -> why, within one step
         self._streamed: dict[str, Request] = {}
@@ -385,11 +388,11 @@ class LLMEngine:
         self.observers.remove(handle)
 
     def set_proposer(self, proposer: DraftProposer | TreeProposer | None) -> None:
-        """Loop-aware speculative decoding (rltlab.engine.spec_decode; docs/engine.md): a
+        """Loop-aware speculative decoding (rltlab.engine.spec.decoder; docs/engine.md): a
         DraftProposer(num_draft_tokens, draft_rounds, head) or a TreeProposer(heads, tree)
-        (rltlab.engine.tree_graph) turns it on, None turns it off."""
+        (rltlab.engine.spec.tree_graph) turns it on, None turns it off."""
         spec = None
         if proposer is not None:
-            from rltlab.engine.spec_decode import SpecDecoder
+            from rltlab.engine.spec.decoder import SpecDecoder
             spec = SpecDecoder(self, proposer)   # validates
         self.proposer, self._spec = proposer, spec

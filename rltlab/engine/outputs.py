@@ -48,7 +48,7 @@ class RequestOutput:
     metrics: RequestMetrics
     prompt: str | None = None
     extra: dict = field(default_factory=dict)
-    spec_stats: dict | None = None      # summed over the n samples (rltlab.engine.spec_decode)
+    spec_stats: dict | None = None      # summed over the n samples (rltlab.engine.spec.decoder)
 
     def _single(self) -> CompletionOutput:
         if len(self.outputs) != 1:

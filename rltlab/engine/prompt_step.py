@@ -80,7 +80,7 @@ class WholePrompts:
         step decodes with a tree program or a token window: sample_finite's before_read that
         launches it (module docstring); else None."""
         engine = self.engine
-        if not engine.config.launch_behind_prompt or len(emitting) != 1:
+        if not engine.config.execution.launch_behind_prompt or len(emitting) != 1:
             return None
         seq, hidden, _ = emitting[0]
         sch = engine.scheduler

@@ -32,9 +32,8 @@ A row that stops at EOS or a stop token inside a window keeps computing to the w
 its later tokens are dropped (at most `round_window` rounds).
 
 Admission: with mixed depths, rows finish one by one. A window is never cut short for them, so
-waiting requests are admitted at window boundaries: all that fit, together, once at least
-`EngineConfig.round_window_admit` slots are free (default 1), and their prefills share the
-next few round steps. Ending a window at every finish instead (one-round windows, a prefill in
+waiting requests are admitted at window boundaries: all that fit, together, as soon as a slot
+is free, and their prefills share the next few round steps. Ending a window at every finish instead (one-round windows, a prefill in
 nearly every step) lost ~1.2 s of a 19 s closed loop on the H200, and waiting for a quarter of
 the slots left a long tail of part-empty steps (~4.6 s): docs/benchmarks/2026-12-01-h200.md.
 
@@ -90,7 +89,7 @@ class RoundWindow:
         if not eng._whole_tokens.host_may_plan() or not seqs or \
                 len(seqs) > eng.config.max_num_batched_tokens:
             return None
-        if eng.config.prefill_first:
+        if eng.config.execution.prefill_first:
             decoding = [seq for seq in seqs if seq.output_token_ids]
             if len(decoding) < len(seqs) or self._admit_now():   # a prefill step
                 self._held = frozenset(seq.seq_id for seq in decoding)
@@ -142,12 +141,9 @@ class RoundWindow:
         return held
 
     def _admit_now(self) -> bool:
-        """Waiting requests are admitted (no window this step) once they fit and enough of
-        max_num_seqs is free: see the module docstring."""
-        eng = self.engine
-        sch, cfg = eng.scheduler, eng.config
-        free = cfg.max_num_seqs - len(sch.running)
-        return sch.can_admit() and free >= min(cfg.round_window_admit, cfg.max_num_seqs)
+        """Waiting requests are admitted (no window this step) once they fit: see the module
+        docstring."""
+        return self.engine.scheduler.can_admit()
 
     def _row_state(self, seq: Sequence) -> tuple[int, int] | None:
         """(rounds of the pending token done, its depth), or None if the row can't join."""

@@ -23,10 +23,10 @@ from typing import Any
 import torch
 
 from rltlab.common.device import to_device
+from rltlab.model.generate import SAMPLING_EPS
 
 _SEED_MIX = 0x9E3779B97F4A7C15
 _SEED_MOD = 2 ** 63
-SAMPLING_EPS = 1e-5   # temperatures below this are greedy (module docstring)
 # Most samples one request may ask for (SamplingParams.n). Every sample is a Sequence with its
 # own torch.Generator from add_request on, queued until the scheduler admits it in parts of
 # max_num_seqs: n = 2 * 10**5 took 5.8 s and 667 MB in add_request, 10**8 never returned.

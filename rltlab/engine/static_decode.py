@@ -43,8 +43,8 @@ GEMV_ROWS = 1
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
 
 
-def capture_graph(fn, pool, warmup=None, keep=False) -> torch.cuda.CUDAGraph:
-    """fn captured as a CUDA graph in `pool` (keep: keeping its cudaGraph_t) after two warm-ups
+def capture_graph(fn, pool, warmup=None) -> torch.cuda.CUDAGraph:
+    """fn captured as a CUDA graph in `pool` after two warm-ups
     on a side stream (compile / autotune / Triton specialisations outside the capture); fn must
     be idempotent, or `warmup` a version that is (fn, then undo its writes to its inputs)."""
     side = torch.cuda.Stream()
@@ -53,7 +53,7 @@ def capture_graph(fn, pool, warmup=None, keep=False) -> torch.cuda.CUDAGraph:
         for _ in range(2):
             (warmup or fn)()
     torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph(keep_graph=True) if keep else torch.cuda.CUDAGraph()
+    graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
         fn()
     return graph
@@ -322,7 +322,7 @@ class StaticDecoder:
         """One round for the first n staged rows; plane: the same plane for every row (whole
         tokens) instead of the staged ones; rows: (positions, slots, context lengths, block
         tables) device tensors of n rows instead of the staged ones (with a plane; the
-        speculative graphs of rltlab.engine.spec_graph build their own); x: the round's input
+        speculative graphs of rltlab.engine.spec.draft_program build their own); x: the round's input
         [n, H] instead of hidden_in (it may be hidden_out: read before it is written); rope:
         self.rope(positions) where the caller has it; gates: also write the exit gate's logits
         into gate_out (only run() returns them)."""

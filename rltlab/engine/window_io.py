@@ -74,7 +74,7 @@ def may_chain(engine, seqs: list[Sequence], next_rows: int, chained: int) -> boo
     """Whether the window planned ahead (for next_rows rows) may be launched before the one
     just launched (the chained-th of this step, 0-based) is read back: see the module
     docstring."""
-    return (next_rows == len(seqs) and chained + 1 < engine.config.window_chain
+    return (next_rows == len(seqs) and chained + 1 < engine.config.execution.window_chain
             and not any(seq.request.stream for seq in seqs))
 
 

@@ -6,22 +6,17 @@ Inputs are plain lists/dicts or pandas DataFrames (column names given below).
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import matplotlib
+from rltlab.common.figures import plt, save_figure
 
-if "matplotlib.pyplot" not in sys.modules and not os.environ.get("MPLBACKEND"):
-    matplotlib.use("Agg")  # headless; a Jupyter kernel (MPLBACKEND set) keeps its inline backend
-
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 __all__ = ["plot_quality_vs_depth", "plot_speedup_vs_concurrency", "plot_depth_histogram",
-           "plot_calibration", "plot_series", "plot_rounds", "save_figure", "pareto_front", "show"]
+           "plot_calibration", "plot_series", "save_figure", "pareto_front", "show"]
 
 
 def _frame(data: Any, required: Sequence[str]) -> pd.DataFrame:
@@ -32,20 +27,6 @@ def _frame(data: Any, required: Sequence[str]) -> pd.DataFrame:
     if df.empty:
         raise ValueError("plot input is empty")
     return df
-
-
-def save_figure(fig, out_dir: str | os.PathLike, stem: str) -> list[Path]:
-    """Save fig as <out_dir>/<stem>.png (150 dpi) and .svg, close it, return both paths."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{stem}.png", out_dir / f"{stem}.svg"]
-    fig.tight_layout()
-    for path in paths:
-        tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-        fig.savefig(tmp, dpi=150 if path.suffix == ".png" else None)
-        os.replace(tmp, path)
-    plt.close(fig)
-    return paths
 
 
 def pareto_front(x: Sequence[float], y: Sequence[float]) -> np.ndarray:
@@ -238,30 +219,3 @@ def frame(rows: Sequence[dict[str, Any]], drop: Sequence[str] = ("executed_hist"
     """A pandas DataFrame of result rows for display (bulky columns dropped)."""
     df = pd.DataFrame(list(rows))
     return df.drop(columns=[c for c in drop if c in df.columns])
-
-
-def plot_rounds(metrics: dict, out_dir: str | os.PathLike, stem: str = "rounds") -> list[Path]:
-    """Per-round held-out figures of a checkpoint (rltlab.pretrain.evaluate's metrics): loss per
-    round (text, unseen code, ...), exact match per round (word problems, k-hop), and k-hop
-    exact match per round for each k."""
-    rounds = pd.DataFrame(metrics["rounds"])
-    losses = [c for c in ("text_loss", "code_loss", "arith_loss", "hops_loss") if c in rounds]
-    ems = [c for c in ("arith_exact_match", "hops_exact_match") if c in rounds]
-    panels = 2 + ("hops_by_k" in metrics)
-    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4))
-    long = rounds.melt(id_vars="round", value_vars=losses, var_name="set", value_name="loss")
-    sns.lineplot(long, x="round", y="loss", hue="set", marker="o", ax=axes[0])
-    axes[0].set(yscale="log", ylabel="nats/token (log)", title="held-out loss at fixed depth")
-    long = rounds.melt(id_vars="round", value_vars=ems, var_name="task", value_name="em")
-    long["em"] *= 100
-    sns.lineplot(long, x="round", y="em", hue="task", marker="o", ax=axes[1])
-    axes[1].set(ylabel="exact match (%)", ylim=(0, 100), title="greedy exact match")
-    if "hops_by_k" in metrics:
-        grid = pd.DataFrame({int(k): v["exact_match"] for k, v in metrics["hops_by_k"].items()},
-                            index=[r["round"] for r in metrics["rounds"]]) * 100
-        sns.heatmap(grid, annot=True, fmt=".0f", cmap="viridis", vmin=0, vmax=100, ax=axes[2],
-                    cbar_kws={"label": "exact match (%)"})
-        axes[2].set(xlabel="k (hops)", ylabel="round", title="k-hop exact match by k")
-    for ax in axes[:2]:
-        ax.set_xticks(rounds["round"])
-    return save_figure(fig, out_dir, stem)

@@ -21,7 +21,7 @@ def plot_pareto(results: dict[str, Any], analysis: dict[str, dict], out_dir, ste
     Q-exit mixture at the same mean rounds, error bars = 2 SE."""
     import matplotlib.pyplot as plt
 
-    from rltlab.eval.plots import save_figure
+    from rltlab.common.figures import save_figure
 
     rows, R = results["arithmetic"], int(results["reference"].split("=")[-1])
     fig, (ax, zx, bx) = plt.subplots(1, 3, figsize=(18, 5.4))

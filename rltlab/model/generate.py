@@ -13,6 +13,8 @@ import torch
 from rltlab.model import gates
 from rltlab.model.architecture import LoopedKVCache, OuroForCausalLM
 
+SAMPLING_EPS = 1e-5   # temperatures below this are greedy (vLLM's rule; the engine's sampler too)
+
 
 @dataclass
 class PlainGeneration:

@@ -55,16 +55,19 @@ def num_processes() -> int:
 
 def _load(args, state):
     """(model on this rank's device, tokenizer or None) from --model or --preset."""
-    from rltlab.bench.__main__ import build_model
     from rltlab.common.paths import embedded_model_dir
+    from rltlab.model.checkpoint import from_pretrained
+    from rltlab.model.presets import preset_config, random_model
 
-    spec = argparse.Namespace(model=None if args.preset else (args.model or embedded_model_dir()),
-                              preset=args.preset, device=state.device, dtype=args.dtype)
-    model = build_model(spec)
+    dtype = getattr(torch, args.dtype)
+    if args.preset:
+        return random_model(preset_config(args.preset), state.device, dtype), None
+    path = Path(args.model or embedded_model_dir())
+    model = from_pretrained(path, dtype=dtype, device=state.device)
     tokenizer = None
-    if not args.preset and (Path(spec.model) / "tokenizer.json").is_file():
+    if (path / "tokenizer.json").is_file():
         from tokenizers import Tokenizer
-        tokenizer = Tokenizer.from_file(str(Path(spec.model) / "tokenizer.json"))
+        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
     return model, tokenizer
 
 
@@ -74,8 +77,8 @@ def _prompts(args, tokenizer, vocab: int) -> list[list[int]]:
     if tokenizer is not None:
         from rltlab.eval.problems import rollout_prompts
         return rollout_prompts(tokenizer, args.num_prompts, seed=args.seed)[0]
-    from rltlab.bench.__main__ import prompts_for
-    return prompts_for(args.num_prompts, args.prompt_len, vocab, seed=args.seed)
+    from rltlab.model.presets import random_prompts
+    return random_prompts(args.num_prompts, args.prompt_len, vocab, seed=args.seed)
 
 
 def _digest(obj: Any) -> str:
@@ -142,6 +145,7 @@ def run_evaluate(args) -> dict[str, Any]:
     from rltlab.common.paths import embedded_model_dir
     from rltlab.eval.problems import eval_problems
     from rltlab.eval.policies import evaluate_policies
+    from rltlab.eval.tasks import as_gen_output
 
     state = dist.get_state(args.device)
     dist.configure_threads(args.threads, args.device)
@@ -157,7 +161,7 @@ def run_evaluate(args) -> dict[str, Any]:
     rows, scores = evaluate_policies(
         llm, tokenizer, problems, thresholds=floats, depths=depths, max_tokens=args.max_tokens,
         min_loops=args.min_loops, label=args.label or None,
-        wrap_generate=lambda fn: dist.sharded_generate_fn(fn, state, args.block),
+        wrap_generate=lambda fn: dist.sharded_generate_fn(fn, state, args.block, as_gen_output),
         progress=args.progress and state.is_main_process)
     result = {"command": "evaluate", "num_processes": state.num_processes,
               "device": str(state.device), "rows": rows, "scores": scores}
@@ -166,7 +170,7 @@ def run_evaluate(args) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rltlab.bench.__main__ import PRESETS
+    from rltlab.model.presets import PRESETS
 
     ap = argparse.ArgumentParser(prog="python -m rltlab.workbench.scale", description=__doc__.split(
         "\n\n")[0])

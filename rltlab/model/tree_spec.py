@@ -22,7 +22,7 @@ count, the path's tokens and the bonus. The verification pass reuses the model's
 
 Scope: one request at a time, T = 0 (lossless = the target's own greedy tokens), fixed depth
 R; a standalone reference generator beside the paged engine, whose own path is
-rltlab.engine.tree_graph.
+rltlab.engine.spec.tree_graph.
 """
 from __future__ import annotations
 
@@ -68,7 +68,6 @@ class _TreeContext:
 class TreeSpecGenerator:
     def __init__(self, model: OuroForCausalLM, heads, tree, max_len: int,
                  cuda_graph: bool = True, compile: bool = False):
-        from rltlab.engine.hooks import validate_tree
         cfg, param = model.config, next(model.parameters())
         self.model, self.heads, self.max_len = model, heads, max_len
         self.depth = heads.depth
@@ -202,3 +201,18 @@ class TreeSpecGenerator:
                     break
             position += n + 1
         return TreeGeneration(tokens, stats, time.perf_counter() - started)
+
+
+def validate_tree(tree, depth: int) -> list[tuple[int, ...]]:
+    """Sorted (by depth, then ranks) list of rank paths; raises on a tree that is not
+    prefix-closed, deeper than the heads or with negative ranks."""
+    paths = sorted({tuple(int(r) for r in p) for p in tree}, key=lambda p: (len(p), p))
+    present = set(paths)
+    for p in paths:
+        if not 1 <= len(p) <= depth:
+            raise ValueError(f"tree path {p}: length must lie in 1..{depth}")
+        if min(p) < 0:
+            raise ValueError(f"tree path {p}: ranks must be >= 0")
+        if len(p) > 1 and p[:-1] not in present:
+            raise ValueError(f"tree path {p}: its prefix {p[:-1]} is missing")
+    return paths

@@ -1,6 +1,6 @@
 """Speculative iterations as one device program (one CUDA graph replay on a GPU).
 
-For a batch on the static decode path, one `run()` does the whole of rltlab.engine.spec_decode's
+For a batch on the static decode path, one `run()` does the whole of rltlab.engine.spec.decoder's
 iteration on the device:
 
   for i in 0..K:  token_i -> embed -> rounds 1..d (planes 0..d-1, position P + i) -> h_d[i];
@@ -42,7 +42,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rltlab.engine.hooks import DraftProposer
+from rltlab.engine.spec.proposers import DraftProposer
 from rltlab.engine.sampling import needs_filtering, process_logits
 from rltlab.engine.static_decode import BUCKETS
 
@@ -103,7 +103,6 @@ class GraphProgram:
     static: object
     out: torch.Tensor
     _graph = None
-    keep_graph = False   # capture a graph that keeps its cudaGraph_t (device_loop.py)
 
     def _warmup(self) -> None:
         """The capture's warm-up run (an idempotent program is its own)."""
@@ -115,8 +114,7 @@ class GraphProgram:
             self._program()
         else:
             if self._graph is None:
-                self._graph = self.static._capture(self._program, self._warmup,
-                                                   self.keep_graph)
+                self._graph = self.static._capture(self._program, self._warmup)
             self._graph.replay()
 
     def read(self) -> list[int]:

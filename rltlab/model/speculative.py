@@ -10,7 +10,7 @@ pending token t at logical position P and cache column c (= cache.length):
           are the target's rounds 1..d on the same prefix (same weights, same planes);
   accept: greedy prefix match (T=0) or rejection sampling (T>0: accept x w.p. min(1, p/q), else
           resample from normalize(max(0, p - q))); then a correction or a bonus token.
-          T below rltlab.engine.sampling.SAMPLING_EPS is greedy, as in the engine's sampler.
+          T below rltlab.model.generate.SAMPLING_EPS is greedy, as in the engine's sampler.
 
 A draft model whose shared layers differ from the target's (a draft-only LoRA, `draft_model`)
 breaks reuse: verification then recomputes rounds 1..R for the K+1 columns (and overwrites the
@@ -31,8 +31,7 @@ from typing import Callable
 import torch
 
 from rltlab.model.architecture import LoopedKVCache, OuroForCausalLM, _RoundContext, rope_cos_sin
-from rltlab.model.generate import left_pad
-from rltlab.engine.sampling import SAMPLING_EPS
+from rltlab.model.generate import SAMPLING_EPS, left_pad
 
 Head = Callable[[torch.Tensor], torch.Tensor]   # h_d [..., H] -> logits [..., V]
 

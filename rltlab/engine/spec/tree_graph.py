@@ -1,7 +1,7 @@
 """Tree speculative iterations inside the paged engine, as one device program (issue 16).
 
 `LLMEngine.set_proposer(TreeProposer(heads, tree))` runs, for a single greedy sequence, the
-iteration of rltlab.engine.tree_spec on the engine's own static decoder (its fused kernels and
+iteration of rltlab.model.tree_spec on the engine's own static decoder (its fused kernels and
 paged KV cache) instead of the model's reference modules:
 
   tree:    node 0 is the pending token x_P; node (r1..rj) is head j's r_j-th candidate at
@@ -28,7 +28,7 @@ paged KV cache) instead of the model's reference modules:
            copies nothing: no prefix, no commit;
   draft:   the heads read h_R of the last accepted node and the bonus -> the next candidates;
   lookup:  with TreeProposer(lookup=L), a chain of L more nodes from the root carries
-           prompt-lookup drafts (rltlab.engine.prompt_lookup) of the sequence's own tokens,
+           prompt-lookup drafts (rltlab.engine.spec.prompt_lookup) of the sequence's own tokens,
            staged with the indices and extended on the device between chained iterations.
            The tree is then span = max(depth, L) deep. Sibling nodes may carry the same
            token: all of them match, and any accepted path names the same tokens.
@@ -37,7 +37,7 @@ Up to EngineConfig.spec_chain iterations run back to back in one program (each s
 the last one's bonus at the position after its path) and are read back once; up to
 EngineConfig.spec_pipeline programs run in one engine step, each launched from the last one's
 state on the device as soon as the host has read that one back and seen the sequence go on
-(rltlab.engine.tree_program). The candidates live on the device between programs; they stay
+(rltlab.engine.spec.tree_program). The candidates live on the device between programs; they stay
 valid while the sequence's pending token is the one they were drafted for. Otherwise the first
 iteration accepts none of the heads' nodes: it verifies the root alone, or the root and the
 lookup chain, which needs no earlier draft (with TreeProposer(first_drafts=True) its program
@@ -50,12 +50,9 @@ Writes to the sequence's own slots never pass position P + cap <= its last reser
 """
 from __future__ import annotations
 
-import warnings
-
 import torch
 
-from rltlab.engine.device_loop import DeviceLoop, DeviceLoopUnavailable, keeps_graphs
-from rltlab.engine.tree_program import TreeProgram
+from rltlab.engine.spec.tree_program import TreeProgram
 
 
 class TreeShape:
@@ -142,13 +139,6 @@ class TreeGraph:
         self._heads_within = [sum(len(p) <= cap for p in proposer.tree)
                               for cap in range(span + 1)]
         self._static, self._programs = None, {}
-        # EngineConfig.device_loop: whether it runs (off after a failed build, with the reason
-        # in device_loop_error), the loop of the current programs, and the runs it took
-        self.device_loop, self.device_loop_error = engine.config.device_loop, None
-        self._pipeline, self._loop, self.device_loop_runs = engine.config.spec_pipeline, None, 0
-        if self.device_loop and runner.device.type == "cuda" and not keeps_graphs():
-            self._host_loop_only("this torch's CUDAGraph cannot keep its cudaGraph_t "
-                                 "(keep_graph=True, torch >= 2.8)")
         self.lookup_next = True   # with adaptive_lookup: the drafts' rows at drafted_for
         self._early = None        # launch_first's (_early_key, _start's result)
 
@@ -160,7 +150,6 @@ class TreeGraph:
         if key not in self._programs:
             lead = None if lookup_rows and not first else self._program_of(static, chain, follow)
             program = TreeProgram(self, static, chain, follow, lookup_rows, lead, first)
-            program.keep_graph = self.device_loop and static.cuda_graphs   # device_loop.py
             self._programs[key] = program
         return self._programs[key]
 
@@ -171,9 +160,7 @@ class TreeGraph:
         left to emit. With launches > 1 each next program starts from the last one's bonus
         and position on the device, launched as soon as the host has read the last one back
         and seen that the sequence goes on (tokens left, no token in `stops`, finite logits);
-        the caller handles the yielded results while it runs. With EngineConfig.device_loop
-        (chain 1) the device launches them itself (rltlab.engine.device_loop). The first
-        program is the one launch_first launched, where it was launched for this sequence at
+        the caller handles the yielded results while it runs. The first program is the one launch_first launched, where it was launched for this sequence at
         this token."""
         follow = launches > 1
         start, left = seq.num_tokens - 1, seq.max_output_tokens - seq.num_output_tokens
@@ -188,18 +175,6 @@ class TreeGraph:
             programs, program, cap, valid, lookup = self._start(
                 seq, chain, follow, start, left, fresh, emitted[1] if first else None,
                 seq.output_token_ids[-1])
-        loop = self._device_loop(programs, chain, launches, stops)
-        if loop is not None:
-            try:
-                loop.launch(launches, stops)
-            except DeviceLoopUnavailable as err:   # the launch refused: nothing ran
-                self._host_loop_only(str(err))
-                loop = None
-        if loop is not None:
-            self.device_loop_runs += 1
-            yield from self._results(seq, chain, program.width, cap, valid, lookup, launches,
-                                     stops, loop.row, lambda rows: None)
-            return
         current = [program]
 
         def relaunch(rows: bool) -> None:          # its inputs are on the device already
@@ -210,8 +185,7 @@ class TreeGraph:
 
     def _results(self, seq, chain, width, cap, valid, lookup, launches, stops, read, relaunch):
         """run()'s handling of the programs' outputs (`width` values an iteration): read(i) ->
-        program i's (waiting for it); relaunch(lookup rows) launches the next program where
-        the host does."""
+        program i's (waiting for it); relaunch(lookup rows) launches the next program."""
         depth, adaptive = self.proposer.span, self.proposer.adaptive_lookup
         position, left = seq.num_tokens - 1, seq.max_output_tokens - seq.num_output_tokens
         for launch in range(launches):
@@ -240,29 +214,6 @@ class TreeGraph:
             yield from results
             if not goes_on:
                 return
-
-    def _device_loop(self, programs: dict, chain: int, launches: int, stops: frozenset):
-        """The DeviceLoop over these programs where EngineConfig.device_loop asks for one and
-        it can run this request's programs (chain 1, more than one launch, its stop tokens,
-        the programs captured by earlier host runs), else None (the host loop)."""
-        if not self.device_loop or chain != 1 or launches < 2 or (
-                self._static.cuda_graphs and any(p._graph is None for p in programs.values())):
-            return None
-        key = tuple(id(p) for p in programs.values())
-        if self._loop is None or self._loop[0] != key:
-            try:
-                self._loop = key, DeviceLoop(self, programs, self._pipeline)
-            except DeviceLoopUnavailable as err:
-                self._host_loop_only(str(err))
-                return None
-            except Exception as err:   # untried on this GPU / driver: report it, keep running
-                self._host_loop_only(f"building it raised {type(err).__name__}: {err}")
-                return None
-        return self._loop[1] if self._loop[1].accepts(launches, stops) else None
-
-    def _host_loop_only(self, reason: str) -> None:
-        self.device_loop, self.device_loop_error, self._loop = False, reason, None
-        warnings.warn(f"EngineConfig.device_loop: the host loop runs instead ({reason})")
 
     def launch_first(self, seq, token: torch.Tensor, hidden: torch.Tensor, chain: int,
                      launches: int) -> None:
@@ -293,7 +244,7 @@ class TreeGraph:
         in the lookup history too, behind the staged inputs)."""
         static = self.runner.static_rows(self.shape.num_rows)
         if static is not self._static:            # a new (grown) decoder: new buffers, graphs
-            self._static, self._programs, self._loop = static, {}, None
+            self._static, self._programs = static, {}
         adaptive = self.proposer.adaptive_lookup
         programs = {rows: self._program_of(static, chain, follow, rows)
                     for rows in ((True, False) if adaptive else (True,))}

@@ -1,4 +1,4 @@
-"""The device program of a TreeGraph (rltlab.engine.tree_graph): `chain` tree iterations on
+"""The device program of a TreeGraph (rltlab.engine.spec.tree_graph): `chain` tree iterations on
 the engine's static decoder, staged from the host or following the last program on the device
 (EngineConfig.spec_pipeline), over all of the tree's rows or the heads' alone
 (TreeProposer(adaptive_lookup=True)), its first candidates read from the last program or
@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rltlab.engine.prompt_lookup import prompt_lookup
-from rltlab.engine.spec_graph import GraphProgram
+from rltlab.engine.spec.prompt_lookup import prompt_lookup
+from rltlab.engine.spec.draft_program import GraphProgram
 
 
 class TreeProgram(GraphProgram):

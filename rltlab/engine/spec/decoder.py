@@ -33,21 +33,21 @@ span is a `Span` on a thin view of the sequence whose token_ids include the draf
 reads the device back once per draft pass (the draft tokens) and once after verification,
 except on the static path (EngineConfig.fused_spec): there drafts chain on the device and the
 whole iteration, acceptance and rejection sampling included, is one program with one read-back
-(rltlab.engine.spec_graph).
+(rltlab.engine.spec.draft_program).
 Round observers are not called for speculative steps.
 
 A TreeProposer (lookahead heads and a tree of their candidates) instead hands each step to
-rltlab.engine.tree_graph: one full-depth pass verifies the whole tree, for plain greedy requests
+rltlab.engine.spec.tree_graph: one full-depth pass verifies the whole tree, for plain greedy requests
 while exactly one runs (docs/engine.md section 7.3).
 """
 from __future__ import annotations
 
 import torch
 
-from rltlab.engine.hooks import DraftProposer, TreeProposer
+from rltlab.engine.spec.proposers import DraftProposer, TreeProposer
 from rltlab.engine.sampling import process_logits
 from rltlab.engine.sequence import Sequence, Span
-from rltlab.engine.speculative import SpecStats
+from rltlab.model.speculative import SpecStats
 
 
 class _View:
@@ -64,20 +64,11 @@ class _View:
         return getattr(self._seq, name)
 
 
-def load_proposer(path, model, num_draft_tokens: int = 4, check_hash: bool = True
-                  ) -> DraftProposer:
-    """A DraftProposer from a trained component directory (engine_patches.loop_draft checks
-    that it fits the model). Load it onto the model the engine runs (same dtype/device)."""
-    from rltlab.engine_patches.loop_draft import load_draft_component
-    comp = load_draft_component(path, model, check_hash=check_hash)
-    return DraftProposer(num_draft_tokens, comp.draft_rounds, comp)
-
-
 class SpecDecoder:
     def __init__(self, engine, proposer: DraftProposer | TreeProposer):
         self.engine, self.proposer, self.runner = engine, proposer, engine.runner
         self._graph = self._tree = None   # each iteration as one device program
-        static = engine.config.fused_spec and getattr(engine.runner, "static", None) is not None
+        static = engine.config.execution.fused_spec and getattr(engine.runner, "static", None) is not None
         # Programs are kept per proposer for the engine's life: setting a proposer again
         # (switching drafters) reuses their captured graphs (and a tree's private blocks). The
         # program holds the proposer, so the id stays unique.
@@ -85,9 +76,9 @@ class SpecDecoder:
         if isinstance(proposer, TreeProposer):
             if not static:
                 raise ValueError("a TreeProposer needs the engine's static decode path "
-                                 "(EngineConfig.fused_spec and the fused static decoder)")
+                                 "(ExecutionConfig.fused_spec and the fused static decoder)")
             if id(proposer) not in graphs:
-                from rltlab.engine.tree_graph import TreeGraph
+                from rltlab.engine.spec.tree_graph import TreeGraph
                 graphs[id(proposer)] = TreeGraph(engine, proposer)
             self._tree = graphs[id(proposer)]
             return
@@ -99,7 +90,7 @@ class SpecDecoder:
             raise ValueError(f"DraftProposer.draft_rounds must lie in [1, {R - 1}], "
                              f"got {proposer.draft_rounds}")
         if static:
-            from rltlab.engine.spec_graph import SpecGraph
+            from rltlab.engine.spec.draft_program import SpecGraph
             if id(proposer) not in graphs:
                 graphs[id(proposer)] = SpecGraph(engine.runner, proposer)
             self._graph = graphs[id(proposer)]
@@ -213,7 +204,7 @@ class SpecDecoder:
         dropped."""
         logprobs = any(s.params.logprobs is not None for s in seqs)
         chain = 1 if logprobs or any(s.request.stream for s in seqs) else \
-            self.engine.config.spec_chain
+            self.engine.config.execution.spec_chain
         iterations = self._graph.run(seqs, starts, ks, k, own, chain)
         logits = [None] * len(seqs)
         if logprobs:
@@ -251,7 +242,7 @@ class SpecDecoder:
 
     def _tree_plan(self, seq: Sequence) -> tuple[int, int]:
         """(iterations a program, programs a step) for the sequence's tree steps."""
-        config = self.engine.config
+        config = self.engine.config.execution
         return (1, 1) if seq.request.stream else (config.spec_chain, config.spec_pipeline)
 
     def first_launcher(self, seq: Sequence, hidden: torch.Tensor):
