@@ -1,4 +1,4 @@
-"""Shared-prefix decode attention in the engine (EngineConfig.shared_prefix_attention,
+"""Shared-prefix decode attention in the engine (ExecutionConfig.shared_prefix_attention,
 rltlab/engine/prefix_groups.py): groups of n samples decode through the Triton kernels
 (interpreted on CPU, fp32) with their prompt's K/V read once per group, and give the rollouts
 of the same engine with the plain kernels, in token windows, whole-token steps (per-step

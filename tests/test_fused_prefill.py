@@ -121,7 +121,7 @@ def test_from_start_chunks_through_sdpa_equal_paged_attention(pad):
 
 
 def test_padded_prefill_attention_equals_one_launch_per_length(monkeypatch):
-    """EngineConfig.pad_prefill_attention: whole prompts of different lengths (1-19 tokens,
+    """ExecutionConfig.pad_prefill_attention: whole prompts of different lengths (1-19 tokens,
     admitted three at a time) padded within their length bucket give the rollouts and the KV
     cache of one attention launch per length (fp32, 1e-5), and padded groups did run."""
     plan_of = FusedPrefill._from_start_plan

@@ -1,4 +1,4 @@
-"""EngineConfig.launch_behind_prompt: a lone request's first decode launch queued behind its
+"""ExecutionConfig.launch_behind_prompt: a lone request's first decode launch queued behind its
 whole-prompt step, from token 0 still on the device: its first tree program
 (TreeGraph.launch_first) or, without a proposer, its first token window
 (TokenWindow.launch_first). The same tokens, the same iterations and the same number of

@@ -1,6 +1,6 @@
 """Whole-prompt steps (rltlab.engine.prompt_step): a step whose rows are all fresh whole
 prompts runs their R rounds in one runner call. Against R round steps
-(EngineConfig.whole_prompt_steps=False) on the CPU in fp32: the same rollouts (tokens and exit
+(ExecutionConfig.whole_prompt_steps=False) on the CPU in fp32: the same rollouts (tokens and exit
 depths equal, log-probs within 1e-5: assert_same_rollouts) and the same KV cache afterwards
 (within 1e-5), on the gather path, the fused prefill, and the fused prefill with bucketed graphs
 (off CUDA the replay re-runs the captured function on the same buffers)."""

@@ -1,4 +1,4 @@
-"""Chained speculative iterations (EngineConfig.spec_chain): several iterations in one device
+"""Chained speculative iterations (ExecutionConfig.spec_chain): several iterations in one device
 program, each starting where the last one's acceptance left off, read back once. Greedy outputs
 and per-request stats equal one iteration per program and the engine without a proposer, with
 stop tokens and length limits falling inside chains; sampled tokens that later iterations of a

@@ -147,7 +147,7 @@ def test_real_heads_with_eos_and_max_tokens_caps(model, prompts):
 
 @pytest.mark.parametrize("lookup", [0, 3])
 def test_compiled_program_makes_the_same_iterations(model, prompts, lookup):
-    """EngineConfig.compile: torch.compile'd glue around the rounds (the lookup's drafts and
+    """ExecutionConfig.compile: torch.compile'd glue around the rounds (the lookup's drafts and
     the step to the next iteration too); the tokens of target-only and the uncompiled
     program's iterations and acceptances."""
     target = token_lists(make_engine(model).generate(prompts[:2], greedy(16)))

@@ -1,4 +1,4 @@
-"""Pipelined tree programs (EngineConfig.spec_pipeline), the adaptive lookup chain
+"""Pipelined tree programs (ExecutionConfig.spec_pipeline), the adaptive lookup chain
 (TreeProposer(adaptive_lookup=True)) and first drafts (TreeProposer(first_drafts=True)) in the
 paged engine: target-only tokens and the host recompute of test_tree_graph.py's acceptance
 rule, plus what those cannot see: launch counts, the capture's warm-up, the rows a program

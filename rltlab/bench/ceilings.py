@@ -113,7 +113,7 @@ def work_of(costs: ModelCosts, outputs, shared_block: int = 0) -> dict:
     """What a run computed, from its RequestOutputs: prompts prefilled (once per request),
     output tokens, decode positions, their executed rounds and the K/V positions they read.
     shared_block: the block size if the engine read a group's shared prompt blocks once per
-    group (EngineConfig.shared_prefix_attention), else 0: then those positions count once per
+    group (ExecutionConfig.shared_prefix_attention), else 0: then those positions count once per
     decode step of the group (at its deepest member's rounds) instead of once per sample."""
     work = dict(requests=0, prefill_tokens=0, prefill_flops=0, output_tokens=0,
                 decode_tokens=0, decode_row_rounds=0, kv_read_positions=0)

@@ -25,7 +25,7 @@ prefill chunks through the gather path instead of rltlab.engine.fused_prefill), 
 graph-unfused-rope (graph, but one-row rounds run RoPE + K/V write as a kernel of its own
 after the q/k/v GEMV instead of in its epilogue, rltlab.kernels.rope_kv_linear),
 graph-mixed-prefill (graph, but decode rows run one round in each prefill step instead of
-waiting for the prefills: EngineConfig.prefill_first), graph-cublas / compile-cublas
+waiting for the prefills: ExecutionConfig.prefill_first), graph-cublas / compile-cublas
 (graph / compile with cuBLAS for every bucket).
 
 Per workload and mode: closed-loop output tok/s, TTFT and TPOT (medians), and a decode-phase
@@ -93,7 +93,7 @@ MODES = {
     "graph-one-token": dict(decode_path="static", cuda_graphs=True, token_window=0),
     # Baseline: prefill chunks through the plain-torch gather path (rltlab.engine.fused_prefill).
     "graph-gather-prefill": dict(decode_path="static", cuda_graphs=True, fused_prefill=False),
-    # Baseline: decode rows run one round in each prefill step (EngineConfig.prefill_first).
+    # Baseline: decode rows run one round in each prefill step (ExecutionConfig.prefill_first).
     "graph-mixed-prefill": dict(decode_path="static", cuda_graphs=True, prefill_first=False),
     # Baseline: whole prompts' attention through FlashAttention-2 only (fused_prefill.py).
     "graph-flash-prefill": dict(decode_path="static", cuda_graphs=True, cudnn_prefill_after=None),

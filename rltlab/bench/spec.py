@@ -32,7 +32,7 @@
     K and with adaptive K (DraftProposer(adaptive=True): per sequence, +2 after a step that
     accepted every draft, -1 otherwise), interleaved with the rest; --compare-chain each
     trained drafter at other numbers of iterations per device program
-    (EngineConfig.spec_chain).
+    (ExecutionConfig.spec_chain).
 (c) With (a) and (b): the speedup (a)'s costs imply at the tau each engine drafter reached in
     (b) at c = 1 (K = --k), host loop and one program, over all prompts and per workload
     (the held-out arithmetic and text halves: tau_by_kind in (b), by_kind in (c)).
@@ -257,7 +257,7 @@ def main(argv=None) -> dict:
                     help="(b) engine: also each trained drafter at these fixed K")
     ap.add_argument("--compare-chain", type=int, nargs="+", default=[],
                     help="(b) engine: also each trained drafter at these "
-                    "EngineConfig.spec_chain lengths (the rest run at the engine's default)")
+                    "ExecutionConfig.spec_chain lengths (the rest run at the engine's default)")
     ap.add_argument("--adaptive-k", type=int, nargs="+", default=[],
                     help="(b) engine: also each trained drafter with adaptive K up to each of "
                     "these (DraftProposer(adaptive=True))")
@@ -273,7 +273,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--spec-loop", default="one-program", choices=["one-program", "host",
                                                                   "both"],
                     help="(b) engine: iterations as one device program (the default, "
-                    "EngineConfig.fused_spec), the host-driven loop, or both as configs")
+                    "ExecutionConfig.fused_spec), the host-driven loop, or both as configs")
     ap.add_argument("--train-steps", type=int, default=150)
     ap.add_argument("--train-rows", type=int, default=128)
     ap.add_argument("--seq-len", type=int, default=128)
@@ -284,7 +284,7 @@ def main(argv=None) -> dict:
                          "big shape (the shipped heads' width); 0: only the shallow drafter")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (CPU: 1)")
     ap.add_argument("--decode-path", default=None,
-                    help="engine decode path (EngineConfig.decode_path; default: the engine's)")
+                    help="engine decode path (ExecutionConfig.decode_path; default: the engine's)")
     ap.add_argument("--skip-a", action="store_true")
     ap.add_argument("--skip-b", action="store_true")
     args = ap.parse_args(argv)

@@ -105,7 +105,7 @@ class Iteration:
 def replay(rollout: Rollout, proposer, max_tokens: int, chain: int = 1,
            rule: str | None = None) -> list[Iteration]:
     """The iterations TreeGraph.run takes for this request with this TreeProposer, at
-    EngineConfig.spec_chain = chain (an adaptive lookup chain is decided once a program, by
+    ExecutionConfig.spec_chain = chain (an adaptive lookup chain is decided once a program, by
     its last iteration). Two rules are replay only, no engine's:
       - "oracle" verifies the lookup chain exactly where it accepts more than the heads' tree,
         and in a request's first iteration: the upper bound of any adaptive rule, which

@@ -12,12 +12,12 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
     --trees-from the trees of a lookahead_tree_probe.py result (their "tree B=<b>" entries,
     --budgets); --only keeps the named ones. Each is run by
       - the engine (--paths engine): the same paged engine with a TreeProposer
-        (rltlab.engine.spec.tree_graph), EngineConfig.spec_chain = M for each M of --chains
-        ("engine <tree> M=<m>"), EngineConfig.spec_pipeline = P for each P of --pipelines
+        (rltlab.engine.spec.tree_graph), ExecutionConfig.spec_chain = M for each M of --chains
+        ("engine <tree> M=<m>"), ExecutionConfig.spec_pipeline = P for each P of --pipelines
         (up to P programs a step, each launched while the host handles the last one's tokens;
         "... P=<p>" where P is not the engine's default), and with --engine-compile on also
-        with EngineConfig.compile ("... compiled", beside a "target only compiled" baseline
-        row); --gemv-rows G > 1 also with EngineConfig.gemv_rows = G ("... gemv<=G": trees of
+        with ExecutionConfig.compile ("... compiled", beside a "target only compiled" baseline
+        row); --gemv-rows G > 1 also with ExecutionConfig.gemv_rows = G ("... gemv<=G": trees of
         at most G rows through the Triton GEMV path, kernels/small_batch.py); --lookup L > 0
         also with a prompt-lookup chain ("<tree> +lookupL"), and --adaptive-lookup [RULE...]
         with it verified only where each rule says (TreeProposer(adaptive_lookup=RULE)): after
@@ -26,7 +26,7 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
         --first-drafts also with the first iteration drafted from token 0's state ("...
         first", TreeProposer(first_drafts=True)); --launch-early also with each request's
         first program launched behind its prompt step ("... early",
-        EngineConfig.launch_behind_prompt; target only's first token window too: "target
+        ExecutionConfig.launch_behind_prompt; target only's first token window too: "target
         only early" rows, among the baselines vs_faster takes the fastest of); --also-heads
         DIR... also with each of
         these lookahead heads in place of --heads ("... heads=<DIR's name>"), paired in the
@@ -35,7 +35,7 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
         model's reference modules, and "<tree> compiled" under torch.compile
         (--compile-nodes: which node counts);
   - with --round-step-prompts, "target only (round-step prompts)": target only with
-    EngineConfig.whole_prompt_steps off (each prompt in R round steps, as before
+    ExecutionConfig.whole_prompt_steps off (each prompt in R round steps, as before
     rltlab.engine.prompt_step; every other config takes whole-prompt steps).
 
 Every config runs --repeats times, interleaved (the order rotates each repeat); a config's
@@ -314,15 +314,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--paths", nargs="+", choices=["engine", "standalone"],
                     default=["engine", "standalone"])
     ap.add_argument("--chains", type=int, nargs="+", default=[1],
-                    help="EngineConfig.spec_chain values for the engine path")
+                    help="ExecutionConfig.spec_chain values for the engine path")
     ap.add_argument("--pipelines", type=int, nargs="+", default=[PIPELINE],
-                    help="EngineConfig.spec_pipeline values for the engine path (default: the "
+                    help="ExecutionConfig.spec_pipeline values for the engine path (default: the "
                          "engine's)")
     ap.add_argument("--engine-compile", choices=["off", "on"], nargs="+", default=["off"],
-                    help="EngineConfig.compile for the engine path's trees; 'on' also runs "
+                    help="ExecutionConfig.compile for the engine path's trees; 'on' also runs "
                          "'target only compiled'")
     ap.add_argument("--gemv-rows", type=int, nargs="+", default=[1],
-                    help="EngineConfig.gemv_rows values for the engine path (1: one-row "
+                    help="ExecutionConfig.gemv_rows values for the engine path (1: one-row "
                          "rounds only; trees of up to G rows through the Triton GEMV path)")
     ap.add_argument("--lookup", type=int, nargs="+", default=[0],
                     help="engine path: also run each tree with a prompt-lookup chain of "
@@ -338,7 +338,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--launch-early", action="store_true",
                     help="engine path: also run every engine config with each request's first "
                          "program launched behind its prompt step (' early' rows, "
-                         "EngineConfig.launch_behind_prompt)")
+                         "ExecutionConfig.launch_behind_prompt)")
     ap.add_argument("--also-heads", nargs="+", default=[], metavar="DIR",
                     help="engine path: also run every engine config with these lookahead "
                          "heads (' heads=<DIR name>' rows)")
@@ -349,7 +349,7 @@ def main(argv=None) -> dict:
                          "torch.compile")
     ap.add_argument("--round-step-prompts", action="store_true",
                     help="also run target only with each prompt in R round steps "
-                         "(EngineConfig.whole_prompt_steps=False)")
+                         "(ExecutionConfig.whole_prompt_steps=False)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     args.engine_compile = [c == "on" for c in args.engine_compile]

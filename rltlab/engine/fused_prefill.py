@@ -14,7 +14,7 @@ on the layer's fresh k (RoPE'd by the same kernel that writes the cache, into k_
 view of the q|k|v output): no gather from the cache, and no copy at all when the chunks lie
 back to back in the step, as a step of whole prompts does. SiLU * up is one kernel
 (kernels.silu_mul). Whole prompts of many lengths make one attention launch per length and
-layer; with pad_lengths (EngineConfig.pad_prefill_attention, opt-in) those of one length
+layer; with pad_lengths (ExecutionConfig.pad_prefill_attention, opt-in) those of one length
 bucket are padded at their ends into one launch instead.
 
 Why: on the H200 the gather path ran 1K-token prefill at a third of the bf16 matmul rate; its
@@ -47,7 +47,7 @@ from rltlab.model.architecture import OuroForCausalLM, rope_cos_sin
 # (chunks, length) shape: ~70-80 ms each (1.4 s for the first), and admissions of a few requests
 # at a time bring a new shape nearly every step (such mixed steps took ~42 ms each in a W7
 # closed loop, docs/benchmarks/2026-12-01-h200.md). So a shape takes cuDNN only once it has run
-# EngineConfig.cudnn_prefill_after rounds (16 by default: a plan pays for itself after ~25
+# ExecutionConfig.cudnn_prefill_after rounds (16 by default: a plan pays for itself after ~25
 # rounds of 24 layers), FlashAttention-2 before; a single prompt never does (1 x 1K: cuDNN
 # 0.086 against 0.082 ms, and at c = 1 the first cuDNN call's ~1 s would land in a request's
 # latency). Where cuDNN cannot run (CPU, a shape it refuses) torch falls through the list.
@@ -107,7 +107,7 @@ class FusedPrefill:
         self.model, self.layers, self.kv_cache = model, layers, kv_cache
         self.triton = triton
         self.cudnn_after = cudnn_after
-        self.pad_lengths = pad_lengths   # EngineConfig.pad_prefill_attention
+        self.pad_lengths = pad_lengths   # ExecutionConfig.pad_prefill_attention
         self.shape_rounds: Counter = Counter()   # (chunks, length) -> rounds run (SDPA_BACKENDS)
         self._rmsnorm = kernels.rmsnorm if triton else kernels.rmsnorm_ref
         self._add_rmsnorm = kernels.add_rmsnorm if triton else kernels.add_rmsnorm_ref

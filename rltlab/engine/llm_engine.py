@@ -2,7 +2,7 @@
 
     step():  [a token window (token_window.py), whole tokens (token_step.py) or a round window
              (round_window.py) when every row decodes under host-fixed depths; otherwise:]
-             schedule rows (while rows prefill, decode rows wait: EngineConfig.prefill_first)
+             schedule rows (while rows prefill, decode rows wait: ExecutionConfig.prefill_first)
              [rows that are all fresh whole prompts: their R rounds and token 0 in one step
              (prompt_step.py); otherwise:]
              -> ask round-0 policies (decode tokens about to run round 1) -> run one round
@@ -226,7 +226,7 @@ class LLMEngine:
         if depth:   # mixed depths, whole tokens deepest first
             return self._whole_tokens.step(depth)
         hold = self._whole_tokens.hold() if self._whole_tokens else frozenset()
-        if self._round_window:   # prefill first (EngineConfig.prefill_first): decode rows wait
+        if self._round_window:   # prefill first (ExecutionConfig.prefill_first): decode rows wait
             hold |= self._round_window.held()
         seqs = [] if self.paused else self.scheduler.schedule(hold)
         if seqs and self._whole_prompts and self._whole_prompts.fits(seqs):

@@ -6,7 +6,7 @@ tokens write their K/V into plane d, then attend over plane d for positions 0..p
 a position that exited at e < d has its round-e K/V copied there). The math is the reference
 model's, module by module (rltlab.model.architecture): same norms, projections, RoPE and SDPA.
 
-Two paths (EngineConfig.decode_path):
+Two paths (ExecutionConfig.decode_path):
   * gather: plain torch for every row; rows are padded into [B, max_q] queries and [B, max_ctx]
     keys gathered through the block tables, with a causal mask per row. Prefill chunks and
     recomputed spans always take it.

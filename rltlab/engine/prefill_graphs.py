@@ -59,7 +59,7 @@ DEFAULT_MAX_TOKENS = 4096
 
 
 def resolve_max_tokens(max_tokens: int | None, device: torch.device, cuda_graphs: bool) -> int:
-    """EngineConfig.prefill_graph_tokens -> the PrefillGraphs bound, 0 = off. None: on where CUDA
+    """ExecutionConfig.prefill_graph_tokens -> the PrefillGraphs bound, 0 = off. None: on where CUDA
     graphs run (a CUDA device with cuda_graphs), off elsewhere (off CUDA there is no capture to
     save host time, only padding to pay for)."""
     if max_tokens is not None:

@@ -20,9 +20,9 @@ admissions keep round steps.
 
 Not taken either (round steps run, as before): a prompt split into chunks (prefill_chunk), spans
 recomputed after a weight update, round observers (they see every round), select_only
-semantics, and EngineConfig.whole_prompt_steps = False.
+semantics, and ExecutionConfig.whole_prompt_steps = False.
 
-Launched behind it (EngineConfig.launch_behind_prompt): where the step's one row is a plain
+Launched behind it (ExecutionConfig.launch_behind_prompt): where the step's one row is a plain
 greedy request that the next step will decode with a tree program (TreeGraph.launch_first) or
 a token window (TokenWindow.launch_first), that launch is queued as soon as token 0's copy to
 the host is, from the token still on the device; the next step takes it over, and where token
@@ -76,7 +76,7 @@ class WholePrompts:
         self.steps += 1
 
     def _launcher(self, emitting):
-        """With EngineConfig.launch_behind_prompt, for a lone plain-greedy row that the next
+        """With ExecutionConfig.launch_behind_prompt, for a lone plain-greedy row that the next
         step decodes with a tree program or a token window: sample_finite's before_read that
         launches it (module docstring); else None."""
         engine = self.engine

@@ -12,7 +12,7 @@ bookkeeping, sampling read-back, scheduling) every round: at 128 rows on the H20
 against a ~2.8 ms round (docs/benchmarks/2026-12-01-h200.md). But under host-fixed depths
 (`fixed`, `trace`) nothing the host learns in a round changes the schedule: which row runs
 which round at which position and plane, and which rows exit, are known ahead. So
-`RoundWindow.step()` plans up to `EngineConfig.round_window` round steps on the host at once
+`RoundWindow.step()` plans up to `ExecutionConfig.round_window` round steps on the host at once
 (round_plan.schedule), ships their indices in three copies, runs them back to back (the same
 captured round graph as the round-per-step engine; the exiting rows' LM head, sampling,
 next-token embedding and LAST_EXITED copies stay on the device), and reads the sampled tokens
@@ -37,7 +37,7 @@ is free, and their prefills share the next few round steps. Ending a window at e
 nearly every step) lost ~1.2 s of a 19 s closed loop on the H200, and waiting for a quarter of
 the slots left a long tail of part-empty steps (~4.6 s): docs/benchmarks/2026-12-01-h200.md.
 
-Prefill first (EngineConfig.prefill_first, the default): while any row prefills, or waiting
+Prefill first (ExecutionConfig.prefill_first, the default): while any row prefills, or waiting
 requests can be admitted, each step is a prefill step with every decode row held (Scheduler.
 schedule's hold), so an admitted prompt runs all its rounds back to back and the windows between
 run every decode row. Without it, the admitted requests' prefill steps are ordinary round steps

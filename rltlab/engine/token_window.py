@@ -200,7 +200,7 @@ class TokenWindow:
 
     def launch_first(self, seq: Sequence, token: torch.Tensor, depth: int) -> None:
         """Launch the window step(depth) starts with once the lone row `seq` has its token 0,
-        from `token` [1] still on the device (EngineConfig.launch_behind_prompt, prompt_step.py;
+        from `token` [1] still on the device (ExecutionConfig.launch_behind_prompt, prompt_step.py;
         plain greedy rows only: a dropped window must not have drawn from a generator). step()
         takes it over where the row went on from that token under the same weights; otherwise
         it is dropped unread, having written K/V only into the row's own reserved slots."""

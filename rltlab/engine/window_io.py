@@ -2,7 +2,7 @@
 static index with every row a padding row, its upload, sampling the exiting rows on the device,
 the one read-back, handing the tokens to the engine, and chaining.
 
-Chaining (EngineConfig.window_chain): after a window is launched, the host plans the next one
+Chaining (ExecutionConfig.window_chain): after a window is launched, the host plans the next one
 (both kinds plan ahead) and reads this one back, and the device idles from the read-back until
 the next window is launched: at c = 128 on the H200 ~6-9 ms per window of ~130-260 ms, at c = 1
 ~2.2 ms per window of ~37 ms (docs/benchmarks/2026-12-02-s3-h200.md). When the next window has

@@ -31,7 +31,7 @@ exit_depths = executed_depths = R and its log-prob from the target's h_R at its 
 Only the runner's public API is used (execute, or prepare + run_round; logits): a speculative
 span is a `Span` on a thin view of the sequence whose token_ids include the drafts. One step
 reads the device back once per draft pass (the draft tokens) and once after verification,
-except on the static path (EngineConfig.fused_spec): there drafts chain on the device and the
+except on the static path (ExecutionConfig.fused_spec): there drafts chain on the device and the
 whole iteration, acceptance and rejection sampling included, is one program with one read-back
 (rltlab.engine.spec.draft_program).
 Round observers are not called for speculative steps.
@@ -198,7 +198,7 @@ class SpecDecoder:
 
     def _program_step(self, seqs: list[Sequence], starts: list[int], ks: list[int], k: int,
                       own: list[int]):
-        """Iterations as one device program (spec_graph), up to EngineConfig.spec_chain of
+        """Iterations as one device program (spec_graph), up to ExecutionConfig.spec_chain of
         them chained (own: each sequence's own K); target logits only if a request wants
         log-probs (then one iteration). Tokens after a sequence stops inside a chain are
         dropped."""
@@ -222,8 +222,8 @@ class SpecDecoder:
         return self.engine._drain_outputs()
 
     def _tree_step(self, seq: Sequence):
-        """Tree iterations as one device program (tree_graph), up to EngineConfig.spec_chain
-        of them, and up to EngineConfig.spec_pipeline such programs, each launched while the
+        """Tree iterations as one device program (tree_graph), up to ExecutionConfig.spec_chain
+        of them, and up to ExecutionConfig.spec_pipeline such programs, each launched while the
         host handles the last one's tokens (one program of one iteration for a streamed
         request); tokens after a stop inside a chain are dropped."""
         p = seq.params
@@ -249,7 +249,7 @@ class SpecDecoder:
         """Where `seq`, about to sample token 0 from `hidden` (a lone whole-prompt row), will
         be handed to the tree by the next step: a before_read for sampling.sample_finite that
         launches its first program from the token on the device (TreeGraph.launch_first);
-        else None (prompt_step.py, EngineConfig.launch_behind_prompt)."""
+        else None (prompt_step.py, ExecutionConfig.launch_behind_prompt)."""
         if self._tree is None or not self.eligible(seq):
             return None
         chain, launches = self._tree_plan(seq)

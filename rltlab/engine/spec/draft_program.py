@@ -16,7 +16,7 @@ and the host reads drafts, accepted counts, next tokens and finite flags back in
 host-driven loop pays a launch and a read-back per draft pass (the draft picks the next pass's
 input); here drafts chain through device tensors, so a whole iteration is one replay.
 
-Chained iterations (EngineConfig.spec_chain = M): one program runs up to M iterations back to
+Chained iterations (ExecutionConfig.spec_chain = M): one program runs up to M iterations back to
 back. Iteration m + 1 starts from iteration m's next token, at the position after its accepted
 drafts, with K capped by the tokens the sequence may still emit (all on the device: positions
 and cache slots come from the block tables there), and everything is read back once. At c = 1

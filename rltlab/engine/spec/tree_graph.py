@@ -33,9 +33,9 @@ paged KV cache) instead of the model's reference modules:
            The tree is then span = max(depth, L) deep. Sibling nodes may carry the same
            token: all of them match, and any accepted path names the same tokens.
 
-Up to EngineConfig.spec_chain iterations run back to back in one program (each starting from
+Up to ExecutionConfig.spec_chain iterations run back to back in one program (each starting from
 the last one's bonus at the position after its path) and are read back once; up to
-EngineConfig.spec_pipeline programs run in one engine step, each launched from the last one's
+ExecutionConfig.spec_pipeline programs run in one engine step, each launched from the last one's
 state on the device as soon as the host has read that one back and seen the sequence go on
 (rltlab.engine.spec.tree_program). The candidates live on the device between programs; they stay
 valid while the sequence's pending token is the one they were drafted for. Otherwise the first
@@ -44,7 +44,7 @@ lookup chain, which needs no earlier draft (with TreeProposer(first_drafts=True)
 drafts them from the state that sampled the pending token). With
 TreeProposer(adaptive_lookup=...) a program without the lookup chain's rows runs except in a
 request's first iteration and where the proposer's rule calls for them. With
-EngineConfig.launch_behind_prompt a request's first program is launched behind its prompt step,
+ExecutionConfig.launch_behind_prompt a request's first program is launched behind its prompt step,
 from token 0 still on the device (launch_first), and run() takes it over.
 Writes to the sequence's own slots never pass position P + cap <= its last reserved one.
 """
@@ -218,7 +218,7 @@ class TreeGraph:
     def launch_first(self, seq, token: torch.Tensor, hidden: torch.Tensor, chain: int,
                      launches: int) -> None:
         """Launch the program run(seq, chain, launches) starts with before the host has read
-        back the request's token 0 (EngineConfig.launch_behind_prompt): `token` [1] is on the
+        back the request's token 0 (ExecutionConfig.launch_behind_prompt): `token` [1] is on the
         device, sampled from `hidden` (the state first drafts read); seq is as it was before
         the token, so its position is seq.num_tokens. run() takes the program over where the
         sequence went on from that token; otherwise it is dropped unread (its writes land in

@@ -1,9 +1,9 @@
 """The device program of a TreeGraph (rltlab.engine.spec.tree_graph): `chain` tree iterations on
 the engine's static decoder, staged from the host or following the last program on the device
-(EngineConfig.spec_pipeline), over all of the tree's rows or the heads' alone
+(ExecutionConfig.spec_pipeline), over all of the tree's rows or the heads' alone
 (TreeProposer(adaptive_lookup=True)), its first candidates read from the last program or
 drafted from the state that sampled the pending token (TreeProposer(first_drafts=True)); one
-CUDA graph each on a GPU. With EngineConfig.compile the glue around the rounds (_prepare,
+CUDA graph each on a GPU. With ExecutionConfig.compile the glue around the rounds (_prepare,
 _conclude, _advance, _draft) is torch.compile'd.
 """
 from __future__ import annotations
@@ -60,7 +60,7 @@ class TreeProgram(GraphProgram):
             self.out = torch.zeros(chain * self.width, dtype=torch.long, device=dev)
             # the output's copy on the host, queued right behind the program (pinned on CUDA)
             self._out_host = torch.zeros(self.out.shape, dtype=torch.long, pin_memory=pin)
-        # With EngineConfig.compile, torch.compile fuses the ~70 small ops around the rounds
+        # With ExecutionConfig.compile, torch.compile fuses the ~70 small ops around the rounds
         # (indices, block copies, the walk, the commit, the heads, the step to the next
         # iteration) as it fuses the rounds' own.
         glue = ("_prepare", "_conclude", "_advance", "_draft")
