@@ -34,7 +34,7 @@ from rltlab.engine.outputs import RequestOutput, build_output
 from rltlab.engine.sampling import SamplingParams, sample_finite
 from rltlab.engine.scheduler import Scheduler
 from rltlab.engine.spec.proposers import DraftProposer, TreeProposer
-from rltlab.engine import select_only
+from rltlab.engine import select_only, stop_strings
 from rltlab.engine.prompt_step import WholePrompts
 from rltlab.engine.round_window import RoundWindow
 from rltlab.engine.token_step import FusedTokenStep
@@ -145,6 +145,9 @@ class LLMEngine:
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("SamplingParams.stop needs a tokenizer to read the output text: "
+                             "build the engine with one (or use stop_token_ids)")
         params = params.resolve(
             num_rounds=self.num_rounds, vocab_size=self.model_config.vocab_size,
             default_min_loops=self.config.resolve_default_min_loops(),
@@ -326,9 +329,23 @@ class LLMEngine:
         if token in self.eos_token_ids and not seq.params.ignore_eos:
             self._finish(seq, "stop")
         elif token in seq.params.stop_token_ids:
+            seq.stop_reason = token
+            self._finish(seq, "stop")
+        elif seq.params.stop and self._stop_string(seq):
             self._finish(seq, "stop")
         elif seq.num_output_tokens >= seq.max_output_tokens:
             self._finish(seq, "length")
+
+    def _stop_string(self, seq: Sequence) -> bool:
+        """Whether the output text now holds one of the request's stop strings (rltlab.engine.
+        stop_strings: the earliest one ending in the newest token's text); if so, record it
+        and where it cuts the text."""
+        found = stop_strings.find_stop(self.tokenizer, seq.output_token_ids, seq.params.stop)
+        if found is None:
+            return False
+        seq.stop_reason, start = found
+        seq.text_end = start + (len(found[0]) if seq.params.include_stop_str_in_output else 0)
+        return True
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         self.scheduler.remove(seq)

@@ -18,6 +18,7 @@ class CompletionOutput:
     weight_versions: list[int]                   # weight version each token was generated under
     finish_reason: str | None                    # stop | length | abort | error | None (running)
     error: str | None = None
+    stop_reason: int | str | None = None         # the stop token id or stop string that ended it
     text: str | None = None
     spec_stats: dict | None = None               # speculative steps (set_proposer), else None
 
@@ -65,19 +66,22 @@ class RequestOutput:
     weight_versions = property(lambda self: self._single().weight_versions)
     finish_reason = property(lambda self: self._single().finish_reason)
     error = property(lambda self: self._single().error)
+    stop_reason = property(lambda self: self._single().stop_reason)
     text = property(lambda self: self._single().text)
 
 
 def _completion(seq: Sequence, tokenizer) -> CompletionOutput:
     want = seq.params.logprobs is not None
     text = tokenizer.decode(seq.output_token_ids) if tokenizer is not None else None
+    if text is not None and seq.text_end is not None:
+        text = text[:seq.text_end]
     return CompletionOutput(
         index=seq.index, token_ids=list(seq.output_token_ids),
         logprobs=list(seq.logprobs) if want else None,
         top_logprobs=list(seq.top_logprobs) if want and seq.params.logprobs else None,
         exit_depths=list(seq.exit_depths), executed_depths=list(seq.executed_depths),
         weight_versions=list(seq.weight_versions), finish_reason=seq.finish_reason,
-        error=seq.error, text=text,
+        error=seq.error, text=text, stop_reason=seq.stop_reason,
         spec_stats=_spec_stats(seq))
 
 

@@ -50,6 +50,8 @@ class SamplingParams:
     max_tokens: int = 16
     seed: int | None = None         # None: a fresh seed, reported in the effective params
     stop_token_ids: list[int] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)   # strings that end the output (vLLM)
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: int | None = None     # None: none; 0: the selected token's; k: plus the top k
     min_loops: int | None = None    # None: the engine default (2, at most the model's R)
@@ -79,6 +81,14 @@ class SamplingParams:
                 not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
             _fail("stop_token_ids", self.stop_token_ids, "must be a list of token ids >= 0")
         self.stop_token_ids = list(self.stop_token_ids)
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not isinstance(self.stop, (list, tuple)) or \
+                not all(isinstance(s, str) and s for s in self.stop):
+            _fail("stop", self.stop, "must be a string or a list of non-empty strings")
+        self.stop = list(self.stop)
+        if not isinstance(self.include_stop_str_in_output, bool):
+            _fail("include_stop_str_in_output", self.include_stop_str_in_output, "must be a bool")
         if not isinstance(self.ignore_eos, bool):
             _fail("ignore_eos", self.ignore_eos, "must be a bool")
         if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):

@@ -84,6 +84,8 @@ class Sequence:
         self.weight_versions: list[int] = []
         self.status = SeqStatus.WAITING
         self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None   # the stop token id or stop string, as vLLM
+        self.text_end: int | None = None   # where a stop string cuts the output text (chars)
         self.error: str | None = None
         self.block_table: list[int] = []
         self.block_table_t: torch.Tensor | None = None   # the same, as int64 (set on allocation)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -55,6 +56,8 @@ def from_pretrained(path_or_id: str | os.PathLike, dtype: torch.dtype | str | No
     target = (_parse_dtype(dtype)
               or _parse_dtype(config.extra.get("torch_dtype") or config.extra.get("dtype"))
               or (stored.pop() if len(stored) == 1 else torch.float32))
+    check_fits(sum(math.prod(expected.shape(name)) for name in expected.names())
+               * target.itemsize, torch.device(device), root)
     # to_empty leaves tensors uninitialised: fine, as every state-dict entry is copied in below.
     model = model.to(target).to_empty(device=device)
     state = model.state_dict()  # detached views sharing the parameters' storage
@@ -71,6 +74,19 @@ def from_pretrained(path_or_id: str | os.PathLike, dtype: torch.dtype | str | No
                     raise ValueError(f"tensor {name} in {file} {why}; refusing to load")
                 state[name].copy_(tensor)
     return model.eval()  # like transformers' from_pretrained
+
+
+def check_fits(nbytes: int, device: torch.device, root, free_bytes: int | None = None) -> None:
+    """Refuse, before anything is allocated, weights of `nbytes` that a CUDA device's free
+    memory (free_bytes: that figure, else read from the device) cannot hold."""
+    if device.type != "cuda":
+        return
+    if free_bytes is None:
+        free_bytes, _ = torch.cuda.mem_get_info(device)
+    if nbytes > free_bytes:
+        raise ValueError(f"{root}: the weights need {nbytes / 2 ** 30:.2f} GiB on {device}, which "
+                         f"has {free_bytes / 2 ** 30:.2f} GiB free; free memory, use another GPU "
+                         "or load in a smaller dtype")
 
 
 def load_tokenizer(path_or_id: str | os.PathLike):
@@ -288,16 +304,23 @@ def _materialized_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_model(model_dir: str | os.PathLike | None = None, dtype: str = "float32",
-               device: str = "cpu", threads: int | None = None, hf_tokenizer: bool = False):
+def load_model(model_dir: str | os.PathLike | None = None, dtype: str | None = "auto",
+               device: str | None = "auto", threads: int | None = None,
+               hf_tokenizer: bool = False):
     """(model, tokenizer, model_dir): model_dir None = the embedded default (artifacts/ouro-tiny).
+    device "auto": CUDA where there is one, else the CPU (a device this machine lacks is a
+    ValueError in one line); dtype "auto": bfloat16 on a GPU, float32 on the CPU.
 
     The tokenizer is a `tokenizers.Tokenizer` read from tokenizer.json (no transformers
     import: notebooks start faster); hf_tokenizer=True gives the transformers fast tokenizer.
     Both work with rltlab.eval.tasks (ids without special tokens).
     """
+    from rltlab.common.device import AUTO, default_dtype, resolve_device
     from rltlab.common.paths import embedded_model_dir
 
+    device = resolve_device(device)
+    if dtype is None or dtype == AUTO:
+        dtype = default_dtype(device)
     if threads:
         torch.set_num_threads(threads)
     # a Path, so a missing directory is named as one and never looked up on the hub
