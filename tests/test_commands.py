@@ -15,7 +15,8 @@ from rltlab.common.command import run_command
 DEVICE_COMMANDS = [
     ("rltlab.bench", []), ("rltlab.bench.depth_gain", []), ("rltlab.bench.engine", []),
     ("rltlab.bench.paired", []), ("rltlab.bench.spec", []), ("rltlab.bench.gap", []),
-    ("rltlab.bench.tree_spec", []), ("rltlab.bench.scale", []),
+    ("rltlab.bench.tree_spec", []), ("rltlab.bench.scale", []), ("rltlab.bench.first_loop", []),
+    ("rltlab.model.standin", ["{out}/config.json", "{out}/standin"]),
     ("rltlab.draft_heads.run", ["--out", "{out}"]),
     ("rltlab.draft_heads.lookahead_train", ["--out", "{out}"]),
     ("rltlab.draft_heads.selfdistill", []), ("rltlab.pretrain.evaluate", ["{out}"]),
@@ -25,6 +26,7 @@ MODEL_COMMANDS = [
     ("rltlab.bench", "--model", []), ("rltlab.bench.gap", "--model", []),
     ("rltlab.bench.tree_spec", "--model", ["--out", "{out}/r.json"]),
     ("rltlab.bench.tree_sim", "--model", []), ("rltlab.bench.scale", "--model", ["--out", "{out}"]),
+    ("rltlab.bench.first_loop", "--model", []),
     ("rltlab.draft_heads.evaluate", "--model", ["--out", "{out}"]),
     ("rltlab.draft_heads.selfdistill", "--model", ["--out", "{out}"]),
     ("rltlab.draft_heads.lookahead_train", "--model", ["--out", "{out}"]),

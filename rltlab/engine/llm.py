@@ -53,6 +53,21 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
+    def warm_up(self, *, concurrency: int | None = None, prompt_len: int = 128,
+                max_tokens: int = 32, progress: bool = True) -> dict:
+        """Pay a closed loop's one-off costs now (graph captures, kernel specialisations) by
+        running synthetic loops of up to `concurrency` requests (default max_num_seqs) and
+        prompts of up to `prompt_len` tokens (rltlab.engine.warm_up); prints the time it took.
+        On the CPU there is nothing to warm: returns at once. -> {"seconds", "loops",
+        "graphs"}."""
+        from rltlab.engine.warm_up import warm_up
+        result = warm_up(self.llm_engine, concurrency=concurrency, prompt_len=prompt_len,
+                         max_tokens=max_tokens, progress=progress)
+        if result["loops"]:
+            print(f"warm-up: {result['loops']} synthetic loops, {result['graphs']} graphs, "
+                  f"{result['seconds']:.1f} s")
+        return result
+
     # ---------------------------------------------------------------------------- generate
     def generate(self, prompts, sampling_params: SamplingParams | Seq[SamplingParams] | None
                  = None, use_tqdm: bool = False) -> list[RequestOutput]:

@@ -1,0 +1,48 @@
+"""LLM.warm_up(): synthetic loops that leave the engine idle with every block free and change
+no later output; nothing to do off CUDA; bad sizes refused."""
+from __future__ import annotations
+
+import pytest
+
+from rltlab.engine import LLM, SamplingParams
+from rltlab.engine.warm_up import decode_phases, prompt_lengths, warm_up
+from tiny_models import random_prompts, tiny_engine_model
+
+
+def test_prompt_lengths_cover_each_length_bucket_once():
+    assert prompt_lengths(10) == [10]
+    assert prompt_lengths(16) == [16]
+    assert prompt_lengths(200) == [16, 32, 64, 128, 200]
+    assert prompt_lengths(300) == [16, 32, 64, 128, 256, 300]
+
+
+def test_decode_phases_cover_every_depth_mixed_depths_and_the_gate():
+    names = [name for name, _ in decode_phases(4)]
+    assert names == [f"fixed depth {d}" for d in (1, 2, 3, 4)] + ["mixed depths", "q_exit"]
+
+
+def test_warm_up_leaves_the_engine_idle_and_outputs_unchanged():
+    model = tiny_engine_model(3)
+    prompts = random_prompts(3, seed=5, min_len=3, max_len=9)
+    params = [SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)] * 3
+    before = [o.token_ids for o in LLM(model, max_num_seqs=4).generate(prompts, params)]
+    llm = LLM(model, max_num_seqs=4, cudnn_prefill_after=None)
+    engine = llm.llm_engine
+    free = engine.block_manager.num_free_blocks
+    assert llm.warm_up()["loops"] == 0                       # the CPU: nothing to warm
+    result = warm_up(engine, concurrency=2, prompt_len=8, max_tokens=3, progress=False,
+                     off_cuda=True)
+    assert result["loops"] == 6 + 2 * 2 and not engine.has_unfinished_requests()
+    assert engine.block_manager.num_free_blocks == free
+    assert [o.token_ids for o in llm.generate(prompts, params)] == before
+
+
+def test_bad_sizes_and_a_busy_engine_are_refused():
+    llm = LLM(tiny_engine_model(3), max_num_seqs=4)
+    with pytest.raises(ValueError, match="concurrency must lie in 1..max_num_seqs=4"):
+        warm_up(llm.llm_engine, concurrency=5, off_cuda=True)
+    with pytest.raises(ValueError, match="prompt_len must lie"):
+        warm_up(llm.llm_engine, prompt_len=10 ** 6, off_cuda=True)
+    llm.llm_engine.add_request(None, [1, 2, 3], SamplingParams(max_tokens=2))
+    with pytest.raises(RuntimeError, match="idle engine"):
+        llm.warm_up()
