@@ -98,6 +98,22 @@ def test_annotate_by_hand():
     assert res["independent"]["pct_of_ceiling"] == 25.0
 
 
+def test_group_ideal_by_hand():
+    grouped = ceilings.work_of(COSTS, [output(3, [4, 2, 3], [4])])
+    # the same samples sent alone: the prompt prefilled twice, its K/V read by each
+    independent = dict(grouped, prefill_flops=2 * grouped["prefill_flops"],
+                       kv_read_positions=2 * grouped["kv_read_positions"])
+    # grouped floor 2 + 3 = 5 s (test_ceiling_by_hand); independent: 884 FLOPs at 221 = 4 s,
+    # (5 x 20 + 2 x 10) / 2 + 46 x 3 = 198 bytes at 43 B/s
+    ideal = (4 + 198 / 43) / 5
+    got = ceilings.group_ideal(COSTS, grouped, independent, rows=2, tflop_s=221e-12,
+                               copy_gb_s=43e-9, speedup=1.36)
+    assert got == {"ideal_group_gain": round(ideal, 3),
+                   "group_pct_of_ideal": round(100 * 0.36 / (ideal - 1), 1)}
+    assert ceilings.group_ideal(COSTS, grouped, grouped, 2, 221e-12, 43e-9, 1.2)[
+        "group_pct_of_ideal"] is None   # nothing to save: no share
+
+
 def test_bench_groups_and_decode_heavy_pair_run_tiny(capsys):
     res = bench_main(["--preset", "tiny", "--device", "cpu", "--workload", "W5", "W6", "W7",
                       "--scale", "0.02", "--modes", "gather", "--kv-gib", "0.05",
@@ -119,6 +135,7 @@ def test_bench_groups_and_decode_heavy_pair_run_tiny(capsys):
     assert ratios[-1] == pytest.approx(w5["closed_loop"]["tok_s"] / w5["independent"]["tok_s"],
                                        rel=1e-3)
     assert set(w5["first_pass_tok_s"]) == {"closed_loop", "independent"}
+    assert w5["ideal_group_gain"] > 1 and w5["group_pct_of_ideal"] is not None
     # stop-token ended lengths
     assert w5["stopped_fraction"] > 0 and w5["mean_output_tokens"] < res["workloads"]["W5"][
         "spec"]["max_tokens"]

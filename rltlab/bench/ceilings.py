@@ -230,6 +230,24 @@ def annotate(entry: dict, costs: ModelCosts, rows: int, tflop_s: float, copy_gb_
             if "independent" in res:
                 res["independent"]["pct_of_ceiling"] = pct(res["independent"]["tok_s"],
                                                            limit["ceiling_tok_s"])
+                if "work" in res["independent"]:
+                    res.update(group_ideal(costs, loop["work"], res["independent"]["work"],
+                                           rows, tflop_s, copy_gb_s, res.get("group_speedup")))
+
+
+def group_ideal(costs: ModelCosts, grouped: dict, independent: dict, rows: int,
+                tflop_s: float, copy_gb_s: float, speedup: float | None) -> dict:
+    """W5's ideal group gain: the independent run's time floor over the grouped run's (each
+    prompt prefilled once per group instead of once per sample, and a group's shared prompt
+    K/V read once per decode step instead of once per sample; the same weight reads), and the
+    share of its savings the measured group_speedup reached, 100 (speedup - 1) / (ideal - 1)."""
+    def floor(work):
+        limit = ceiling(costs, work, rows, tflop_s, copy_gb_s)
+        return limit["prefill_floor_s"] + limit["decode_floor_s"]
+    ideal = floor(independent) / floor(grouped)
+    share = 100 * (speedup - 1) / (ideal - 1) if speedup is not None and ideal > 1 else None
+    return {"ideal_group_gain": round(ideal, 3),
+            "group_pct_of_ideal": None if share is None else round(share, 1)}
 
 
 def _round(value: float | None) -> float | None:

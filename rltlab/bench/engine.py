@@ -41,7 +41,9 @@ every workload's prompt lengths uniformly from prompt_len x (1 - S) .. (1 + S) i
 length (real prompts differ; the fused prefill pays per distinct length in eager steps).
 W5 runs one untimed pass of its grouped and of its independent loop too, then --w5-rounds N
 rounds of both in alternating order: group_speedup is the rounds' median (with their mean and
-SE); the loops reported are the last round's. graph-no-shared-prefix (graph, but every decode
+SE); the loops reported are the last round's. ideal_group_gain is the independent run's time
+floor over the grouped run's (the prefill saved plus the shared K/V reads saved, at the run's
+matmul rate and copy bandwidth), group_pct_of_ideal the share of those savings reached. graph-no-shared-prefix (graph, but every decode
 row reads its group's shared prompt itself, kernels/shared_prefix.py) is W5's baseline mode.
 
 Ceilings (rltlab.bench.ceilings): the run measures a large matmul (TFLOP/s, model dtype) and a
