@@ -8,6 +8,16 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked gpu skip where there is no CUDA device."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (marked gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_configure(config):
     """Under the interpreter, stop before any test with what to install where the installed
     Triton and NumPy cannot run the kernels (kernels/interpreter.py), rather than fail most
