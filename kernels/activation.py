@@ -3,8 +3,8 @@
 The static path computes gate and up as one matmul, [N, 2I] = [gate | up]. In torch,
 F.silu(gate) * up is two kernels: SiLU reads gate and writes it back, the product reads both
 halves and writes the result (five [N, I] passes). silu_mul reads each half once and writes
-once (three passes); at prefill sizes on the H200 that is ~5% of a round
-(docs/benchmarks/2026-12-01-h200.md). Rounding follows the torch reference: SiLU in fp32
+once (three passes); at prefill sizes that is ~5% of a round. Rounding follows the torch
+reference: SiLU in fp32
 rounded to the input dtype, then the product in fp32 rounded again.
 """
 

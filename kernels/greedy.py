@@ -4,8 +4,8 @@ torch.argmax) and whether all its logits are finite.
 The engine's windows sample the rows that exit in every round step. For rows that are all greedy,
 with nothing filtered and no log-probs asked for, the general sampler (rltlab.engine.sampling)
 still converts the [rows, vocab] logits to fp32, then runs torch's argmax and an isfinite + all
-reduction over them: on the H200, with about 46 of W7's 128 rows exiting per step, that work and
-its launches cost 4.3% of W7's decode phase (docs/benchmarks/2026-12-02-s6-h200.md). Here one
+reduction over them: with about 46 of W7's 128 rows exiting per step, that work and its
+launches cost ~4% of W7's decode phase. Here one
 program per row streams the row once in the logits' own dtype, keeps per lane the first index of
 its running maximum, and reduces the lanes at the end.
 

@@ -4,7 +4,7 @@ can run them with the installed Triton and NumPy.
 Triton before 3.7 turns a loaded scalar (a 1-element array in the interpreter) into a Python int
 with int(array). NumPy 2.4 refuses that ("only 0-dimensional arrays can be converted to Python
 scalars"), so with Triton 3.6 (torch 2.11's pin) and NumPy 2.4 most kernels fail inside the
-interpreter (47 of 56 kernel tests on the H200 image, docs/benchmarks/2026-12-04-s16-h200.md).
+interpreter (47 of 56 kernel tests did).
 Triton fixed it in 3.7 (triton-lang/triton issue 9171). Compiled kernels on a GPU are not
 affected.
 """

@@ -1,8 +1,8 @@
 """L2 prefetch of the next weights, issued by the kernel before them (one-row decode rounds).
 
 A one-row round streams ~103 MB of weights per layer through four GEMVs, with the attention,
-its split merge and two norms in between: ~9 us per layer in which HBM idles (eager profile,
-docs/benchmarks/2026-12-02-s4-h200.md). Each GEMV also ramps up and drains with few loads in
+its split merge and two norms in between: ~9 us per layer in which HBM idles (eager
+profile). Each GEMV also ramps up and drains with few loads in
 flight. Here a kernel asks the memory system to bring the first bytes of the *next* GEMV's
 weight into L2 while it runs (Hopper's ``cp.async.bulk.prefetch.L2``: a hint, no data enters
 the SM, nothing waits on it), so that the next GEMV reads them from L2.

@@ -1,7 +1,7 @@
 """Programmatic dependent launch (PDL) for the one-row decode round's kernels.
 
 At one row a decode round is ~12 small kernels per layer, and each one's launch, ramp-up and
-tail leave HBM idle between the weight streams (docs/benchmarks/2026-11-30-engine-h200.md). On
+tail leave HBM idle between the weight streams (the gain: docs/results.md E11). On
 Hopper and newer a kernel launched with PDL may start while its predecessor in the stream is
 still running: every kernel here first lets its own successor launch
 (``gdc_launch_dependents``), then waits for its predecessor to finish and flush its writes

@@ -4,8 +4,7 @@ A one-row decode round used to compute qkv = y @ w_qkv.T with the weight-streami
 (kernels/small_batch.py) and then run rope_write_kv: one program that reads qkv back, rotates q
 and k, and writes k and v into the paged cache. That second kernel moves a few KB, but it sits on
 the round's critical path in every layer: it waits for the whole GEMV, runs on one SM, and the
-attention waits for it (24 launches per round, ~3 us each in the eager profile of
-docs/benchmarks/2026-12-02-s3-h200.md).
+attention waits for it (24 launches per round, ~3 us each in an eager profile).
 
 rope_kv_linear does both in one kernel. Each program owns BLOCK_N / 2 RoPE pairs of one head:
 head-local dims j and j + D/2, which rotate-half RoPE mixes. It streams the weight rows of both

@@ -1,8 +1,8 @@
 """Kernels for decode rounds of a few rows (M <= 64): weight-streaming GEMV and fused RoPE + K/V.
 
 At batch 1-16 a decode round is a stream of weight reads: every linear layer reads its whole
-weight matrix for a handful of rows. cuBLAS reaches ~62% of the H200's copy bandwidth on these
-shapes (docs/benchmarks/2026-11-29-engine-static-h200.md), and the activation (SiLU * up) and
+weight matrix for a handful of rows. cuBLAS reaches ~62% of the GPU's copy bandwidth on these
+shapes, and the activation (SiLU * up) and
 RoPE + K/V write run as separate small kernels. Here:
 
   * small_m_linear(x, w, act) = act(x) @ w.T, one program per BLOCK_N output features, streaming
@@ -175,17 +175,13 @@ def _small_m_linear_kernel(
 # needs many programs in flight to saturate HBM (N / BLOCK_N * SPLIT_K of them); bf16 rows use
 # tensor cores (tl.dot needs BLOCK_N >= 16); fp32 rows keep one row's narrow blocks, BLOCK_K
 # bounded by the [BLOCK_M, BLOCK_N, BLOCK_K] products' registers. The per-shape entries are the
-# Ouro-1.4B layer's, measured by `python -m rltlab.bench.gemv --sweep` on the H200
-# (docs/benchmarks/2026-11-30-engine-h200.md), except the few_rows_fma ones (below). Under PDL the
-# same tiles serve: the ones a --sweep --pdl picked per shape made the engine's interleaved one-row
-# round 4% slower (docs/benchmarks/2026-12-02-h200.md). The narrow o and down entries are from
-# docs/experiments/scripts/gemv_split_k_h200.py under PDL (o: 0.108 -> 0.093 ms per 24; down,
-# split-K 4: 0.313 -> 0.202 ms), checked in the interleaved round of 96 GEMVs: 0.873 -> 0.819 ms
-# (docs/benchmarks/2026-12-02-s3-h200.md). The one-row o and gate/up entries were then re-tuned
-# inside the engine's PDL + L2-prefetch round, which chains of one shape mispredict: a round took
-# 0.981 ms with the new gate/up entry, 0.962-0.964 with both, against 1.031-1.034 with the entries
-# before, o (4, 1024, 4, 3) and gate/up (4, 512, 2, 2) (docs/experiments/scripts/w1_tiles_h200.py,
-# docs/benchmarks/2026-12-02-s6-h200.md).
+# Ouro-1.4B layer's, the fastest of `python -m rltlab.bench.gemv --sweep`, except the
+# few_rows_fma ones (below). Under PDL the same tiles serve: the ones a --sweep --pdl picked per
+# shape made the engine's interleaved one-row round slower (docs/results.md, "Negative
+# results"). The narrow o and down entries (down split-K 4) were picked under PDL and checked in
+# an interleaved round of 96 GEMVs. The one-row o and gate/up entries were then re-tuned inside
+# the engine's PDL + L2-prefetch round, which chains of one shape mispredict (docs/results.md
+# E15).
 TILES = {
     "one_row": (4, 1024, 4, 2), "few_rows": (16, 256, 4, 3), "few_rows_fma": (4, 128, 4, 2),
     ("one_row", 6144, 2048): (4, 1024, 4, 2), ("one_row", 2048, 2048): (4, 2048, 4, 2),
@@ -194,14 +190,13 @@ TILES = {
     ("few_rows", 11264, 2048): (32, 256, 4, 3), ("few_rows", 2048, 5632): (64, 128, 4, 5),
     # the embedded model's fp32 q/k/v, gate/up and down (its o keeps the default): the best of
     # `python -m rltlab.bench.gemv --config artifacts/ouro-tiny/config.json --dtype float32
-    # --rows 1 5 16 37 --sweep` at 5, 16 and 37 rows (docs/benchmarks/2026-12-04-s16-h200.md)
+    # --rows 1 5 16 37 --sweep` at 5, 16 and 37 rows
     ("few_rows_fma", 1152, 384): (2, 64, 1, 3), ("few_rows_fma", 2048, 384): (2, 256, 1, 2),
     ("few_rows_fma", 384, 1024): (4, 256, 4, 3),
     # ... and by row count, ("few_rows_fma", N, K, T) for rounds of at most T rows (the
-    # smallest tier that holds them, FMA_ROW_TIERS), the best in the tree program's rounds
-    # (docs/experiments/scripts/tree_rows_tiles.py, s20_call5_h200.sh): at 5 rows (the heads'
-    # leaves alone) q/k/v (with RoPE, kernels/rope_gemv.py) and o, 0.352 -> 0.305 ms for R
-    # rounds; at 16 (the lead program) q/k/v 0.472 -> 0.449 and down 0.470 -> 0.457 ms.
+    # smallest tier that holds them, FMA_ROW_TIERS), the best measured in the tree program's
+    # rounds: at 5 rows (the heads' leaves alone) q/k/v (with RoPE, kernels/rope_gemv.py) and
+    # o; at 16 (the lead program) q/k/v and down.
     ("few_rows_fma", 1152, 384, 8): (16, 64, 4, 2), ("few_rows_fma", 384, 384, 8): (1, 64, 4, 2),
     ("few_rows_fma", 1152, 384, 16): (2, 128, 4, 2),
     ("few_rows_fma", 384, 1024, 16): (1, 256, 4, 2),

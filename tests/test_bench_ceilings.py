@@ -183,8 +183,8 @@ def run_tiny_w7_mode():
 
 
 def test_run_mode_leaves_no_engine_alive_for_the_next_mode(monkeypatch):
-    """Each mode's KV cache must be freed before the next mode allocates its own (on the H200 a
-    leaked 108 GiB cache made every later mode fail with out-of-memory)."""
+    """Each mode's KV cache must be freed before the next mode allocates its own (a leaked
+    cache that filled the GPU made every later mode fail with out-of-memory)."""
     import weakref
 
     from rltlab.engine import LLM

@@ -1,8 +1,8 @@
 """L2 prefetch of the next weights in one-row rounds (kernels/l2_prefetch.py): how a kernel's
 programs share the byte range (under TRITON_INTERPRET=1), the host-side checks, and which weight
 each kernel of a layer prefetches (rltlab.engine.static_decode.prefetch_plan). The prefetch
-instruction itself only compiles for Hopper; the GPU checks are in
-docs/experiments/scripts/one_row_exactness.py."""
+instruction itself only compiles for Hopper; the GPU checks were a script in the tree at
+093d100 (one_row_exactness.py)."""
 
 import os
 

@@ -1,9 +1,9 @@
 """Programmatic dependent launch (kernels/pdl.py): where it is available, and that every kernel
 that takes pdl=True refuses it, before touching anything, where it is not.
 
-What PDL changes on a GPU (launch order only, so bit-identical results) is checked on the H200 by
-docs/experiments/scripts/pdl_h200.sh: the engine with and without it, fp32, identical tokens
-and log-probs; the interpreter cannot run the grid-dependency instructions.
+What PDL changes on a GPU (launch order only, so bit-identical results) was checked on a GPU by
+a script (in the tree at 093d100): the engine with and without it, fp32, identical tokens and
+log-probs; the interpreter cannot run the grid-dependency instructions.
 """
 
 import os

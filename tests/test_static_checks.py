@@ -1,11 +1,7 @@
 """Names the code uses but never defines: pyflakes over the package (rltlab, kernels,
 engine_patches), and the test files. Such a name fails only when its
 line runs, which for GPU-only paths is never on this machine (the W1 bench's round_profile
-raised NameError on CUDA for a day before pyflakes found it).
-
-docs/experiments/scripts is left out: those are the records of runs as they were made, and two
-of them free the engine with `del llm, eng` after closures that read it, which pyflakes takes
-for a read after the del."""
+raised NameError on CUDA for a day before pyflakes found it)."""
 from pathlib import Path
 
 import pytest

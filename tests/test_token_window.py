@@ -187,8 +187,8 @@ def test_a_stop_ends_the_chain_after_the_window_launched_ahead():
 @pytest.mark.parametrize("kind", ["token", "round"])
 def test_each_windows_read_back_is_queued_before_the_next_window(monkeypatch, kind):
     """A window's copy to the host is queued right behind its own work: queued after a chained
-    window, the host would wait for that window too, and chaining would overlap nothing (on the
-    H200 it made W7's decode phase 7% slower)."""
+    window, the host would wait for that window too, and chaining would overlap nothing (it
+    made W7's decode phase 7% slower)."""
     from rltlab.engine import round_window, token_window
 
     module = token_window if kind == "token" else round_window

@@ -83,8 +83,7 @@ def main(argv=None) -> dict:
                 return result
             # One untimed pass of the very workload: a fresh process captures the graphs of
             # every batch size and grows its allocator here, not inside the first timed run (a
-            # two-prompt warm-up left 26 ms per token in one baseline run on a fresh H200: 8.7
-            # steady).
+            # two-prompt warm-up left one baseline run at 3x its steady time per token).
             for _ in range(args.warmup):
                 run_once()
             results[name] = median_run(run_once, args.repeats)

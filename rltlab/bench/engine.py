@@ -87,7 +87,7 @@ MODES = {
     "graph": dict(decode_path="static", cuda_graphs=True),
     "compile": dict(decode_path="static", cuda_graphs=True, compile=True),
     # Baselines: one engine step per round instead of whole fixed-depth tokens; cuBLAS instead of
-    # the one-row Triton GEMV (the session-2 engine = graph-cublas with graph-rounds).
+    # the one-row Triton GEMV (graph-cublas with graph-rounds = the engine before both).
     "graph-rounds": dict(decode_path="static", cuda_graphs=True, fused_tokens=False),
     # Baseline: mixed depths as whole tokens deepest first (no round windows, round_window.py).
     "graph-ragged": dict(decode_path="static", cuda_graphs=True, round_window=0),
@@ -244,7 +244,7 @@ def run_mode(model, spec: dict, mode: str, prompts, params, kv_gib: float,
         if spec["requests"] > 1:
             # One closed loop before the reported one: its draining tail and staggered admissions
             # reach batch buckets and Triton specialisations nothing above does, whose one-off
-            # capture and compile (up to 3.3 s of a 12 s W4 loop on the H200) would otherwise
+            # capture and compile (up to 3.3 s of a 12 s W4 loop) would otherwise
             # land in the decode-phase and closed-loop figures. Its figures are kept apart.
             first_pass, _ = engine_checks.closed_loop(llm, prompts, params, c, costs)
         # A batch-1 decode phase lasts ~1 s: host jitter moves it by ~5-10%, so take the median

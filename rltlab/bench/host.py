@@ -1,9 +1,9 @@
 """The host's speed, probed the same way at the start and the end of a paired bench.
 
 At c = 1 both target-only decoding and the tree path spend part of their wall time on the host
-(Python, op dispatch, read-backs), and target only's tok/s moved 1,466-2,514 between H200
-machine starts at the same code (docs/benchmarks/2026-12-04-s21-h200.md), which moved its
-paired ratios with it. These probes put a number on the host each run saw:
+(Python, op dispatch, read-backs), and target only's tok/s moved by up to 1.7x between machine
+starts at the same code, which moved its paired ratios with it. These probes put a number on
+the host each run saw:
 
   python_us:     a fixed pure-Python loop (list appends and dict lookups), whole loop;
   dispatch_us:   one in-place add on a one-element tensor of the device, per op (launches are

@@ -3,8 +3,8 @@ alternate closed loops on ONE engine, so every gain compares two loops run back 
 
 rltlab.bench.engine runs each workload on an engine of its own, one after the other. Their
 closed loops then differ by ~1-2% from one engine (and moment) to the next, and a pair's share of
-its ideal savings, 100 (gain - 1) / (ideal - 1), magnifies that about tenfold: on the H200 the
-same code gave W4/W3 70.9% and 80.9% in two calls (docs/benchmarks/2026-12-02-s4-h200.md).
+its ideal savings, 100 (gain - 1) / (ideal - 1), magnifies that about tenfold: the same code
+gave W4/W3 70.9% and 80.9% in two such runs.
 The two workloads of a pair share every engine setting and differ only in their requests' exit
 policy, so here, per mode:
 

@@ -15,7 +15,7 @@ tree, two rows that are replay only:
     that launched each program before reading the last one back (rule="late").
 
 The speed figure is a **cost model**, not a measurement: a program's cost is linear in its
-rows between two costs fitted to H200 runs; target only costs a fixed time per token; both pay
+rows between two costs fitted to one GPU's runs; target only costs a fixed time per token; both pay
 the same prompt step per request (CostModel; at spec_chain = 1, one iteration a program).
 
     python -m rltlab.bench.tree_sim --prompts 32 --max-tokens 32 --lookup 10
@@ -171,15 +171,14 @@ def spec_stats(iterations: list[Iteration]) -> dict:
 
 @dataclass
 class CostModel:
-    """A cost model of the H200 engine at c = 1 (fp32, the embedded model; not a measurement).
-    A program costs program_at_5 ms with 5 rows and program_at_16 with 16 (its rounds, glue and
-    host turn), linear between and beyond; a target-only token costs target_token ms with its
-    host share; both sides pay prompt_step ms a request (~1.2 ms, docs/experiments/
-    loop_speculation.md). The program costs were fitted to docs/benchmarks/2026-12-04-s21-h200.md
-    call 4 (32 x 32, chain K = 4 + lookup 10 always and adaptive, the shipped heads) and
-    target_token to that call's target only, by docs/experiments/scripts/tree_sim_validation.py,
-    which also sets them beside the call's other rows. target_token depends on the workload:
-    0.388 ms on 32 x 32, 0.321 on 16 x 128."""
+    """A cost model of the engine at c = 1 on one GPU (fp32, the embedded model; not a
+    measurement). A program costs program_at_5 ms with 5 rows and program_at_16 with 16 (its
+    rounds, glue and host turn), linear between and beyond; a target-only token costs
+    target_token ms with its host share; both sides pay prompt_step ms a request. The program
+    costs were fitted to one measured run (32 x 32, chain K = 4 + lookup 10 always and adaptive,
+    the shipped heads) and target_token to that run's target only, so they describe that
+    machine only (docs/experiments/loop_speculation.md, "Replaying proposers without the
+    engine"). target_token depends on the workload: 0.388 ms on 32 x 32, 0.321 on 16 x 128."""
     program_at_5: float = 0.542
     program_at_16: float = 0.637
     target_token: float = 0.388
@@ -282,7 +281,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--lookup", type=int, default=10)
     ap.add_argument("--split", choices=["eval", "train"], default="eval",
-                    help="eval: the held-out prompts the H200 benches run (half arithmetic, half "
+                    help="eval: the held-out prompts the GPU benches run (half arithmetic, half "
                          "text); train: TRAINING-split prompts (rollout_data.training_prompts, "
                          "--seed), where a rule is chosen before it meets the held-out ones")
     ap.add_argument("--seed", type=int, default=7, help="--split train's prompt seed")

@@ -9,8 +9,9 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
   - target only: the paged engine (LLM.generate, max_num_seqs = 1, fixed depth R), the
     baseline every speedup is paired against;
   - the trees: root only (no drafts), chain K = 4, the artifact's own tree, and with
-    --trees-from the trees of a lookahead_tree_probe.py result (their "tree B=<b>" entries,
-    --budgets); --only keeps the named ones. Each is run by
+    --trees-from the trees of a JSON with "tree B=<b>" entries (--budgets), as the lookahead
+    tree probe wrote (a script in the tree at 093d100); --only keeps the named ones. Each is
+    run by
       - the engine (--paths engine): the same paged engine with a TreeProposer
         (rltlab.engine.spec.tree_graph), ExecutionConfig.spec_chain = M for each M of --chains
         ("engine <tree> M=<m>"), ExecutionConfig.spec_pipeline = P for each P of --pipelines
@@ -46,9 +47,8 @@ config with --heads. identical: prompts whose tokens equal target only's. "host"
 rltlab.bench.host's probes before the warm-up and after the last repeat (python loop, op
 dispatch, read-back), to tell a slow host from a slow config. Last line: JSON.
 
-    python -m rltlab.bench.tree_spec --device cuda --paths engine --trees-from \\
-        docs/experiments/data/2026-12-03-lookahead-tree-probe-h200.json --budgets 8 \\
-        --engine-compile off on
+    python -m rltlab.bench.tree_spec --device cuda --paths engine --trees-from PROBE.json \\
+        --budgets 8 --engine-compile off on
 """
 from __future__ import annotations
 

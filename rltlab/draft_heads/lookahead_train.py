@@ -14,13 +14,12 @@
 --time-limit SECONDS ends the steps by the clock, the learning rate decayed by time as it is by
 steps, so that a run inside a device call's limit still saves its heads.
 
-The shipped artifacts/ouro-tiny/draft_heads/lookahead_h4 came from this command on one H200
-(docs/experiments/scripts/s24_call1_h200.sh): --n-arith 128000 --n-text 128000 --steps 40000
---rollout-batch 2048, 179 s of training. The heads before the twenty-first session (32,000 prompts,
-8,000 of them arithmetic) had overfit: heads 1-3 peaked at a quarter to a half of their steps. With
-4x and then 8x the prompts, every head still gained at its last step, and drafts were accepted more
-on the held-out 32 x 32 workload (chain K = 4 + lookup 10): tau 3.05 -> 3.24 -> 3.28 with the hits
-rule, 3.47 -> 3.60 (the last two) with the agree rule and first drafts.
+The shipped artifacts/ouro-tiny/draft_heads/lookahead_h4 came from this command on one GPU:
+--n-arith 128000 --n-text 128000 --steps 40000 --rollout-batch 2048 (179 s of training). On
+32,000 prompts (8,000 of them arithmetic) the heads overfit: heads 1-3 peaked at a quarter to a
+half of their steps. With 4x and then 8x the prompts, every head still gained at its last step,
+and drafts were accepted more on the held-out prompts; twice as many again did not help
+(docs/results.md, "Negative results").
 """
 from __future__ import annotations
 
@@ -121,8 +120,8 @@ def flatten(rollouts, depth: int):
 @torch.no_grad()
 def true_ranks(heads, rollouts, device, cap: int = 64, chunk: int = 8192) -> list[torch.Tensor]:
     """Per rollout [L, depth]: the rank of x_{t+1+k} under head k (capped), -1 past the end.
-    Every position at once, `chunk` positions a pass (one pass per rollout took minutes on
-    the H200 for 12,800 calibration rollouts: launch-bound)."""
+    Every position at once, `chunk` positions a pass (one pass per rollout took minutes for
+    12,800 calibration rollouts: launch-bound)."""
     h, nxt, tgt = flatten(rollouts, heads.depth)
     dtype = next(heads.parameters()).dtype
     ranks = []

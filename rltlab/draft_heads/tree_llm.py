@@ -6,16 +6,14 @@ the fastest configuration measured (issue 16; docs/experiments/loop_speculation.
     out = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=128,
                                                exit_policy="fixed"))
 
-It is the same LLM and TreeProposer one can build by hand (docs/engine.md section 7.3), with:
+It is the same LLM and TreeProposer one can build by hand (docs/engine.md section 7.2), with:
   - the heads' rank-0 chain (K = their depth) and a prompt-lookup chain of FASTEST["lookup"]
-    nodes verified by agreement, first drafts on: the fastest proposer on every workload of
-    the twenty-fourth session's H200 calls;
+    nodes verified by agreement, first drafts on: the fastest proposer measured on every
+    workload tried;
   - one sequence at a time (max_num_seqs=1: the engine speculates while exactly one greedy
     full-depth sequence runs, and steps normally otherwise), each request's first program
-    launched behind its prompt step (launch_behind_prompt: 1.02-1.04x more; with it 2.03x
-    the fastest target-only baseline on 32 x 32 pooled over twelve H100 machine starts,
-    1.99x pooled over two H200 starts (2.01x and 1.97x),
-    docs/benchmarks/2026-12-05-s28-h200-h100.md);
+    launched behind its prompt step (launch_behind_prompt); what this configuration gains
+    over target-only decoding, and on what: docs/results.md S1 and S5;
   - the KV pool sized for one max_model_len sequence plus the tree's private blocks;
   - the static decode path, and on CUDA the settings those figures were measured with
     (compile=True, gemv_rows=64).
@@ -26,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 FASTEST = {"lookup": 10, "adaptive_lookup": "agree", "first_drafts": True}
-CUDA_SETTINGS = {"compile": True, "gemv_rows": 64}   # as measured on the H200
+CUDA_SETTINGS = {"compile": True, "gemv_rows": 64}   # as measured (docs/results.md S1)
 
 
 def tree_llm(model, heads=None, *, max_model_len: int, block_size: int = 16,

@@ -17,9 +17,8 @@ back to back in the step, as a step of whole prompts does. SiLU * up is one kern
 layer; with pad_lengths (ExecutionConfig.pad_prefill_attention, opt-in) those of one length
 bucket are padded at their ends into one launch instead.
 
-Why: on the H200 the gather path ran 1K-token prefill at a third of the bf16 matmul rate; its
-unfused norms, RoPE and padded attention copies cost as much as the matmuls
-(docs/benchmarks/2026-12-01-h200.md).
+Why: the gather path ran 1K-token prefill at a third of the bf16 matmul rate; its unfused
+norms, RoPE and padded attention copies cost as much as the matmuls (docs/results.md E16).
 
 Rows whose active positions are not contiguous (a recomputed span after some tokens exited)
 keep the gather path: ModelRunner checks `contiguous` before choosing. Each kernel has a torch
@@ -41,12 +40,11 @@ from rltlab.engine.static_decode import post_attention
 from rltlab.model.architecture import OuroForCausalLM, rope_cos_sin
 
 
-# cuDNN runs the whole prompts' causal attention faster than FlashAttention-2 on the H200 (16
-# prompts of 1K tokens: 0.158 against 0.281 ms per layer, 7 x 1K 2.4x, 128 x 128 1.39x;
-# docs/experiments/scripts/sdpa_backends_h200.py), but builds an execution plan for every new
-# (chunks, length) shape: ~70-80 ms each (1.4 s for the first), and admissions of a few requests
-# at a time bring a new shape nearly every step (such mixed steps took ~42 ms each in a W7
-# closed loop, docs/benchmarks/2026-12-01-h200.md). So a shape takes cuDNN only once it has run
+# cuDNN runs the whole prompts' causal attention faster than FlashAttention-2 (16 prompts of
+# 1K tokens: 0.158 against 0.281 ms per layer, 7 x 1K 2.4x, 128 x 128 1.39x), but builds an
+# execution plan for every new (chunks, length) shape: ~70-80 ms each (1.4 s for the first), and
+# admissions of a few requests at a time bring a new shape nearly every step (such mixed steps
+# took ~42 ms each in a W7 closed loop). So a shape takes cuDNN only once it has run
 # ExecutionConfig.cudnn_prefill_after rounds (16 by default: a plan pays for itself after ~25
 # rounds of 24 layers), FlashAttention-2 before; a single prompt never does (1 x 1K: cuDNN
 # 0.086 against 0.082 ms, and at c = 1 the first cuDNN call's ~1 s would land in a request's
@@ -72,8 +70,8 @@ def whole_prompt_inputs(seqs, lengths: list[int], block_size: int, embed, device
     """FusedPrefill.run_rounds' inputs for fresh whole prompts back to back (seqs: Sequences,
     lengths: their prompts' lengths; embed: the model's embedding) -> (round-1 inputs,
     positions, slots, chunks), with one host->device copy: the engine's general step builder
-    (ModelRunner.prepare) spent ~0.4 ms of host time a prompt on it at c = 1 on the H200
-    (docs/benchmarks/2026-12-04-s18-h200.md, call 2), while the device waited."""
+    (ModelRunner.prepare) spent ~0.4 ms of host time a prompt on it at c = 1, while the
+    device waited."""
     host = np.empty((3, sum(lengths)), dtype=np.int64)   # token ids, positions, slots
     lo = 0
     for seq, n in zip(seqs, lengths):

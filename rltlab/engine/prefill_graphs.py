@@ -1,9 +1,9 @@
 """Small whole-prompt prefill steps replayed as CUDA graphs, padded to bucketed shapes.
 
 A fused prefill step (fused_prefill.py) launches about 10 kernels per layer from the host.
-Below ~1K tokens its GPU work is shorter than those launches, so the step is host-bound: on the
-H200, at the Ouro-1.4B shape, a step of one to eight 128-token prompts took 9-11 ms whatever its
-size (docs/benchmarks/2026-12-03-s11-h200.md, call 3). Closed loops whose rows finish spread
+Below ~1K tokens its GPU work is shorter than those launches, so the step is host-bound: at the
+Ouro-1.4B shape a step of one to eight 128-token prompts took 9-11 ms eagerly whatever its
+size. Closed loops whose rows finish spread
 out (exit-policy depths, EOS-terminated lengths) admit the next prompts a few at a time, and
 pay that in every round of every admission.
 
@@ -51,10 +51,9 @@ from rltlab.engine.fused_prefill import (SDPA_BACKENDS, FusedPrefill, bucket, le
 from rltlab.engine.static_decode import capture_graph
 
 
-# The padded tokens of the largest step that replays, where the engine picks (EngineConfig's
-# prefill_graph_tokens None). On the H200 at the Ouro-1.4B shape it took W7's closed loop from
-# 74.7% to 80.8% of its ideal depth savings, paired on one engine
-# (docs/benchmarks/2026-12-03-s12-h200.md); larger steps are not host-bound.
+# The padded tokens of the largest step that replays, where the engine picks
+# (ExecutionConfig.prefill_graph_tokens None): larger steps are not host-bound. The gain on W7:
+# docs/results.md E8.
 DEFAULT_MAX_TOKENS = 4096
 
 
@@ -132,8 +131,8 @@ class PrefillGraphs:
         straight into the bucket's input rows and replays it. That is what run_rounds computes
         (an embedding is a gather; padding rows write no K/V and no real row sees them), with
         one copy in place of whole_prompt_inputs' and the bucket's three copies and three
-        scatters: at c = 1 on an H100 the host spent ~400 us a request building a prompt
-        step's inputs while the device waited (docs/benchmarks/2026-12-05-s27-h100.md)."""
+        scatters: at c = 1 the host spent ~400 us a request building a prompt step's inputs
+        while the device waited."""
         shape = self._shape(len(seqs), max(lengths))
         # (one-round buckets are the round steps', whose planes vary)
         target = self.buckets.get((*shape, rounds)) if shape and rounds > 1 else None

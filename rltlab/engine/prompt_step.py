@@ -3,9 +3,9 @@
 Every prompt position runs all R rounds and exits at R (docs/ouro.md, KV semantics: full-depth
 prefill), so nothing between a prompt's rounds needs the host: no exit to decide, no
 LAST_EXITED copy, no token to sample before round R. Round steps still spend one engine step
-per round on it, each with its own scheduling, input building and read-back. At c = 1 on the
-H200 the embedded model's 32 held-out prompts took 77-84 ms in such steps, against 374 ms for
-all their 721 decoded tokens (docs/benchmarks/2026-12-04-s17-h200.md, call 5).
+per round on it, each with its own scheduling, input building and read-back: at c = 1 the
+embedded model's 32 held-out prompts took a fifth as long in such steps as all their decoded
+tokens (the gain of whole-prompt steps: docs/results.md E9).
 
 Here one runner call (ModelRunner.run_prompts) runs rounds 1..R of every row, as one CUDA graph
 per padded bucket where prefill graphs run (prefill_graphs.py), and token 0 is sampled from h_R
@@ -14,9 +14,9 @@ log-probs and the K/V of every plane are the same.
 
 Only where the step holds every running sequence: at c = 1, and when a batch starts. In a
 closed loop whose prompts are admitted while other rows decode (held meanwhile, prefill_first),
-W7 at the Ouro-1.4B shape ran 0.973x as fast paired with whole-prompt steps there as with round
-steps (4 rounds, 3 slower; docs/benchmarks/2026-12-04-s18-h200.md, cause not found), so such
-admissions keep round steps.
+W7 at the Ouro-1.4B shape ran slower paired with whole-prompt steps there than with round
+steps (docs/results.md, "Negative results"; cause not found), so such admissions keep round
+steps.
 
 Not taken either (round steps run, as before): a prompt split into chunks (prefill_chunk), spans
 recomputed after a weight update, round observers (they see every round), select_only

@@ -8,8 +8,8 @@ costs its depth in rounds. (Whole tokens run deepest first instead read the weig
 token whenever any row needs round R: token_step.py.)
 
 Stepped by the engine, such a batch pays the host's per-step work (exit decisions, span
-bookkeeping, sampling read-back, scheduling) every round: at 128 rows on the H200 that is ~5 ms
-against a ~2.8 ms round (docs/benchmarks/2026-12-01-h200.md). But under host-fixed depths
+bookkeeping, sampling read-back, scheduling) every round: at 128 rows that was ~5 ms against
+a ~2.8 ms round at the Ouro-1.4B shape. But under host-fixed depths
 (`fixed`, `trace`) nothing the host learns in a round changes the schedule: which row runs
 which round at which position and plane, and which rows exit, are known ahead. So
 `RoundWindow.step()` plans up to `ExecutionConfig.round_window` round steps on the host at once
@@ -33,9 +33,9 @@ its later tokens are dropped (at most `round_window` rounds).
 
 Admission: with mixed depths, rows finish one by one. A window is never cut short for them, so
 waiting requests are admitted at window boundaries: all that fit, together, as soon as a slot
-is free, and their prefills share the next few round steps. Ending a window at every finish instead (one-round windows, a prefill in
-nearly every step) lost ~1.2 s of a 19 s closed loop on the H200, and waiting for a quarter of
-the slots left a long tail of part-empty steps (~4.6 s): docs/benchmarks/2026-12-01-h200.md.
+is free, and their prefills share the next few round steps. Ending a window at every finish
+instead (one-round windows, a prefill in nearly every step) lost ~1.2 s of a 19 s closed loop,
+and waiting for a quarter of the slots left a long tail of part-empty steps (~4.6 s).
 
 Prefill first (ExecutionConfig.prefill_first, the default): while any row prefills, or waiting
 requests can be admitted, each step is a prefill step with every decode row held (Scheduler.
@@ -43,8 +43,9 @@ schedule's hold), so an admitted prompt runs all its rounds back to back and the
 run every decode row. Without it, the admitted requests' prefill steps are ordinary round steps
 in which every decode row also runs one round, one host round trip per round: in a W4 closed
 loop the rows of the first wave finish spread out, requests are admitted a few at a time, and
-87 such mixed steps carried the prefills (docs/benchmarks/2026-12-02-prefill-first-h200.md).
-Steps that alternated one window with one prefill round step lost to both on W4 (same page).
+87 such mixed steps carried the prefills (prefill first's gain: docs/results.md E17). Steps
+that alternated one window with one prefill round step lost to both on W4 (docs/results.md,
+"Negative results").
 Which rows compute what is unchanged either way; only when.
 """
 from __future__ import annotations

@@ -35,10 +35,8 @@ from rltlab.engine.prefix_groups import PrefixGroups
 from rltlab.model.architecture import OuroForCausalLM, apply_rope, rope_cos_sin
 
 # Rounds of at most this many rows use the Triton GEMV instead of cuBLAS, by default
-# (ExecutionConfig.gemv_rows). On the H200 in bf16 it beats cuBLAS at one row (0.91 vs 0.98 ms for
-# a round's matmuls) but not at 2..16 rows (3.1 vs 1.0 ms: the down projection's long K loop
-# over too few programs), see docs/benchmarks/2026-11-30-engine-h200.md. In fp32 the FMA rows
-# beat cuBLAS at 5-37 rows (docs/benchmarks/2026-12-04-s16-h200.md).
+# (ExecutionConfig.gemv_rows). In bf16 it beats cuBLAS at one row but not at 2..16 rows (the down
+# projection's long K loop over too few programs); in fp32 the FMA rows beat cuBLAS at 5-37 rows.
 GEMV_ROWS = 1
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
 

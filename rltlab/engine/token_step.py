@@ -1,8 +1,8 @@
 """Whole-token decode steps: every round of a fixed-depth token in one launch.
 
 In the round-per-step loop a batch-1 token costs R engine steps, and on a GPU the last one ends
-with the host reading the sampled token while the device idles (~1.3 ms per token on the H200,
-docs/benchmarks/2026-11-29-engine-static-h200.md). When nothing needs to look between rounds,
+with the host reading the sampled token while the device idles (~1.3 ms per token at the
+Ouro-1.4B shape). When nothing needs to look between rounds,
 `step()` hands over to `FusedTokenStep.step()`, which runs rounds 1..D of every running
 sequence's pending token through the static decoder as one unit (one CUDA graph per batch bucket
 and depth: `StaticDecoder.run_token`) and samples: one host round trip per token.

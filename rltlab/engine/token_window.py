@@ -2,9 +2,8 @@
 
 A whole-token step (token_step.py) runs every round of every row's pending token in one launch,
 then reads the sampled tokens back: one host round trip per token. While the host reads back,
-accepts the tokens and stages the next token's indices, the device idles (at c = 128 on the
-H200 a fixed-depth-4 step took 13.5 ms of wall time for 11.1 ms of GPU time; at c = 1 about
-0.65 ms of each 5.96 ms token: docs/benchmarks/2026-11-30-engine-h200.md).
+accepts the tokens and stages the next token's indices, the device idles (at the Ouro-1.4B
+shape ~18% of a fixed-depth-4 step at c = 128, ~11% of a token at c = 1).
 
 When every row decodes at the same host-fixed depth, nothing the host learns from a token changes
 the next one's schedule: the position, slot and depth of each row's next `token_window` tokens
@@ -23,9 +22,9 @@ ends. Rows asking for top log-probs (logprobs > 0) take one-token steps.
 Planned ahead: while the device runs window k, before reading it back, the host plans and
 uploads window k + 1 for the rows that will still run, at the positions window k leaves them
 (as round windows do): planning and the pinned upload were host work between a window's
-read-back and the next launch (cProfile on the H200, profiler overhead included: ~12 ms of
-_plan and pin_memory per W3 window, docs/benchmarks/2026-12-02-s3-h200.md). step() uses the
-plan only if the rows turn out exactly those, at those positions (_key), else it plans afresh.
+read-back and the next launch (cProfile, profiler overhead included: ~12 ms of _plan and
+pin_memory per W3 window). step() uses the plan only if the rows turn out exactly those, at
+those positions (_key), else it plans afresh.
 """
 from __future__ import annotations
 

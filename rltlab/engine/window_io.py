@@ -4,8 +4,7 @@ the one read-back, handing the tokens to the engine, and chaining.
 
 Chaining (ExecutionConfig.window_chain): after a window is launched, the host plans the next one
 (both kinds plan ahead) and reads this one back, and the device idles from the read-back until
-the next window is launched: at c = 128 on the H200 ~6-9 ms per window of ~130-260 ms, at c = 1
-~2.2 ms per window of ~37 ms (docs/benchmarks/2026-12-02-s3-h200.md). When the next window has
+the next window is launched (a few percent of a window; ~6% at c = 1). When the next window has
 exactly the same rows, nothing the read-back tells the host can change it: no row reaches its
 length limit in this window (the plan knows), so no slot frees and no admission is due (none
 was when this window started). A row that stops at EOS or a stop token is only learnt from
@@ -18,8 +17,8 @@ Each window's device inputs that the host has not read yet (the rows' pending to
 round windows the states of rows inside a token) are carried on the device; everything else
 is what the plan made ahead already holds. Each window's copy to the host is queued right
 behind its own work (queue_read_back), before the next window: queued later, the read-back
-would wait for the chained window too, and the chain would overlap nothing. Measured on the
-H200 (same run): W1 1.029x; at c = 128 within one run's noise (W3 1.006x, W4 0.992x)."""
+would wait for the chained window too, and the chain would overlap nothing. Measured: a gain at
+c = 1, none beyond noise at c = 128 (docs/results.md E13)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

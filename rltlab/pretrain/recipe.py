@@ -94,7 +94,7 @@ class PretrainConfig:
     seed: int = 0
     device: str = "auto"
     dtype: str = "bf16"  # autocast dtype on CUDA (CPU always runs fp32)
-    compile: str = "none"  # none | layer (torch.compile the decoder layer: ~3x on an H200)
+    compile: str = "none"  # none | layer (torch.compile the decoder layer: ~3x faster on a GPU)
     log_every: int = 50
     save_every: int = 500
     eval_every: int = 0
