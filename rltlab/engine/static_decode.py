@@ -304,8 +304,8 @@ class StaticDecoder:
             self._graphs[key] = self._capture(fn)
         self._graphs[key].replay()
 
-    def _capture(self, fn, warmup=None, keep=False) -> torch.cuda.CUDAGraph:
-        return capture_graph(fn, self._pool, warmup, keep)
+    def _capture(self, fn, warmup=None) -> torch.cuda.CUDAGraph:
+        return capture_graph(fn, self._pool, warmup)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE's (cos, sin) [n, head_dim] at positions [n], for _round(rope=...): rounds at
