@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 from tqdm.auto import tqdm
@@ -23,6 +24,7 @@ from rltlab.model.presets import random_prompts
 from rltlab.bench.models import add_model_arguments, build_model
 from rltlab.bench.throughput import bench_engine, median_run
 from rltlab.engine import LLM, SamplingParams
+from rltlab.common.environment import git_commit
 
 
 def main(argv=None) -> dict:
@@ -68,7 +70,7 @@ def main(argv=None) -> dict:
               max_model_len=args.prompt_len + args.max_tokens,
               max_num_batched_tokens=max(2048, args.prompt_len), kv_cache_memory_gib=args.kv_gib,
               fused_tokens=not args.round_steps)
-    results = {"device": args.device, "dtype": args.dtype, "model": args.model or
+    results = {"commit": git_commit(), "argv": sys.argv[1:], "device": args.device, "dtype": args.dtype, "model": args.model or
                f"random:{args.preset}", "concurrency": args.concurrency,
                "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "pattern": pattern,
                "replay_policy": replay[0].exit_policy, "round_steps": args.round_steps,

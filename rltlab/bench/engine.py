@@ -59,6 +59,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import sys
 import time
 
 import torch
@@ -69,6 +70,7 @@ from rltlab.bench import ceilings, engine_checks, group_workload
 from rltlab.bench.ceilings import ModelCosts, work_of
 from rltlab.engine import LLM, SamplingParams
 from rltlab.model.generate import generate_plain
+from rltlab.common.environment import git_commit
 
 WORKLOADS = {
     "W1": dict(concurrency=1, requests=1, prompt_len=128, max_tokens=128),
@@ -343,7 +345,7 @@ def main(argv=None) -> dict:
     model = build_model(args)
     cfg = model.config
     costs = ModelCosts.of(model)
-    results = {"device": args.device, "dtype": args.dtype, "model": args.model or
+    results = {"commit": git_commit(), "argv": sys.argv[1:], "device": args.device, "dtype": args.dtype, "model": args.model or
                f"random:{args.preset}", "workloads": {}}
     if torch.device(args.device).type == "cuda":
         results["gpu"] = torch.cuda.get_device_name()

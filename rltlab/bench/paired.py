@@ -29,6 +29,7 @@ import argparse
 import gc
 import json
 import statistics
+import sys
 
 from tqdm import tqdm
 
@@ -38,6 +39,7 @@ from rltlab.bench.ceilings import ModelCosts
 from rltlab.bench.engine import (DEPTH_PAIRS, MODES, WORKLOADS, add_spread_argument,
                                  check_spread, decode_phase, make_llm, scaled, warm_up,
                                  with_spread, workload_params, workload_prompts)
+from rltlab.common.environment import git_commit
 
 
 def run_pair(model, pair: str, mode: str, loops: int, scale: float, kv_gib: float,
@@ -132,7 +134,7 @@ def main(argv=None) -> dict:
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     model = build_model(args)
     costs = ModelCosts.of(model)
-    results = {"device": args.device, "dtype": args.dtype,
+    results = {"commit": git_commit(), "argv": sys.argv[1:], "device": args.device, "dtype": args.dtype,
                "model": args.model or f"random:{args.preset}", "loops": args.loops,
                "prompt_spread": args.prompt_spread,
                "copy_bandwidth_gb_s": ceilings.copy_bandwidth(args.device),

@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -50,6 +51,7 @@ import torch
 from rltlab.bench.models import add_model_arguments
 from rltlab.bench.spec_costs import _engine_kwargs, _sync, implied_at_measured_tau, part_a
 from rltlab.engine import LLM, DraftProposer, SamplingParams
+from rltlab.common.environment import git_commit
 
 
 # ------------------------------------------------------------------ (b) end to end, tiny model
@@ -294,7 +296,7 @@ def main(argv=None) -> dict:
     if args.threads or args.device == "cpu":
         torch.set_num_threads(args.threads or 1)
     started = time.perf_counter()
-    results = {"device": args.device, "args": vars(args)}
+    results = {"commit": git_commit(), "argv": sys.argv[1:], "device": args.device, "args": vars(args)}
     if torch.device(args.device).type == "cuda":
         results["gpu"] = torch.cuda.get_device_name()
     with torch.no_grad():

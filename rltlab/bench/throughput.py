@@ -16,6 +16,7 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 
 import torch
@@ -24,6 +25,7 @@ from rltlab.engine import LLM, SamplingParams
 from rltlab.model.generate import generate_plain
 from rltlab.bench.models import add_model_arguments, build_model
 from rltlab.model.presets import random_prompts
+from rltlab.common.environment import git_commit
 
 def _sync(device):
     if torch.device(device).type == "cuda":
@@ -121,7 +123,7 @@ def main(argv=None) -> dict:
     warm = random_prompts(2, args.prompt_len, cfg.vocab_size, seed=99)
     llm.generate(warm, params)
     generate_plain(model, warm, 4, depth=args.depth)
-    results = {"device": args.device, "dtype": args.dtype, "cpu": platform.processor() or
+    results = {"commit": git_commit(), "argv": sys.argv[1:], "device": args.device, "dtype": args.dtype, "cpu": platform.processor() or
                platform.machine(), "threads": torch.get_num_threads(),
                "model": args.model or f"random:{args.preset}", "rounds": cfg.num_rounds,
                "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
