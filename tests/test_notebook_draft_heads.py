@@ -27,3 +27,10 @@ def test_draft_heads_notebook(kind, tmp_path):
     agreed = head["heldout_agree"] * params["HELDOUT_ROWS"] * params["SEQ_LEN"]
     assert agreed == pytest.approx(round(agreed), abs=1e-3)
     assert (run_dir / "draft_component").is_dir()
+    # cost figures at the model's hidden size and vocabulary (the embedded model: 384, 1024)
+    comp = metrics["component"]
+    assert comp["hidden_size"] == 384 and comp["vocab_size"] == 1024
+    assert comp["parameters"] == {"residual_mlp": 384 + 2 * 384 * 768,
+                                  "lora_lm_head": 16 * 384 + 1024 * 16}[kind]
+    assert comp["peak_mem_gib"] is None and comp["seconds"] > 0 and metrics["device"] == "cpu"
+    assert head["component_parameters"] == comp["parameters"]

@@ -45,6 +45,15 @@ def test_exit_predictor_notebook(tmp_path):
     # model every policy scores the same, so it cannot be met
     assert acc["targets"]["beats_q_exit"] is False and head["met"] is False
     assert metrics["trace_tokens"] > 0
+    # cost figures at the model's shape: an MLP of in_dim -> 64 -> 1 trained on DEVICE (cpu)
+    comp = metrics["component"]
+    assert comp["hidden_size"] == 384 and comp["vocab_size"] == 1024
+    assert comp["in_dim"] == 384 + 1 + 3        # h_1, g_1, the round's 3 probability stats
+    assert comp["parameters"] == head["predictor_parameters"] == comp["in_dim"] * 64 + 64 + 65
+    assert comp["train_device"] == "cpu" and comp["peak_mem_gib"] is None
+    assert comp["train_seconds"] > 0 and metrics["device"] == "cpu"
+    manifest = json.loads((run_dir / "traces" / "manifest.json").read_text())
+    assert manifest["hidden_dtype"] == "bfloat16"   # HIDDEN_DTYPE's default
 
 
 def test_exit_predictor_notebook_with_the_downstream_label(tmp_path):

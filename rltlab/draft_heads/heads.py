@@ -50,7 +50,8 @@ class ResidualMLPHead(nn.Module):
         nn.init.normal_(self.up.weight, std=hidden ** -0.5)
         nn.init.zeros_(self.down.weight)
         self._lm_head = [model.lm_head]     # not a submodule: frozen, not saved, not trained
-        self.to(next(model.parameters()).dtype)
+        param = next(model.parameters())
+        self.to(device=param.device, dtype=param.dtype)   # where the model is (a GPU: there)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if h.is_cuda and h.dim() == 2 and not torch.is_grad_enabled():
@@ -161,6 +162,38 @@ class LayerLoraDrafter(nn.Module):
 
 
 KINDS = {cls.kind: cls for cls in (ResidualMLPHead, LoraLMHead, LayerLoraDrafter)}
+
+
+class Fp32Base(nn.Module):
+    """What a reuse-exact component is built and distilled on where the model is not fp32
+    (bfloat16 on a GPU): the model's config and a frozen fp32 copy of its lm_head, on the
+    model's device (no other weights). The adapter then trains in fp32 (AdamW's small updates
+    survive) on h_d cast to fp32; save_component(component, model) records the model itself,
+    and load_draft_component puts the saved component onto the model in its dtype."""
+
+    def __init__(self, model: OuroForCausalLM):
+        super().__init__()
+        self.config = model.config
+        weight = model.lm_head.weight
+        self.lm_head = nn.Linear(weight.shape[1], weight.shape[0], bias=False,
+                                 device=weight.device, dtype=torch.float32)
+        with torch.no_grad():
+            self.lm_head.weight.copy_(weight.float())
+        self.lm_head.requires_grad_(False)
+
+
+def training_base(model: OuroForCausalLM, kind: str):
+    """The model a component of `kind` is built and trained on: the model itself when it is
+    fp32 or the kind is not reuse-exact (layer_lora adapts the shared layers), else Fp32Base."""
+    if KINDS[kind].reuse_exact and next(model.parameters()).dtype != torch.float32:
+        return Fp32Base(model)
+    return model
+
+
+def component_input(component, h: torch.Tensor) -> torch.Tensor:
+    """h in the dtype of the component's weights (h_d of a bf16 model for an fp32 head)."""
+    dtype = next(component.parameters()).dtype
+    return h if h.dtype == dtype else h.to(dtype)
 
 
 def component_settings(kind: str) -> tuple[str, ...]:

@@ -23,6 +23,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from rltlab.draft_heads.heads import component_input
 from rltlab.model.architecture import OuroForCausalLM
 
 
@@ -49,14 +50,17 @@ def _frozen(model: torch.nn.Module):
 
 
 def draft_and_target_logits(model: OuroForCausalLM, component, ids: torch.Tensor):
-    """(draft logits with grad, target log-probs without) [B, T, V] for teacher-forced ids."""
+    """(draft logits with grad, target log-probs without) [B, T, V] for teacher-forced ids
+    (moved to the model's device)."""
+    ids = ids.to(next(model.parameters()).device)
     with torch.no_grad():
         out = model(ids, logits=True)
         target = torch.log_softmax(out.final_logits.float(), -1)
     if component is None or not hasattr(component, "draft_logits"):
         d = 1 if component is None else component.draft_rounds
         h_d = out.hidden_states[d - 1]
-        draft = model.lm_head(h_d) if component is None else component(h_d)
+        draft = model.lm_head(h_d) if component is None else \
+            component(component_input(component, h_d))
     else:
         draft = component.draft_logits(ids)
     return draft.float(), target
@@ -79,8 +83,9 @@ def evaluate(model: OuroForCausalLM, component, rows: torch.Tensor, batch_size: 
     """Agreement metrics of `component` (None: the shallow drafter at draft_rounds) on rows."""
     totals: dict[str, float] = {}
     n = 0
+    device = next(model.parameters()).device
     for lo in range(0, len(rows), batch_size):
-        ids = rows[lo: lo + batch_size]
+        ids = rows[lo: lo + batch_size].to(device)
         if component is None:
             out = model(ids)
             draft = model.lm_head(out.hidden_states[(draft_rounds or 1) - 1])
@@ -101,12 +106,14 @@ def teacher_features(model: OuroForCausalLM, rows: torch.Tensor, draft_rounds: i
     a reuse-exact head only ever sees these, so its training steps skip the 16-layer forward.
     need (bool [N], a data-parallel rank's rows): only the batches of `batch_size` consecutive
     rows that hold a needed row are computed (the others stay zero); the batches are cut the
-    same way as without it, so the computed rows have the same bits as in one process."""
+    same way as without it, so the computed rows have the same bits as in one process.
+    The features are on the model's device (rows are moved there batch by batch)."""
     hs = logps = None
+    device = next(model.parameters()).device
     for lo in range(0, len(rows), batch_size):
         if need is not None and not bool(need[lo: lo + batch_size].any()):
             continue
-        out = model(rows[lo: lo + batch_size])
+        out = model(rows[lo: lo + batch_size].to(device))
         h = out.hidden_states[draft_rounds - 1]
         logp = torch.log_softmax(out.final_logits.float(), -1).bfloat16()
         if hs is None:
@@ -211,7 +218,8 @@ def distill(model: OuroForCausalLM, component, rows: torch.Tensor, steps: int = 
             pick, share = picks[step - 1]
             draft = target = None
             if len(pick) and cached is not None:
-                draft, target = component(cached[0][pick]).float(), cached[1][pick].float()
+                draft = component(component_input(component, cached[0][pick])).float()
+                target = cached[1][pick].float()
             elif len(pick):
                 draft, target = draft_and_target_logits(model, component, rows[pick])
             loss = _kl_step(draft, target, params, opt, sched, share, state)
@@ -225,8 +233,9 @@ def distill(model: OuroForCausalLM, component, rows: torch.Tensor, steps: int = 
                     if heldout_feats is None:
                         heldout_feats = teacher_features(model, heldout, component.draft_rounds)
                     with torch.no_grad():
-                        m = agreement_metrics(component(heldout_feats[0]).float(),
-                                              heldout_feats[1].float())
+                        m = agreement_metrics(
+                            component(component_input(component, heldout_feats[0])).float(),
+                            heldout_feats[1].float())
                     row.update({f"heldout_{k}": v for k, v in m.items()})
                 elif heldout is not None:
                     row.update({f"heldout_{k}": v for k, v in
@@ -264,7 +273,8 @@ def distill_features(component, hidden: torch.Tensor, target_logp: torch.Tensor,
     tokens than where it started; the chosen step is the last row's "best_step".
     state: data parallel over its ranks as in `distill` (each rank trains on its slice of every
     global batch of tokens, gradients summed; every rank evaluates the same `val`, so every
-    rank keeps the same best step); None = one process."""
+    rank keeps the same best step); None = one process. The features (and `val`) are moved to
+    the component's device, so traces read on the host train on the GPU."""
     from rltlab.common.distributed import broadcast_parameters
 
     if not component.reuse_exact:
@@ -274,14 +284,17 @@ def distill_features(component, hidden: torch.Tensor, target_logp: torch.Tensor,
     opt, sched = _schedule(params, lr, steps)
     gen = torch.Generator().manual_seed(seed)
     log, started = [], time.perf_counter()
-    hidden, target_logp = hidden.float(), target_logp.float()
+    device = params[0].device     # train where the component is (the model's device)
+    hidden, target_logp = hidden.to(device).float(), target_logp.to(device).float()
+    if val is not None:
+        val = (val[0].to(device), val[1].to(device))
     has_val = val is not None and len(val[0]) > 0
     best = {"kl": math.inf, "step": 0, "params": None}
 
     def check(step: int, row: dict) -> None:
         if has_val:
             with torch.no_grad():
-                vd = component(val[0].float()).float()
+                vd = component(component_input(component, val[0].float())).float()
                 row["heldout_kl"] = F.kl_div(torch.log_softmax(vd, -1), val[1].float(),
                                              log_target=True, reduction="none"
                                              ).sum(-1).mean().item()
@@ -299,7 +312,8 @@ def distill_features(component, hidden: torch.Tensor, target_logp: torch.Tensor,
         for step in range(1, steps + 1 if len(hidden) else 1):
             pick, share = _local(torch.randint(0, len(hidden), (min(batch_size, len(hidden)),),
                                                generator=gen), state)
-            draft = component(hidden[pick]).float() if len(pick) else None
+            draft = component(component_input(component, hidden[pick])).float() \
+                if len(pick) else None
             loss = _kl_step(draft, target_logp[pick], params, opt, sched, share, state)
             if step % log_every == 0 or step == steps:
                 check(step, {"step": step, "kl": _global_loss(loss, state),
@@ -316,3 +330,39 @@ def restore_best(params, best: dict, log: list[dict]) -> None:
             for p, saved in zip(params, best["params"]):
                 p.copy_(saved)
     log[-1]["best_step"] = best["step"]
+
+
+@torch.no_grad()
+def trace_distill_data(trace_dir, model: OuroForCausalLM, draft_rounds: int = 1, *,
+                       val_fraction: float = 0.2, seed: int = 0, batch_size: int = 1024):
+    """distill_features' data from a teacher-mode, unprojected trace directory (notebook 01's
+    RUN_DIR/traces): per traced decode token h_d (the stored round-d state) and log p_R =
+    log_softmax(lm_head(h_R)) computed in batches on the model's device, split by prompt id
+    (a seeded val_fraction of the prompts held out). -> (h, log_p, (val_h, val_log_p)), fp32 on
+    the model's device."""
+    from rltlab.traces import load_traces, read_manifest
+
+    manifest = read_manifest(trace_dir)
+    R = manifest["num_rounds"]
+    if not manifest.get("info", {}).get("teacher") or manifest.get("projection"):
+        raise ValueError(f"{trace_dir}: draft distillation needs teacher-mode traces of the "
+                         "full h_r (collect with TEACHER True and no PROJECTION_DIM)")
+    if manifest["hidden_dim"] != model.config.hidden_size or R != model.config.num_rounds:
+        raise ValueError(f"{trace_dir}: traces of hidden {manifest['hidden_dim']} x {R} rounds, "
+                         f"the model has {model.config.hidden_size} x {model.config.num_rounds}")
+    if not 1 <= draft_rounds < R:
+        raise ValueError(f"draft_rounds must lie in [1, {R - 1}]")
+    tr = load_traces(trace_dir, fields=["hidden", "prompt_id"])
+    if len(tr["prompt_id"]) == 0:
+        raise ValueError(f"{trace_dir} holds no traced tokens")
+    device = next(model.parameters()).device
+    weight = model.lm_head.weight
+    hidden = tr["hidden"][:, draft_rounds - 1].to(device).float()
+    target = torch.cat([torch.log_softmax(
+        (tr["hidden"][lo:lo + batch_size, R - 1].to(device).to(weight.dtype) @ weight.T).float(),
+        -1) for lo in range(0, len(hidden), batch_size)])
+    prompts = torch.unique(tr["prompt_id"])
+    order = prompts[torch.randperm(len(prompts), generator=torch.Generator().manual_seed(seed))]
+    held = order[:max(1, round(val_fraction * len(prompts)))] if len(prompts) > 1 else order[:0]
+    val = torch.isin(tr["prompt_id"], held).to(device)
+    return hidden[~val], target[~val], (hidden[val], target[val])

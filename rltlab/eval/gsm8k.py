@@ -12,12 +12,18 @@ num_fewshot 3 (lm-eval's default is 8; the first 3 of the same fixed list, its "
 sampler), max 1024 new tokens, batch 1, no chat template. lm-eval 3.0 stops at "Q:", "</s>",
 "<|im_end|>"; older gsm8k_cot versions (and vllm-rlt's issue text) also stop at "\\n\\n":
 ``GSM8K_STOP`` holds the 3.0 list and ``GSM8K_STOP_LEGACY`` adds "\\n\\n".
+
+As a task set of the workbench (TASKS "gsm8k": rltlab.eval.problems), one local JSONL gives both
+the rollout (training) problems and the evaluation (held-out) ones, split by a stable hash of
+the question (``gsm8k_problems``: crc32 % 100 < GSM8K_HELDOUT_PERCENT is held out), as the
+embedded problems are split (rltlab.pretrain.tasks).
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import zlib
 from typing import Any, Sequence
 
 from rltlab.eval.tasks import GenerateFn, _decode, _encode, _run, _strip_eos, _summary
@@ -64,6 +70,8 @@ GSM8K_STOP_LEGACY = ("Q:", "</s>", "<|im_end|>", "\n\n")
 GSM8K_STRICT_RE = re.compile(r"The answer is (\-?[0-9\.\,]+).")
 _GSM8K_IGNORE = [re.compile(p) for p in (r",", r"\$", r"(?s).*#### ", r"\.$")]
 INVALID = "[invalid]"
+GSM8K_HELDOUT_PERCENT = 50   # share of the questions held out for evaluation (by hash)
+SPLITS = ("train", "heldout")
 
 
 def gsm8k_cot_prompt(question: str, num_fewshot: int = GSM8K_NUM_FEWSHOT) -> str:
@@ -142,6 +150,35 @@ def load_gsm8k_jsonl(path: str | os.PathLike, limit: int | None = None) -> list[
     return records
 
 
+def gsm8k_split_of(question: str) -> str:
+    """"heldout" or "train": a stable hash of the question text (zlib.crc32, as the embedded
+    problems are split; Python's hash() is salted per process)."""
+    return "heldout" if zlib.crc32(question.encode("utf-8")) % 100 < GSM8K_HELDOUT_PERCENT \
+        else "train"
+
+
+def gsm8k_problems(path: str | os.PathLike, split: str, n: int | None = None
+                   ) -> list[dict[str, Any]]:
+    """The first n records of one split of a local GSM8K JSONL (load_gsm8k_jsonl), in file
+    order, as problems {question, answer, kind: "gsm8k"}: split "train" (rollouts) or "heldout"
+    (evaluation), disjoint by gsm8k_split_of. Asking for more than the split holds is a
+    ValueError naming the file and the counts (never silently fewer)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    records = [r for r in load_gsm8k_jsonl(path) if gsm8k_split_of(r["question"]) == split]
+    if n is not None and len(records) < n:
+        raise ValueError(f"{path} holds {len(records)} GSM8K problems of the {split!r} split "
+                         f"(questions split {GSM8K_HELDOUT_PERCENT}% held out by hash), "
+                         f"{n} asked for: ask for fewer or use a larger file")
+    return [{**r, "kind": "gsm8k"} for r in records[:n]]
+
+
+def gsm8k_prompt_ids(tokenizer, question: str, num_fewshot: int = GSM8K_NUM_FEWSHOT,
+                     bos_ids: Sequence[int] = ()) -> list[int]:
+    """The token ids of the gsm8k_cot prompt of `question` (what evaluate_gsm8k generates from)."""
+    return list(bos_ids) + _encode(tokenizer, gsm8k_cot_prompt(question, num_fewshot))
+
+
 def evaluate_gsm8k(generate_fn: GenerateFn, tokenizer, records: Sequence[dict[str, str]] | str
                    | os.PathLike, *, num_fewshot: int = GSM8K_NUM_FEWSHOT,
                    stop: Sequence[str] = GSM8K_STOP, limit: int | None = None,
@@ -158,7 +195,7 @@ def evaluate_gsm8k(generate_fn: GenerateFn, tokenizer, records: Sequence[dict[st
     records = list(records)[:limit] if limit is not None else list(records)
     if not records:
         raise ValueError("evaluate_gsm8k got no records (exact match of nothing is NaN)")
-    prompts = [list(bos_ids) + _encode(tokenizer, gsm8k_cot_prompt(r["question"], num_fewshot))
+    prompts = [gsm8k_prompt_ids(tokenizer, r["question"], num_fewshot, bos_ids)
                for r in records]
     outs = _run(generate_fn, prompts, batch_size, progress)
     texts = [truncate_at_stop(_decode(tokenizer, _strip_eos(o.token_ids, eos_token_id)), stop)

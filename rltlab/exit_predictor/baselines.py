@@ -38,20 +38,26 @@ class _SuccessiveRule(ExitPolicy):
 
     @torch.no_grad()
     def decide(self, info: RoundInfo) -> torch.Tensor:
+        """The states and distances are computed where the hidden states are (the engine's
+        device), the distances of all rows read back at once; targets on the host."""
         rounds = info.rounds.cpu()
         targets = torch.zeros_like(rounds)
-        states = self.state(info.hidden.float().cpu())
+        states = self.state(info.hidden.float())
+        olds = [self.prev.pop((seq.seq_id, seq.num_tokens), None) for seq in info.seqs]
+        compare = [row for row, old in enumerate(olds) if old is not None and rounds[row] >= 2]
+        dist = {}
+        if compare:
+            values = torch.stack([self.distance(states[row], olds[row]) for row in compare])
+            dist = dict(zip(compare, values.tolist()))
         for row, seq in enumerate(info.seqs):
-            key, r = (seq.seq_id, seq.num_tokens), int(rounds[row])
-            old = self.prev.pop(key, None)
+            r = int(rounds[row])
             if r >= seq.params.max_loops:
                 targets[row] = r
                 continue
-            if old is not None and r >= 2 and float(self.distance(states[row], old)) <= \
-                    seq.params.exit_policy_args["eps"]:
+            if row in dist and dist[row] <= seq.params.exit_policy_args["eps"]:
                 targets[row] = r
                 continue
-            self.prev[key] = states[row]
+            self.prev[(seq.seq_id, seq.num_tokens)] = states[row]
         return targets
 
 
@@ -69,6 +75,8 @@ class SuccessiveKLRule(_SuccessiveRule):
         self.weight = lm_head_weight.detach().float().clone()
 
     def state(self, hidden):
+        if self.weight.device != hidden.device:
+            self.weight = self.weight.to(hidden.device)
         return torch.log_softmax(hidden @ self.weight.T, dim=-1)
 
     def distance(self, new, old):
@@ -110,7 +118,9 @@ def oracle_generate(model, prompts: list[list[int]], max_new_tokens: int, *,
     token = out.final_logits[:, -1].argmax(-1)
     exit_round = torch.full((bsz,), R, dtype=torch.long)
     tokens, rounds = [token], [exit_round]
-    done = token == eos_token_id if eos_token_id is not None else torch.zeros(bsz, dtype=bool)
+    done = token == eos_token_id if eos_token_id is not None else \
+        torch.zeros(bsz, dtype=torch.bool, device=device)
+    rounds_1_to_R = torch.arange(1, R + 1, device=device)
     for step in range(max_new_tokens - 1):
         if bool(done.all()):
             break
@@ -118,7 +128,7 @@ def oracle_generate(model, prompts: list[list[int]], max_new_tokens: int, *,
                     all_logits=True)
         top = torch.stack([lg[:, -1].argmax(-1) for lg in out.logits], dim=-1)   # [B, R]
         agree = top == top[:, -1:]
-        exit_round = torch.where(agree, torch.arange(1, R + 1), R + 1).min(-1).values.cpu()
+        exit_round = torch.where(agree, rounds_1_to_R, R + 1).min(-1).values.cpu()
         exit_round = exit_round.clamp_min(min(max(1, min_round), R))
         pos = cache.length - 1
         for b, e in enumerate(exit_round.tolist()):

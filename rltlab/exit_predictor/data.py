@@ -71,11 +71,11 @@ def write_prefill_states(model, prompts: Sequence[Sequence[int]], prompt_ids: Se
         batch = [list(p) for p in prompts[s:s + batch_size]]
         ids, key_mask, positions = left_pad(batch, 0, device)
         out = model(ids, positions=positions, key_mask=key_mask)
-        h = out.final_hidden[:, -1].float().cpu()          # left padding: last = prompt end
-        logits = h @ model.lm_head.weight.detach().float().cpu().T
-        hidden.append(h)
-        stats.append(prob_stats(logits))
-        first.append(logits.argmax(-1))
+        h = out.final_hidden[:, -1].float()          # left padding: last = prompt end
+        logits = h @ model.lm_head.weight.detach().float().T   # fp32, on the model's device
+        hidden.append(h.cpu())
+        stats.append(prob_stats(logits).cpu())
+        first.append(logits.argmax(-1).cpu())
     path = Path(out_dir) / PREFILL_FILE
     write_bytes_atomic(path, save({
         "prompt_id": torch.tensor(list(prompt_ids), dtype=torch.int64),
@@ -100,14 +100,31 @@ def read_prefill_states(trace_dir: str | Path) -> dict[str, torch.Tensor] | None
 
 def collect_training_traces(model, tokenizer, out_dir: str | Path, *, arith: int = 256,
                             text: int = 48, max_tokens: int = 48, text_tokens: int = 32,
-                            seed: int = 0, batch_size: int = 64) -> dict[str, Any]:
+                            seed: int = 0, batch_size: int = 64,
+                            hidden_dtype: str = "float32") -> dict[str, Any]:
+    """Teacher-mode traces of `arith` training-split problems and `text` text prompts, through
+    an engine on the model's device sized for this batch (rltlab.eval.engines), hidden states
+    stored in `hidden_dtype`; the expected size is printed and checked against the free disk
+    space first (rltlab.traces.size: NotEnoughDiskSpace with the figures). The engine's memory
+    is released before the prefill states are computed."""
     from rltlab.pretrain.data import EOT_ID
-    from rltlab.engine import LLM, SamplingParams
+    from rltlab.engine import SamplingParams
+    from rltlab.eval.engines import release_memory, sized_llm
     from rltlab.traces import TraceCollector
+    from rltlab.traces.size import check_disk, describe, trace_bytes
     from rltlab.eval.problems import rollout_prompts
 
-    llm = LLM(model, tokenizer, max_num_seqs=batch_size)
-    collector = TraceCollector(llm, out_dir, teacher=True, hidden_dtype="float32",
+    plan = check_disk(out_dir, trace_bytes(
+        arith * max(1, max_tokens - 1) + text * max(1, text_tokens - 1),
+        num_rounds=model.config.num_rounds, hidden_dim=model.config.hidden_size,
+        hidden_dtype=hidden_dtype))
+    print(f"traces: expected up to {describe(plan)}; {plan['free_bytes'] / 2 ** 30:.2f} GiB "
+          f"free", flush=True)
+    longest = max(len(p) for p in training_prompts(tokenizer, arith=arith, text=text,
+                                                   seed=seed)[0])
+    llm = sized_llm(model, tokenizer, max_num_seqs=batch_size,
+                    max_len=longest + max(max_tokens, text_tokens))
+    collector = TraceCollector(llm, out_dir, teacher=True, hidden_dtype=hidden_dtype,
                                info={"source": "rltlab.exit_predictor.data", "seed": seed})
     try:
         if arith:
@@ -128,6 +145,8 @@ def collect_training_traces(model, tokenizer, out_dir: str | Path, *, arith: int
                                                                            len(prompts)))])
     finally:
         manifest = collector.close()
+    del collector, llm
+    release_memory()
     write_prefill_states(model, *training_prompts(tokenizer, arith=arith, text=text, seed=seed),
                          out_dir, batch_size=batch_size)
     return manifest
@@ -143,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--text-tokens", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--hidden-dtype", default="float32",
+                    choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--prefill-only", action="store_true",
                     help=f"only (re)write OUT/{PREFILL_FILE} for traces collected before with "
                     "the same --arith/--text/--seed")
@@ -157,7 +178,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         return {"prefill_states": str(path)}
     manifest = collect_training_traces(model, tokenizer, args.out, arith=args.arith,
                                        text=args.text, max_tokens=args.max_tokens,
-                                       text_tokens=args.text_tokens, seed=args.seed)
+                                       text_tokens=args.text_tokens, seed=args.seed,
+                                       hidden_dtype=args.hidden_dtype)
     print(f"{manifest['num_tokens']} traced tokens in {len(manifest['shards'])} shard(s) -> "
           f"{args.out}")
     return manifest

@@ -1,5 +1,5 @@
 """Evaluate exit policies in REAL generation (rollout engine, LAST_EXITED) on held-out
-arithmetic, plus teacher-forced text perplexity and CPU throughput.
+arithmetic, plus teacher-forced text perplexity and engine throughput on the model's device.
 
     python -m rltlab.exit_predictor.evaluate --predictor DIR/n1 [--predictor-k1 DIR/n1]
         --out DIR [--problems 100] [--figures docs/experiments/figures]
@@ -161,34 +161,42 @@ def add_paired(rows: list[dict], scores: dict[str, list], reference: str) -> lis
 def throughput(model, prompts: Sequence[Sequence[int]], policies: dict[str, dict[str, Any]],
                *, concurrency: Sequence[int] = (1, 64), max_tokens: int = 32,
                requests_per_slot: int = 2, min_requests: int = 4) -> list[dict[str, Any]]:
-    """Closed-loop engine throughput per policy and concurrency C on this machine (CPU):
+    """Closed-loop engine throughput per policy and concurrency C on the model's device:
     max(min_requests, requests_per_slot * C) requests of max_tokens tokens (ignore_eos),
-    max_num_seqs = C, one warm-up request first; tokens/s, median TTFT/TPOT (ms), mean
-    executed rounds. Same run for every policy (interleaved per C)."""
-    from rltlab.engine import LLM
+    max_num_seqs = C (an engine sized for them: rltlab.eval.engines, released after), the
+    whole batch once untimed first (CUDA graphs are captured on first use); tokens/s, median
+    TTFT/TPOT (ms), mean executed rounds. Same run for every policy (interleaved per C)."""
+    from rltlab.eval.engines import release_memory, sized_llm
     from rltlab.eval.metrics import depth_stats, timing_records, timing_stats
 
     out = []
+    device = next(model.parameters()).device
+    longest = max(len(p) for p in prompts)
     for c in concurrency:
-        llm = LLM(model, max_num_seqs=c)
+        llm = sized_llm(model, max_num_seqs=c, max_len=longest + max_tokens)
         n = max(min_requests, requests_per_slot * c)
         batch = [list(prompts[i % len(prompts)]) for i in range(n)]
         for label, spec in policies.items():
             params = _params(spec["name"], max_tokens, spec.get("args"), spec.get("threshold"),
                              eos=None)
             params = dataclasses.replace(params, ignore_eos=True)
-            llm.generate(batch[:1], params)           # warm-up
+            llm.generate(batch, params)           # warm-up
+            _sync(device)
             t0 = time.perf_counter()
             outs = llm.generate(batch, params)
+            _sync(device)
             wall = time.perf_counter() - t0
             st = timing_stats(timing_records(outs))
             d = depth_stats([o.outputs[0].exit_depths for o in outs],
                             [o.outputs[0].executed_depths for o in outs],
                             model.config.num_rounds)
             out.append({"policy": label, "concurrency": c, "requests": n,
+                        "device": str(device),
                         "tokens_per_s": st["output_tokens"] / wall,
                         "ttft_ms": 1000 * st["ttft_median"], "tpot_ms": 1000 * st["tpot_median"],
                         "mean_rounds": d["mean_executed"]})
+        del llm
+        release_memory()
     for row in out:
         base = next(r for r in out if r["concurrency"] == row["concurrency"]
                     and r["policy"] == next(iter(policies)))
@@ -196,19 +204,29 @@ def throughput(model, prompts: Sequence[Sequence[int]], policies: dict[str, dict
     return out
 
 
+def _sync(device) -> None:
+    import torch
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def run(model_dir: str | None, predictors: dict[str, str], out_dir: str | Path, *,
         problems: int = 100, max_tokens: int = 40, text_rows: int = 11,
         throughput_tokens: int = 32, concurrency: Sequence[int] = (1, 64),
         figures: str | Path | None = None, threads: int = 2,
         settings_kw: dict[str, Any] | None = None, progress: bool = True,
-        requests_per_slot: int = 2, problem_offset: int = 0) -> dict[str, Any]:
+        requests_per_slot: int = 2, problem_offset: int = 0, model=None, tokenizer=None,
+        device: str = "auto", dtype: str = "auto") -> dict[str, Any]:
     """The whole experiment; writes OUT/results.json and the plots (into `figures` or OUT).
     problem_offset k: problems k..k+problems-1 of the mixed held-out set (a fresh slice for
-    a confirmatory run)."""
+    a confirmatory run). model / tokenizer: an already loaded model (model_dir then names its
+    checkpoint, for the eval files), else model_dir is loaded on `device` in `dtype` ("auto":
+    CUDA in bfloat16 where there is one). Engines run where the model is, each sized for its
+    batch (rltlab.eval.engines)."""
     from rltlab.eval import plots
     from rltlab.model.checkpoint import model_hash
-    from rltlab.engine import LLM
     from rltlab.engine_patches.lookahead_exit import install, load_policy
+    from rltlab.eval.engines import release_memory, sized_llm
     from rltlab.common.atomic import write_json_atomic
     from rltlab.common.environment import environment
     from rltlab.eval.plots import frame
@@ -221,7 +239,13 @@ def run(model_dir: str | None, predictors: dict[str, str], out_dir: str | Path, 
         raise ValueError(f"problems and text_rows must be >= 1 (the arithmetic and the "
                          f"teacher-forced text parts), got {problems} and {text_rows}")
     t_start = time.perf_counter()
-    model, tokenizer, mdir = load_model(model_dir, threads=threads)  # a bad one: no OUT yet
+    if model is None:    # a bad one: no OUT yet
+        model, tokenizer, mdir = load_model(model_dir, threads=threads, device=device,
+                                            dtype=dtype)
+    else:
+        if tokenizer is None:
+            raise ValueError("run(model=...) needs its tokenizer too")
+        mdir = model_dir
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     R = model.config.num_rounds
@@ -238,13 +262,17 @@ def run(model_dir: str | None, predictors: dict[str, str], out_dir: str | Path, 
     settings = default_settings(R, lookahead, **(settings_kw or {}))
     probs = eval_problems(mdir, problem_offset + problems)[problem_offset:]
     seqs = min(128, max(1, len(probs)))
-    llm = LLM(model, tokenizer, max_num_seqs=seqs)
-    select_llm = (LLM(model, tokenizer, max_num_seqs=seqs, exit_semantics="select_only")
+    longest = max(1 + len(encode(tokenizer, p["question"])) for p in probs) + max_tokens
+    llm = sized_llm(model, tokenizer, max_num_seqs=seqs, max_len=longest)
+    select_llm = (sized_llm(model, tokenizer, max_num_seqs=seqs, max_len=longest,
+                            exit_semantics="select_only")
                   if any(s.get("select_only") for s in settings) else None)
     executed: dict[str, list] = {}
     rows, scores = evaluate_arithmetic_settings(model, tokenizer, llm, probs, settings,
                                                 max_tokens=max_tokens, progress=progress,
                                                 select_llm=select_llm, executed=executed)
+    del llm, select_llm
+    release_memory()     # the throughput engines below get the memory back
     ref = f"fixed depth={R}"
     add_paired(rows, scores, ref)
     text_rows_t = heldout_text_rows(tokenizer, mdir, 512, text_rows)

@@ -4,6 +4,7 @@ exit_predictor.train builds the features and labels from traces and calibrates t
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import torch
@@ -18,7 +19,9 @@ def train_predictor(features: torch.Tensor, labels: torch.Tensor, *, kind: str =
                     progress: bool = False, members: int = 1
                     ) -> tuple[ExitPredictor, dict[str, Any]]:
     """Class-balanced BCE training through accelerate (DDP under a launcher; batch_size is the
-    global batch, split between the ranks). Returns (predictor on CPU, log). members > 1: that
+    global batch, split between the ranks). Returns (predictor on CPU, log: losses, device,
+    parameters, seconds, peak_mem_gib = torch.cuda.max_memory_allocated there, else None).
+    members > 1: that
     many networks, seeds seed, seed + 1, ..., each trained alone, then averaged (ExitPredictor
     .ensemble)."""
     check_members(members)
@@ -28,8 +31,11 @@ def train_predictor(features: torch.Tensor, labels: torch.Tensor, *, kind: str =
                                  seed=seed + i, cpu=cpu, progress=progress)
                  for i in range(members)]
         logs = [log for _, log in parts]
-        return ExitPredictor.ensemble([p for p, _ in parts]), {
+        ensemble = ExitPredictor.ensemble([p for p, _ in parts])
+        return ensemble, {
             **logs[0], "members": members,
+            "parameters": sum(p.numel() for p in ensemble.parameters()),
+            "seconds": round(sum(log["seconds"] for log in logs), 3),
             "loss_first": [log["loss_first"] for log in logs],
             "loss_last": [log["loss_last"] for log in logs]}
     from accelerate import Accelerator
@@ -39,6 +45,7 @@ def train_predictor(features: torch.Tensor, labels: torch.Tensor, *, kind: str =
     if cpu is None:
         cpu = not torch.cuda.is_available()
     torch.manual_seed(seed)
+    started = time.perf_counter()
     accelerator = Accelerator(cpu=cpu, dataloader_config=DataLoaderConfiguration(
         split_batches=True))
     if batch_size % accelerator.num_processes:
@@ -74,11 +81,18 @@ def train_predictor(features: torch.Tensor, labels: torch.Tensor, *, kind: str =
         losses.append(float(sums[0] / sums[1].clamp_min(1)))
         if hasattr(epochs_iter, "set_postfix"):
             epochs_iter.set_postfix(loss=f"{losses[-1]:.4f}")
+    device = accelerator.device
+    peak = (torch.cuda.max_memory_allocated(device) / 2 ** 30
+            if torch.device(device).type == "cuda" else None)
     predictor = accelerator.unwrap_model(predictor).cpu().eval()
     return predictor, {"epochs": epochs, "loss_first": losses[0] if losses else math.nan,
                        "loss_last": losses[-1] if losses else math.nan,
-                       "pos_weight": float(pos_weight), "device": str(accelerator.device),
-                       "num_processes": accelerator.num_processes}
+                       "pos_weight": float(pos_weight), "device": str(device),
+                       "num_processes": accelerator.num_processes,
+                       "parameters": sum(p.numel() for p in predictor.parameters()),
+                       "in_dim": int(features.shape[1]), "train_tokens": int(len(labels)),
+                       "seconds": round(time.perf_counter() - started, 3),
+                       "peak_mem_gib": peak}
 
 
 @torch.no_grad()

@@ -67,8 +67,13 @@ def text_table(model, rows: torch.Tensor, lookahead: dict[str, Any], settings: S
         elif s["policy"] in lookahead:
             fn = _lookahead_exit_fn(lookahead[s["policy"]]["policy"], R, s["args"]["threshold"])
         elif s["policy"] == "oracle":
-            full = model(rows, all_logits=True)
-            top = torch.stack([lg.argmax(-1) for lg in full.logits], -1)
+            device = next(model.parameters()).device
+            tops = []
+            for lo in range(0, len(rows), 16):    # batches: [B, T, V] logits per round
+                full = model(rows[lo:lo + 16].to(device), all_logits=True)
+                tops.append(torch.stack([lg.argmax(-1) for lg in full.logits], -1).cpu())
+                del full
+            top = torch.cat(tops)
             ex = torch.where(top == top[..., -1:], torch.arange(1, R + 1), R + 1).min(-1).values
             res = text_perplexity(model, rows, exit_rounds=ex)
             out.append({"policy": "oracle", "setting": "oracle (teacher-forced)",

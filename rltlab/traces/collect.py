@@ -36,7 +36,7 @@ from typing import Any, Sequence
 import torch
 
 from rltlab.engine.exit_policies import ExitPolicy, create_exit_policy, register_exit_policy
-from rltlab.traces.stats import stats_from_logprobs
+from rltlab.traces.stats import stats_from_logprobs_batch
 from rltlab.traces.storage import MANIFEST, TraceWriter, dtype_name
 
 _COLLECTOR_IDS = itertools.count()
@@ -123,6 +123,7 @@ class TraceCollector:
         if not store_hidden:
             dim, self.projection = 0, None
         self.store_hidden, self.dim = store_hidden, dim
+        self._projection_on = None   # the projection on the engine's device
         self.teacher = teacher
         self.writer = TraceWriter(
             out_dir, num_rounds=self.num_rounds, hidden_dim=dim, dtype=hidden_dtype,
@@ -245,45 +246,72 @@ class TraceCollector:
             self.writer.update_info(model_hashes=self.model_hashes)
 
     def _observe(self, event) -> None:
+        """Per round: this collector's decode rows, their log-softmax, hidden state (projected,
+        in the storage dtype) and gate logit, kept on the engine's device until the token's
+        last round; the tokens that end now get their statistics in one batch there
+        (_finish_tokens). Host copies: the rows' round and position, and the finished tokens'
+        small statistics and hidden states (never a [V] row per round)."""
         start = time.perf_counter()
         rows = [i for i, (d, rid) in enumerate(zip(event.is_decode.tolist(), event.request_ids))
                 if d and rid in self._requests]
         if not rows:
             self.stats["observe_s"] += time.perf_counter() - start
             return
-        idx = torch.tensor(rows)
-        logp = torch.log_softmax(event.logits[idx].float(), dim=-1).cpu()
-        hidden = event.hidden[idx].float().cpu()
+        device = event.hidden.device
+        host_idx = torch.tensor(rows)
+        idx = host_idx.to(device, non_blocking=True)
+        logp = torch.log_softmax(event.logits[idx].float(), dim=-1)
+        hidden = event.hidden[idx]
         if self.projection is not None:
-            hidden = hidden @ self.projection
-        gate = event.gate_logits[idx].float().cpu()
-        rounds = event.rounds[idx].tolist()
-        positions = event.positions[idx].tolist()
-        exits = event.exits[idx].tolist()
+            if self._projection_on is None or self._projection_on.device != device:
+                self._projection_on = self.projection.to(device)
+            hidden = hidden.float() @ self._projection_on
+        hidden = hidden.to(self.writer.dtype) if self.store_hidden else hidden[:, :0]
+        gate = event.gate_logits[idx].float()
+        rounds, positions = torch.stack([event.rounds[idx], event.positions[idx]]).tolist()
+        exits = event.exits[host_idx.to(event.exits.device)].tolist()
+        finished = []
         for j, row in enumerate(rows):
             key = (event.request_ids[row], event.sample_indices[row], positions[j])
             if rounds[j] == 1 or key not in self._pending:
                 self._pending[key] = _Pending()   # (a restart after a weight update resets it)
             entry = self._pending[key]
-            entry.hidden.append(hidden[j] if self.store_hidden else hidden[j, :0])
+            entry.hidden.append(hidden[j])
             entry.logp.append(logp[j])
             entry.gates.append(gate[j])
             entry.version = event.weight_version
             if exits[j] or rounds[j] >= self.num_rounds:
-                self._finish_token(key, self._pending.pop(key))
+                finished.append((key, self._pending.pop(key)))
+        if finished:
+            self._finish_tokens(finished)
         self.stats["observe_s"] += time.perf_counter() - start
 
-    def _finish_token(self, key, entry: _Pending) -> None:
+    def _finish_tokens(self, finished: list) -> None:
+        """Records of tokens whose rounds are all observed: their statistics computed in one
+        batch per executed-round count, on the device, then copied to the host together."""
+        by_rounds: dict[int, list] = {}
+        for key, entry in finished:
+            by_rounds.setdefault(len(entry.logp), []).append((key, entry))
+        for executed, group in by_rounds.items():
+            logp = torch.stack([torch.stack(e.logp) for _, e in group])        # [m, E, V]
+            gates = torch.stack([torch.stack(e.gates) for _, e in group])      # [m, E]
+            hidden = torch.stack([torch.stack(e.hidden) for _, e in group])    # [m, E, D]
+            stats = stats_from_logprobs_batch(logp, gates)
+            stats["hidden"] = hidden
+            stats = {k: v.cpu() for k, v in stats.items()}
+            for i, (key, entry) in enumerate(group):
+                self._finish_token(key, entry.version, executed,
+                                   {k: v[i] for k, v in stats.items()})
+
+    def _finish_token(self, key, version: int, executed: int, stats: dict) -> None:
         request_id, sample_index, position = key
         req = self._requests[request_id]
-        executed = len(entry.logp)
-        stats = stats_from_logprobs(torch.stack(entry.logp), torch.stack(entry.gates))
         selected = self._selected.pop(key, self.num_rounds) if self.teacher else executed
         R, pad = self.num_rounds, self.num_rounds - executed
 
         def padded(x, fill=0.0):
             return torch.cat([x, torch.full((pad,), fill, dtype=x.dtype)]) if pad else x
-        hidden = torch.stack(entry.hidden)
+        hidden = stats["hidden"]
         if pad:
             hidden = torch.cat([hidden, hidden.new_zeros(pad, hidden.shape[1])])
         record = {
@@ -294,7 +322,7 @@ class TraceCollector:
             "executed": executed, "selected": selected, "ref_round": executed,
             "ref_token": int(stats["ref_token"]), "token": -1, "position": position,
             "output_index": position - req["prompt_len"] + 1, "prompt_id": req["prompt_id"],
-            "sample_index": sample_index, "weight_version": entry.version, "seed": 0}
+            "sample_index": sample_index, "weight_version": version, "seed": 0}
         self._done.setdefault(request_id, []).append(record)
 
     def _finish_request(self, out) -> None:
@@ -338,45 +366,102 @@ def collect_traces(llm, prompts: Sequence[Sequence[int]], params, out_dir: str |
 
 def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: str | Path,
                         repeats: int = 1, **collector_kwargs) -> dict[str, Any]:
-    """Wall time of plain generation vs the same generation with trace collection (same
-    prompts, params and mode; warm-up run first). Returns seconds (median of repeats), output
-    tokens, the ratio and the share of the traced run spent inside the observer."""
+    """Throughput of the same rollouts with and without trace collection, in this run, on the
+    engine's device: `prompts` are generated without an observer (the engine's fastest path
+    for them) and with a TraceCollector(**collector_kwargs) into a temporary directory under
+    out_dir (removed after), alternately, after one untimed run of each (CUDA graphs are
+    captured on first use). "The same rollouts": in teacher mode every token runs all R
+    rounds and the text is the full-depth rollout, so the plain run is `params` at fixed depth
+    R (the same tokens; same_tokens says whether they were); otherwise `params` as given.
+
+    Returns plain_s / traced_s (median of repeats), tokens/s of each, throughput_ratio =
+    traced / plain tokens per second (1.0: collection is free; the acceptance bar at the 1.4B
+    shape is >= 0.8), overhead_x = traced_s / plain_s, the time inside the observer, output
+    tokens, the device and dtypes. The temporary traces are checked against the free disk
+    space first (rltlab.traces.size)."""
     import shutil
     import statistics
 
     from rltlab.engine.llm import LLM
+    from rltlab.traces.size import check_disk, trace_bytes
 
-    engine = getattr(llm, "llm_engine", llm)
-    front = llm if isinstance(llm, LLM) else None
+    if not isinstance(llm, LLM):
+        raise TypeError("collection_overhead needs an rltlab.engine.LLM")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    engine = llm.llm_engine
+    prompts = [list(p) for p in prompts]
+    teacher = bool(collector_kwargs.get("teacher", False))
+    R = engine.num_rounds
+    plain_params = dataclasses.replace(params, exit_policy="fixed",
+                                       exit_policy_args={"depth": R}, min_loops=1) \
+        if teacher else params
+    out_dir = Path(out_dir)
+    projection = collector_kwargs.get("projection_dim")
+    dim = projection or engine.model_config.hidden_size
+    check_disk(out_dir, trace_bytes(
+        len(prompts) * max(1, params.max_tokens - 1) * params.n, num_rounds=R, hidden_dim=dim,
+        hidden_dtype=collector_kwargs.get("hidden_dtype", "float32"),
+        shard_tokens=collector_kwargs.get("shard_tokens", 4096),
+        projection=(engine.model_config.hidden_size, projection) if projection else None))
 
     def plain():
-        if front is not None:
-            return front.generate([list(p) for p in prompts], params)
-        raise TypeError("collection_overhead needs an rltlab.engine.LLM")
+        return llm.generate(prompts, plain_params)
 
-    plain()  # warm-up
-    plain_s, traced_s, observe_s, tokens = [], [], [], 0
-    for k in range(repeats):
-        t0 = time.perf_counter()
-        outs = plain()
-        plain_s.append(time.perf_counter() - t0)
-        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-        target = Path(out_dir) / f"overhead-{k}"
+    def traced(target: Path):
         shutil.rmtree(target, ignore_errors=True)
-        t0 = time.perf_counter()
         collector = TraceCollector(engine, target, **collector_kwargs)
-        collector.generate(prompts, params)
-        collector.close()
-        traced_s.append(time.perf_counter() - t0)
-        observe_s.append(collector.stats["observe_s"])
-        shutil.rmtree(target, ignore_errors=True)
+        try:
+            outs = collector.generate(prompts, params)
+        finally:
+            collector.close()
+            shutil.rmtree(target, ignore_errors=True)
+        return outs, collector.stats["observe_s"]
+
+    def timed(fn, *args):
+        _sync(engine)
+        t0 = time.perf_counter()
+        result = fn(*args)
+        _sync(engine)
+        return result, time.perf_counter() - t0
+
+    plain()                                   # warm-ups: graphs, kernels, allocator
+    traced(out_dir / "overhead-warmup")
+    plain_s, traced_s, observe_s = [], [], []
+    plain_outs = traced_outs = None
+    for k in range(repeats):
+        plain_outs, secs = timed(plain)
+        plain_s.append(secs)
+        (traced_outs, observed), secs = timed(traced, out_dir / f"overhead-{k}")
+        traced_s.append(secs)
+        observe_s.append(observed)
     try:
-        Path(out_dir).rmdir()   # only if empty (it was created for the temporary traces)
+        out_dir.rmdir()   # only if empty (it was created for the temporary traces)
     except OSError:
         pass
     p, t = statistics.median(plain_s), statistics.median(traced_s)
+    tokens = sum(len(o.outputs[0].token_ids) for o in plain_outs)
+    traced_tokens = sum(len(o.outputs[0].token_ids) for o in traced_outs)
+    plain_tps = tokens / p if p > 0 else float("nan")
+    traced_tps = traced_tokens / t if t > 0 else float("nan")
     return {"plain_s": p, "traced_s": t, "overhead_x": t / p if p > 0 else float("nan"),
+            "plain_tokens_per_s": plain_tps, "traced_tokens_per_s": traced_tps,
+            "throughput_ratio": traced_tps / plain_tps if plain_tps > 0 else float("nan"),
             "observer_s": statistics.median(observe_s), "output_tokens": tokens,
-            "teacher": bool(collector_kwargs.get("teacher", False)),
+            "traced_output_tokens": traced_tokens, "prompts": len(prompts),
+            "repeats": repeats,
+            "same_tokens": [o.outputs[0].token_ids for o in plain_outs]
+            == [o.outputs[0].token_ids for o in traced_outs],
+            "baseline": (f"the same prompts at fixed depth {R} (the teacher rollout's tokens), "
+                         "no observer" if teacher else "the same prompts and params, no observer"),
+            "teacher": teacher,
             "hidden_dtype": collector_kwargs.get("hidden_dtype", "float32"),
-            "engine_dtype": dtype_name(next(engine.model.parameters()).dtype)}
+            "engine_dtype": dtype_name(next(engine.model.parameters()).dtype),
+            "device": str(engine.runner.device)}
+
+
+def _sync(engine) -> None:
+    """Wait for the engine's device (timings end when its work has)."""
+    device = torch.device(engine.runner.device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

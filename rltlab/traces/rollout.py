@@ -1,6 +1,7 @@
 """A traced rollout with the stock Q-exit, and per-round summaries of a trace directory."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import Any, Sequence
@@ -12,15 +13,26 @@ from rltlab.traces.collect import collect_traces
 def collect_rollout_traces(llm, prompts: Sequence[Sequence[int]], out_dir: str | os.PathLike, *,
                            threshold: float, max_tokens: int, teacher: bool = True,
                            temperature: float = 0.0, seed: int = 0, min_loops: int = 1,
+                           stop: Sequence[str] = (),
                            **collector_kwargs) -> tuple[list, dict[str, Any]]:
     """Trace a rollout of `prompts` with the Q-exit at `threshold` (teacher mode by default).
+    stop: stop strings (SamplingParams.stop; a few-shot task's, e.g. GSM8K's "Q:").
     rltlab.workbench.collect_rollout_traces is the same call that hands the work to N ranks
     under `rltlab run --num-processes N`."""
+    params = rollout_params(threshold, max_tokens, min_loops=min_loops, seed=seed,
+                            temperature=temperature, stop=stop)
+    return collect_traces(llm, prompts, params, out_dir, teacher=teacher, **collector_kwargs)
+
+
+def rollout_params(threshold: float, max_tokens: int, *, min_loops: int = 1, seed: int = 0,
+                   temperature: float = 0.0, stop: Sequence[str] = ()):
+    """The SamplingParams of a traced rollout: Q-exit at `threshold`, stop at EOT (the embedded
+    model's and Ouro's end of text) and at the `stop` strings."""
     from rltlab.pretrain.data import EOT_ID
 
     params = q_exit_params(threshold, max_tokens, min_loops=min_loops, seed=seed,
                            temperature=temperature, eos_token_id=EOT_ID)
-    return collect_traces(llm, prompts, params, out_dir, teacher=teacher, **collector_kwargs)
+    return dataclasses.replace(params, stop=list(stop)) if stop else params
 
 
 def trace_summary(trace_dir: str | os.PathLike) -> dict[str, Any]:

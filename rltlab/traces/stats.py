@@ -30,17 +30,27 @@ def round_stats(logits: torch.Tensor, gate_logits: torch.Tensor) -> dict[str, to
 def stats_from_logprobs(logp: torch.Tensor, gate_logits: torch.Tensor
                         ) -> dict[str, torch.Tensor]:
     """Same as round_stats from log-softmax rows [E, V] (already normalized)."""
+    out = stats_from_logprobs_batch(logp[None], gate_logits[None])
+    return {k: v[0] for k, v in out.items()}
+
+
+def stats_from_logprobs_batch(logp: torch.Tensor, gate_logits: torch.Tensor
+                              ) -> dict[str, torch.Tensor]:
+    """stats_from_logprobs for m tokens at once, on their device: logp [m, E, V], gate_logits
+    [m, E] -> [m, E] tensors and ref_token [m] (int64). The collector computes them where the
+    logits are (the GPU) and copies only these small tensors to the host."""
     probs = logp.exp()
     top2 = probs.topk(min(2, probs.shape[-1]), dim=-1)
-    top1_prob, top1_id = top2.values[:, 0], top2.indices[:, 0]
-    second = top2.values[:, 1] if probs.shape[-1] > 1 else torch.zeros_like(top1_prob)
+    top1_prob, top1_id = top2.values[..., 0], top2.indices[..., 0]
+    second = top2.values[..., 1] if probs.shape[-1] > 1 else torch.zeros_like(top1_prob)
     entropy = -(probs * logp).sum(-1)
-    ref = logp[-1]
-    ref_token = int(ref.argmax())
-    kl = (ref.exp()[None, :] * (ref[None, :] - logp)).sum(-1).clamp_min(0.0)
+    ref = logp[:, -1]                                        # [m, V]: the last round's
+    ref_token = ref.argmax(-1)                               # [m]
+    kl = (ref.exp()[:, None, :] * (ref[:, None, :] - logp)).sum(-1).clamp_min(0.0)
+    logprob_ref = logp.gather(-1, ref_token[:, None, None].expand(-1, logp.shape[1], 1))[..., 0]
     g = gates.at_least_fp32(gate_logits)
     return {"top1_id": top1_id, "top1_prob": top1_prob.float(),
             "margin": (top1_prob - second).float(), "entropy": entropy.float(),
-            "logprob_ref": logp[:, ref_token].float(), "kl_ref": kl.float(),
+            "logprob_ref": logprob_ref.float(), "kl_ref": kl.float(),
             "gate_logit": g.float(), "hazard": gates.hazards(g).float(),
-            "cdf": gates.exit_cdf(g).float(), "ref_token": torch.tensor(ref_token)}
+            "cdf": gates.exit_cdf(g).float(), "ref_token": ref_token}

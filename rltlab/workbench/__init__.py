@@ -16,11 +16,15 @@ _HOMES = {
     "text_perplexity_table": "rltlab.eval.policies",
     "encode": "rltlab.eval.problems", "eval_problems": "rltlab.eval.problems",
     "heldout_text_rows": "rltlab.eval.problems", "rollout_prompts": "rltlab.eval.problems",
-    "load_model": "rltlab.model.checkpoint", "trace_summary": "rltlab.traces.rollout",
+    **{name: "rltlab.eval.problems" for name in (
+        "check_task_set", "max_prompt_len", "task_eval_problems", "task_rollout_prompts",
+        "task_stop")},
+    "trace_summary": "rltlab.traces.rollout", "rollout_params": "rltlab.traces.rollout",
     "environment": "rltlab.common.environment", "frame": "rltlab.eval.plots",
     **{name: "rltlab.workbench.notebook" for name in (
-        "collect_rollout_traces", "collect_traces_once", "ensure_run_dir", "evaluate_policies",
-        "make_llm", "save_metrics")},
+        "Measured", "collect_rollout_traces", "collection_record", "collect_traces_once", "describe_plan",
+        "device_of", "engine_batch", "ensure_run_dir", "evaluate_policies", "load_model",
+        "make_llm", "parameter_count", "plan_traces", "release_memory", "save_metrics")},
 }
 __all__ = sorted(_HOMES)
 

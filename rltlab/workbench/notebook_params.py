@@ -10,6 +10,15 @@ Values given as strings (from the CLI) are converted to the type of the default;
 are rejected with the list of known ones; a value out of bounds is rejected naming the
 parameter and the bound; NaN and +-inf are rejected for every parameter (none takes them). None
 is accepted for a bounded parameter only when its default is None.
+
+A help comment may instead end with the values a string parameter takes, which every value must
+be one of:
+
+    TASKS = "embedded"  # problem set [one of: embedded, gsm8k]
+
+A parameter named DEVICE must name a device this machine runs on ("auto": CUDA where there is
+one, else the CPU; "cpu", "cuda", "cuda:N"): `-p DEVICE tpu` is refused in one line before the
+notebook starts (rltlab.common.device.resolve_device).
 """
 from __future__ import annotations
 
@@ -25,6 +34,8 @@ from typing import Any
 
 _BOUNDS_RE = re.compile(r"\s*\[((?:\s*[<>]=?\s*-?[0-9.eE+-]+\s*,?)+)\]\s*$")
 _BOUND_RE = re.compile(r"([<>]=?)\s*(-?[0-9.eE+-]+)")
+_CHOICES_RE = re.compile(r"\s*\[one of:\s*([^\]]+)\]\s*$")
+DEVICE_PARAMETER = "DEVICE"
 _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 _TRUE, _FALSE = {"true", "1", "yes", "y", "on"}, {"false", "0", "no", "n", "off"}
 
@@ -35,7 +46,7 @@ def notebook_parameters(notebook_path: str | os.PathLike) -> dict[str, dict[str,
     Parsed with `ast` (papermill's own inspection trips over '=' inside comments): every
     top-level ``NAME = <literal>`` assignment is a parameter; `type` is the default's type
     name (an annotation wins), `help` the trailing comment, `bounds` the [(op, number)] pairs
-    at the end of the help comment.
+    at the end of the help comment, `choices` the values of a trailing "[one of: a, b]".
     """
     import nbformat
 
@@ -71,8 +82,11 @@ def notebook_parameters(notebook_path: str | os.PathLike) -> dict[str, dict[str,
         match = _BOUNDS_RE.search(help_text)
         bounds = [(op, float(num)) for op, num in _BOUND_RE.findall(match.group(1))] \
             if match else []
+        choices = _CHOICES_RE.search(help_text)
         params[name] = {"default": default, "type": type_name, "help": help_text,
-                        "bounds": bounds}
+                        "bounds": bounds,
+                        "choices": [c.strip() for c in choices.group(1).split(",") if c.strip()]
+                        if choices else []}
     return params
 
 
@@ -95,11 +109,15 @@ def coerce_parameters(notebook_path: str | os.PathLike, parameters: dict[str, An
 
 def check_bounds(known: dict[str, dict[str, Any]], values: dict[str, Any],
                  source: str | None = None) -> None:
-    """Raise ValueError naming the first parameter whose value breaks its declared bounds
-    (`source`, e.g. a parameters.json, is named as where the value came from)."""
+    """Raise ValueError naming the first parameter whose value breaks its declared bounds or
+    choices, or a DEVICE this machine cannot run on (`source`, e.g. a parameters.json, is
+    named as where the value came from)."""
     for name, value in values.items():
         spec = known.get(name, {})
         _check_finite(name, value, source)
+        _check_choices(name, value, spec, source)
+        if name == DEVICE_PARAMETER:
+            _check_device(name, value, source)
         bounds = spec.get("bounds")
         if not bounds or (value is None and spec["default"] is None):
             continue
@@ -113,6 +131,31 @@ def check_bounds(known: dict[str, dict[str, Any]], values: dict[str, Any],
                 origin = f" (from {source})" if source else ""
                 raise ValueError(f"parameter {name}={value!r}{origin}: {what} must be a "
                                  f"number {rule}")
+
+
+def _check_choices(name: str, value: Any, spec: dict[str, Any], source: str | None) -> None:
+    choices = spec.get("choices")
+    if not choices or (value is None and spec.get("default") is None) or value in choices:
+        return
+    origin = f" (from {source})" if source else ""
+    raise ValueError(f"parameter {name}={value!r}{origin}: {name} must be one of "
+                     f"{', '.join(choices)}")
+
+
+def _check_device(name: str, value: Any, source: str | None) -> None:
+    """DEVICE: "auto" (no torch import), or a device this machine runs on."""
+    if value == "auto" or value is None:
+        return
+    origin = f" (from {source})" if source else ""
+    if not isinstance(value, str):
+        raise ValueError(f"parameter {name}={value!r}{origin}: {name} must be 'auto', 'cpu', "
+                         "'cuda' or 'cuda:N'")
+    from rltlab.common.device import resolve_device   # imports torch: only for a set device
+
+    try:
+        resolve_device(value)
+    except ValueError as err:
+        raise ValueError(f"parameter {name}={value!r}{origin}: {err}") from None
 
 
 def _check_finite(name: str, value: Any, source: str | None) -> None:
