@@ -12,7 +12,7 @@ The calibrated probability is sigmoid(logit / temperature); the token is predict
 to exit at N + k when that probability >= threshold. With members > 1 the logit is the mean of
 that many independently seeded networks over the same normalized features (an ensemble: at the
 0.99-precision thresholds the predictors are calibrated to, one network's recall moved by +-4
-points from seed to seed on the same data, docs/experiments/n_plus_2.md section 10).
+points from seed to seed on the same data, docs/experiments/n_plus_2.md, "The predictor").
 """
 from __future__ import annotations
 

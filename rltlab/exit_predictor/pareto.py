@@ -2,7 +2,7 @@
 results.json (per-problem scores of every setting on the same problems).
 
     python -m rltlab.exit_predictor.pareto --results OUT/results.json --predictor n_plus_2 \
-        --out docs/experiments/data/X.json [--figures DIR] [--pattern FILE]
+        --out OUT.json [--figures DIR] [--pattern FILE]
 
 * Q-exit at equal mean rounds. The Q-exit family is its threshold sweep plus its two limits
   (t = 0: every token exits at round 1 = fixed depth 1; t >= 1: fixed depth R). Any two of its
