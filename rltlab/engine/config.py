@@ -99,6 +99,10 @@ class ExecutionConfig:
     spec_chain: iterations a DraftProposer program runs back to back (1 = one per host turn).
     spec_pipeline: with a TreeProposer, up to this many programs per engine step, each
     launched from the last one's acceptance on the device (rltlab.engine.spec.tree_graph).
+    spec_max_concurrency: with a proposer set, speculate only while at most this many
+    sequences run; above it the engine decodes without speculation (and warns once). None:
+    rltlab.engine.spec.decoder.SPEC_MAX_CONCURRENCY_CUDA on CUDA (measured), no limit
+    elsewhere.
     launch_behind_prompt: a lone greedy request's first decode launch is queued behind its
     whole-prompt step, before token 0 is read back (rltlab.engine.prompt_step); off by default.
     whole_prompt_steps: a step of fresh whole prompts with nothing else running runs their R
@@ -126,6 +130,7 @@ class ExecutionConfig:
     fused_spec: bool = True
     spec_chain: int = 1
     spec_pipeline: int = 16
+    spec_max_concurrency: int | None = None
     launch_behind_prompt: bool = False
     whole_prompt_steps: bool = True
 
@@ -134,6 +139,7 @@ class ExecutionConfig:
         for name in ("window_chain", "spec_chain", "spec_pipeline"):
             _positive_int(owner, name, getattr(self, name))
         _positive_int(owner, "cudnn_prefill_after", self.cudnn_prefill_after, allow_none=True)
+        _positive_int(owner, "spec_max_concurrency", self.spec_max_concurrency, allow_none=True)
         if self.prefill_graph_tokens is not None and (
                 not isinstance(self.prefill_graph_tokens, int)
                 or isinstance(self.prefill_graph_tokens, bool) or self.prefill_graph_tokens < 0):

@@ -216,8 +216,15 @@ class LLMEngine:
     # ---------------------------------------------------------------------------------- step
     @torch.no_grad()
     def step(self) -> list[RequestOutput]:
-        if self.proposer is not None and self._spec.ready():   # all decoding: speculate
-            return self._spec.step()
+        if self.proposer is not None:
+            if self._spec.ready():   # all decoding: speculate
+                return self._spec.step()
+            if self._spec.switched_off():   # e.g. above spec_max_concurrency: decode as
+                proposer, self.proposer = self.proposer, None   # target only does, windows
+                try:                                            # and whole tokens included
+                    return self.step()
+                finally:
+                    self.proposer = proposer
         depth = self._whole_tokens.ready() if self._whole_tokens else None
         if isinstance(depth, int):   # all decoding at one host-fixed depth: one launch a token
             if self._token_window and self._token_window.fits(self.scheduler.running):
@@ -404,10 +411,12 @@ class LLMEngine:
     def remove_round_observer(self, handle: ObserverHandle) -> None:
         self.observers.remove(handle)
 
-    def set_proposer(self, proposer: DraftProposer | TreeProposer | None) -> None:
-        """Loop-aware speculative decoding (rltlab.engine.spec.decoder; docs/engine.md): a
-        DraftProposer(num_draft_tokens, draft_rounds, head) or a TreeProposer(heads, tree)
-        (rltlab.engine.spec.tree_graph) turns it on, None turns it off."""
+    def set_proposer(self, proposer) -> None:
+        """Speculative decoding (rltlab.engine.spec.decoder; docs/engine.md section 7), lossless:
+        a DraftProposer(num_draft_tokens, draft_rounds, head), a TreeProposer(heads, tree)
+        (rltlab.engine.spec.tree_graph), or any object with propose / observe (the Proposer
+        protocol, rltlab.engine.spec.protocol: draft trees verified by
+        rltlab.engine.spec.tree_verify) turns it on, None turns it off. Anything else: TypeError."""
         spec = None
         if proposer is not None:
             from rltlab.engine.spec.decoder import SpecDecoder

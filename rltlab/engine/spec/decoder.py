@@ -37,17 +37,41 @@ whole iteration, acceptance and rejection sampling included, is one program with
 Round observers are not called for speculative steps.
 
 A TreeProposer (lookahead heads and a tree of their candidates) instead hands each step to
-rltlab.engine.spec.tree_graph: one full-depth pass verifies the whole tree, for plain greedy requests
-while exactly one runs (docs/engine.md section 7.3).
+rltlab.engine.spec.tree_graph: one full-depth pass verifies the whole tree, for a plain greedy
+request while exactly one runs (docs/engine.md section 7.3); its other steps (T > 0, top-k /
+top-p, log-probs, c >= 2) go to the generic tree verifier with its candidates as the tree
+(rltlab.engine.spec.tree_drafts). Any other object with propose / observe (the Proposer
+protocol, rltlab.engine.spec.protocol) is verified by that generic path
+(rltlab.engine.spec.tree_verify): host loop, any temperature, any number of requests.
+
+Switch-off: above ExecutionConfig.spec_max_concurrency running sequences, or while a request
+whose exit policy is not full depth runs, the engine decodes without speculation (and with
+target-only decoding's own fast paths: LLMEngine.step hides the proposer then), and says so
+once per engine and reason (a warnings.warn naming it).
 """
 from __future__ import annotations
+
+import warnings
 
 import torch
 
 from rltlab.engine.spec.proposers import DraftProposer, TreeProposer
+from rltlab.engine.spec.protocol import is_proposer
 from rltlab.engine.sampling import process_logits
 from rltlab.engine.sequence import Sequence, Span
 from rltlab.model.speculative import SpecStats
+
+# ExecutionConfig.spec_max_concurrency's default on CUDA (None there): speculate while at most
+# this many sequences run; no limit off CUDA. Provisional: in one small H100 run of
+# `python -m rltlab.bench.spec_replay` at the Ouro-1.4B shape (8 prompts x 32 tokens, one
+# repeat) replayed acceptance still paid at c = 8 (1.76x at T = 0, 1.27x at T = 1); c = 32 was
+# not measured. Set it from the full run's `switch_off_point` (docs/experiments/
+# loop_speculation.md, section 2b).
+SPEC_MAX_CONCURRENCY_CUDA = 8
+
+
+class SpeculationOffWarning(UserWarning):
+    """Speculative decoding does not run for some requests (warned once per engine and reason)."""
 
 
 class _View:
@@ -65,14 +89,17 @@ class _View:
 
 
 class SpecDecoder:
-    def __init__(self, engine, proposer: DraftProposer | TreeProposer):
+    def __init__(self, engine, proposer):
         self.engine, self.proposer, self.runner = engine, proposer, engine.runner
         self._graph = self._tree = None   # each iteration as one device program
+        self._generic = None              # the tree verifier (tree_verify.py)
+        self._off: str | None = None      # why the last ready() said no, if it lasts
         static = engine.config.execution.fused_spec and getattr(engine.runner, "static", None) is not None
         # Programs are kept per proposer for the engine's life: setting a proposer again
         # (switching drafters) reuses their captured graphs (and a tree's private blocks). The
         # program holds the proposer, so the id stays unique.
         graphs = engine.spec_graphs
+        from rltlab.engine.spec.tree_verify import TreeVerifier
         if isinstance(proposer, TreeProposer):
             if not static:
                 raise ValueError("a TreeProposer needs the engine's static decode path "
@@ -81,10 +108,18 @@ class SpecDecoder:
                 from rltlab.engine.spec.tree_graph import TreeGraph
                 graphs[id(proposer)] = TreeGraph(engine, proposer)
             self._tree = graphs[id(proposer)]
+            from rltlab.engine.spec.tree_drafts import TreeDrafts
+            # the generic steps borrow the program's private blocks for their forks first
+            self._generic = TreeVerifier(engine, TreeDrafts(proposer), self,
+                                         self._tree.private.flatten().tolist())
             return
         if not isinstance(proposer, DraftProposer):
-            raise TypeError("set_proposer needs a DraftProposer or a TreeProposer, got "
-                            f"{type(proposer).__name__}")
+            if not is_proposer(proposer):
+                raise TypeError("set_proposer needs a DraftProposer, a TreeProposer or a "
+                                "Proposer (callable propose and observe: "
+                                f"rltlab.engine.spec.protocol), got {type(proposer).__name__}")
+            self._generic = TreeVerifier(engine, proposer, self)
+            return
         R = engine.num_rounds
         if not 1 <= proposer.draft_rounds < R:
             raise ValueError(f"DraftProposer.draft_rounds must lie in [1, {R - 1}], "
@@ -97,26 +132,69 @@ class SpecDecoder:
 
     # ----------------------------------------------------------------------------- dispatch
     def eligible(self, seq: Sequence) -> bool:
-        """The request's exit policy always runs R rounds (the speculation target); a tree
-        also needs plain greedy decoding without log-probs."""
+        """The request's exit policy always runs R rounds (the speculation target)."""
         p, R = seq.params, self.engine.num_rounds
         if p.max_loops != R:
-            return False
-        if self._tree is not None and (p.temperature > 0 or p.top_k > 0 or p.top_p < 1
-                                       or p.logprobs is not None):
             return False
         if p.exit_policy == "fixed":
             return p.exit_policy_args.get("depth", R) == R
         return p.exit_policy in ("q_exit", "q_exit_delayed") and p.exit_threshold >= 1.0
 
+    def _graph_takes(self, seq: Sequence) -> bool:
+        """A TreeProposer's device program serves this request alone: plain greedy, no
+        top-k / top-p, no log-probs (the generic verifier serves the rest)."""
+        p = seq.params
+        return not (p.temperature > 0 or p.top_k > 0 or p.top_p < 1 or p.logprobs is not None)
+
+    def max_concurrency(self) -> int | None:
+        """Most running sequences that speculate (ExecutionConfig.spec_max_concurrency; its
+        None: SPEC_MAX_CONCURRENCY_CUDA on CUDA, no limit elsewhere)."""
+        limit = getattr(self.engine.config.execution, "spec_max_concurrency", None)
+        if limit is None and self.runner.device.type == "cuda":
+            return SPEC_MAX_CONCURRENCY_CUDA
+        return limit or None
+
     def ready(self) -> bool:
-        """True if this step should be speculative (see the module docstring)."""
+        """True if this step should be speculative (see the module docstring). Where the
+        answer is no for a reason that lasts (switched_off), it is warned once per engine."""
         eng = self.engine
         sch = eng.scheduler
-        if eng.paused or not sch.running or (self._tree is not None and len(sch.running) > 1):
+        self._off = None
+        if eng.paused or not sch.running:
             return False
-        return all(seq.at_token_boundary and self.eligible(seq) for seq in sch.running) \
-            and not sch.can_admit()
+        if not all(seq.at_token_boundary for seq in sch.running) or sch.can_admit():
+            return False
+        off = next((seq for seq in sch.running if not self.eligible(seq)), None)
+        if off is not None:
+            p = off.params
+            self._off = "policy"
+            self._warn("policy", f"speculative decoding is off while request "
+                       f"{off.request_id!r} runs: its exit policy ({p.exit_policy!r}, "
+                       f"max_loops={p.max_loops}, exit_threshold={p.exit_threshold}) does not "
+                       f"run every token at full depth R={eng.num_rounds}, which speculation "
+                       "verifies (exit_policy='fixed' or exit_threshold=1.0 speculate)")
+            return False
+        limit = self.max_concurrency()
+        if limit is not None and len(sch.running) > limit:
+            self._off = "concurrency"
+            self._warn("concurrency", f"speculative decoding is off while {len(sch.running)} "
+                       f"sequences run: above ExecutionConfig.spec_max_concurrency={limit} "
+                       "(where speculation stops paying), the engine decodes without it")
+            return False
+        return True
+
+    def switched_off(self) -> bool:
+        """The last ready() said no for a reason that lasts (a request not at full depth,
+        concurrency above the limit): the step may decode as if no proposer were set."""
+        return self._off is not None
+
+    def _warn(self, reason: str, message: str) -> None:
+        """warnings.warn(message) once per engine and reason."""
+        warned = self.engine.__dict__.setdefault("_spec_warned", set())
+        if reason not in warned:
+            warned.add(reason)
+            warnings.warn(message + " (warned once per engine)", SpeculationOffWarning,
+                          stacklevel=4)
 
     # --------------------------------------------------------------------------------- step
     def _rounds(self, views: list[_View], count: int) -> torch.Tensor:
@@ -152,8 +230,10 @@ class SpecDecoder:
     def step(self):
         eng, prop = self.engine, self.proposer
         seqs = list(eng.scheduler.running)
-        if self._tree is not None:
+        if self._tree is not None and len(seqs) == 1 and self._graph_takes(seqs[0]):
             return self._tree_step(seqs[0])
+        if self._generic is not None:
+            return self._generic.step(seqs)
         R, d, lm_head = eng.num_rounds, prop.draft_rounds, eng.model.lm_head
         k_max = max(0, min(prop.num_draft_tokens,
                            eng.config.max_num_batched_tokens // len(seqs) - 1))
@@ -250,7 +330,7 @@ class SpecDecoder:
         be handed to the tree by the next step: a before_read for sampling.sample_finite that
         launches its first program from the token on the device (TreeGraph.launch_first);
         else None (prompt_step.py, ExecutionConfig.launch_behind_prompt)."""
-        if self._tree is None or not self.eligible(seq):
+        if self._tree is None or not (self.eligible(seq) and self._graph_takes(seq)):
             return None
         chain, launches = self._tree_plan(seq)
         return lambda tokens, finite: self._tree.launch_first(seq, tokens, hidden, chain,
@@ -297,16 +377,24 @@ class SpecDecoder:
         """Append drafts[:n] and nxt with their log-probs (logits: the target's [k+1, V] rows,
         needed only for log-probs), update the stats (drafted: the tokens verified, if not
         the drafts: a tree's nodes), stop checks."""
-        eng, p = self.engine, seq.params
-        k = len(drafts) if drafted is None else drafted
         emitted = drafts[:n] + [nxt]
+        logps, tops = _logprobs(logits, processed, emitted, seq.params,
+                                self.engine.config.logprobs_mode)
+        self._append(seq, start, emitted, logps, tops, len(drafts) if drafted is None else drafted,
+                     n)
+
+    def _append(self, seq: Sequence, start: int, emitted: list[int], logps, tops, drafted: int,
+                n: int) -> int:
+        """Append the iteration's tokens (n accepted drafts and the target's next token) with
+        their log-probs, update the stats (drafted: the nodes verified), stop checks -> the
+        tokens appended (fewer where a stop ended the sequence)."""
+        eng = self.engine
         stats = getattr(seq, "spec_stats", None) or SpecStats()
         seq.spec_stats = stats
-        stats.steps, stats.drafted = stats.steps + 1, stats.drafted + k
+        stats.steps, stats.drafted = stats.steps + 1, stats.drafted + drafted
         stats.accepted, stats.emitted = stats.accepted + n, stats.emitted + n + 1
-        if self.proposer.adaptive and k:
-            seq.spec_k = self.proposer.next_draft_length(k, n)
-        logps, tops = _logprobs(logits, processed, emitted, p, eng.config.logprobs_mode)
+        if isinstance(self.proposer, DraftProposer) and self.proposer.adaptive and drafted:
+            seq.spec_k = self.proposer.next_draft_length(drafted, n)
         for i, token in enumerate(emitted):
             seq.append_token(token, logps[i], tops[i], eng.num_rounds, eng.num_rounds,
                              eng.weights.version)
@@ -315,8 +403,9 @@ class SpecDecoder:
                 eng._streamed[seq.request_id] = seq.request
             eng._check_stop(seq, token)
             if seq.is_finished:
-                return
+                return i + 1
         seq.num_computed = start + len(emitted)   # P..P+n are final in every plane
+        return len(emitted)
 
 
 def _split(values: list, sizes: list[int]) -> list[list]:
