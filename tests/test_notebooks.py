@@ -260,6 +260,9 @@ def _check_deployment(run_dir, m, its):
     """DEPLOY_COMPONENTS (default): iteration k >= 1 rolls out with iteration k-1's N+2
     predictor (on-policy traces: its exit rounds in `selected`, every round present) and
     measures it beside the stock Q-exit and its draft head as the engine's proposer, same run."""
+    import numpy as np
+    from rltlab.eval.curves import curve_scores_at, pareto_curve
+    from rltlab.loop.metrics import curve_points
     from rltlab.traces import load_traces, read_manifest
     assert its[0]["deployed"] is None and its[0]["rollout"]["policy"].startswith("q_exit")
     for k in (1, 2):
@@ -279,10 +282,19 @@ def _check_deployment(run_dir, m, its):
         assert set(tr["selected"].tolist()) <= {3, 4} and bool(tr["round_mask"].all())
         assert its[k]["rollout"]["mean_rounds"] == pytest.approx(
             float(tr["selected"].float().mean()))
-        # the deployed N+2 (a row of the curves) and the stock Q-exit it replaced, back to back
-        n2, q = dep["n_plus_2"], dep["q_exit"]
-        assert n2["weight_version"] == k and q["setting"] == "t=0.5"
-        assert dep["speedup_vs_q_exit"] == pytest.approx(n2["tokens_per_s"] / q["tokens_per_s"])
+        # the deployed N+2 (a row of the curves) and the stock Q-exit it replaced (version 0's
+        # row at the rollout threshold, this run), paired at equal rounds with the stock curve
+        n2, q = dep["n_plus_2"], dep["stock_q_exit"]
+        assert n2["weight_version"] == k and q["threshold"] == 0.5 and q["quality_by_kind"]
+        assert q["weight_version"] == k     # THRESHOLDS lacks 0.5: generated beside it
+        assert dep["speedup_vs_stock_q_exit"] == pytest.approx(n2["tokens_per_s"] /
+                                                               q["tokens_per_s"])
+        stock = json.loads((run_dir / "iter_0" / "result.json").read_text())["before"]
+        row = res["deployed"]["n_plus_2"]
+        bx, bs, _ = pareto_curve(curve_points(stock))
+        if row["mean_rounds"] >= bx[0]:
+            d = np.asarray(row["scores"]) - curve_scores_at(bx, bs, row["mean_rounds"])
+            assert n2["diff_vs_stock_q_exit_pp"] == pytest.approx(100 * d.mean())
         row = next(c for c in m["curves"] if c["policy"] == f"v{k} deployed n_plus_2 (iter "
                                                                f"{k - 1})")
         assert row["quality"] == n2["quality"] and row["mean_rounds"] == n2["mean_rounds"]
@@ -296,7 +308,7 @@ def _check_deployment(run_dir, m, its):
     head, last = m["headline"], its[2]["deployed"]
     assert head["deployed_n_plus_2_quality"] == last["n_plus_2"]["quality"]
     assert head["deployed_n_plus_2_tokens_per_s"] == last["n_plus_2"]["tokens_per_s"]
-    assert head["deployed_q_exit_tokens_per_s"] == last["q_exit"]["tokens_per_s"]
+    assert head["stock_q_exit_tokens_per_s"] == last["stock_q_exit"]["tokens_per_s"]
     assert head["deployed_draft_speedup_vs_target"] == last["draft"]["speedup_vs_target"]
     assert head["speed_device"] == m["speed"]["device"] == "cpu (1 threads)"
 
@@ -393,13 +405,15 @@ def test_loop_notebook_bad_device_is_one_line(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setenv("RLTLAB_RUNS_DIR", str(tmp_path))
     nb = str(NOTEBOOKS / "10_rollout_update_evaluate.ipynb")
-    bad = "cuda:7" if torch.cuda.is_available() else "cuda"
-    for key, value, says in (("DEVICE", bad, "DEVICE"), ("DEVICE", "tpu", "DEVICE"),
-                             ("DTYPE", "float8", "DTYPE")):
+    cases = [("DEVICE", "tpu", "not a torch device"), ("DTYPE", "float8", "must be one of")]
+    if not torch.cuda.is_available():
+        cases.append(("DEVICE", "cuda", "CUDA is not available"))
+    for key, value, says in cases:
         argv = ["run", nb, "-p", key, value, "--no-progress"]
         assert runs_cli.main(build_parser("run").parse_args(argv)) == 2
         err = capsys.readouterr().err.strip()
-        assert err.startswith("error:") and says in err and len(err.splitlines()) == 1, err
+        assert err.startswith("error:") and len(err.splitlines()) == 1, err
+        assert key in err and says in err and "unknown parameter" not in err, err
     assert not list(tmp_path.iterdir())
 
 
@@ -409,7 +423,7 @@ def test_loop_notebook_in_bfloat16(tiny_model_dir, tmp_path):
     components run in iteration 1, and the run records where and in what its tok/s was measured."""
     run_dir = _run("10_rollout_update_evaluate", {
         "MODEL_DIR": str(tiny_model_dir), "DEVICE": "cpu", "DTYPE": "bfloat16", "ITERATIONS": 2,
-        "ROLLOUT_PROMPTS": 4, "MAX_TOKENS": 6, "EVAL_PROBLEMS": 3, "THRESHOLDS": [0.3, 1.0],
+        "ROLLOUT_PROMPTS": 4, "MAX_TOKENS": 6, "EVAL_PROBLEMS": 3, "THRESHOLDS": [0.5, 1.0],
         "DEPTHS": [], "GATE_STEPS": 10, "PREDICTOR_EPOCHS": 2, "DRAFT_STEPS": 3,
         "DRAFT_PROMPTS": 2, "DRAFT_K": 2, "THREADS": 1}, tmp_path / "bf16")
     m = _metrics(run_dir)
@@ -419,6 +433,10 @@ def test_loop_notebook_in_bfloat16(tiny_model_dir, tmp_path):
     assert its[1]["rollout"]["policy"] == "loop_deployed_n_plus_2_iter0"
     assert its[1]["draft_head"]["identical_at_t0"] is True
     res = json.loads((run_dir / "iter_1" / "result.json").read_text())
-    assert res["gate_training"]["label"] == "remaining"
+    assert res["gate_training"]["label"] == "stage2_or_remaining"
     assert m["headline"]["deployed_n_plus_2_tokens_per_s"] > 0
+    stock = its[1]["deployed"]["stock_q_exit"]      # version 0's row of this run, reused
+    v0 = next(c for c in m["curves"] if c["policy"] == "v0 q_exit" and c["threshold"] == 0.5)
+    assert stock["weight_version"] == 0 and stock["tokens_per_s"] == v0["tokens_per_s"]
+    assert m["headline"]["stock_q_exit_tokens_per_s"] == v0["tokens_per_s"]
     _plots_exist(m)

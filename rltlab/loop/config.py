@@ -14,6 +14,9 @@ GATE_WEIGHT, GATE_BIAS = "model.early_exit_gate.weight", "model.early_exit_gate.
 # threshold < 1 (a bad gate the update must reject); "current": the current gate itself (a
 # neutral candidate it must accept). rltlab.loop.stage2.injected_candidate builds them.
 INJECTED_CANDIDATES = ("exit_round1", "current")
+# Stage II label kinds (rltlab.loop.stage2.stage2_targets): the paper's, the gain still to come,
+# and either of them
+GATE_LABELS = ("stage2", "remaining", "stage2_or_remaining")
 
 
 @dataclass
@@ -33,6 +36,10 @@ class LoopConfig:
     gate_batch: int = 512
     slope: float = 50.0
     margin: float = 0.005
+    gate_label: str = "stage2_or_remaining"   # Stage II labels (GATE_LABELS,
+    #                                    rltlab.loop.stage2.stage2_targets): "stage2" the
+    #                                    paper's (the gain round r made), "remaining" (the gain
+    #                                    the rounds after r can still make), or either
     gate_val_fraction: float = 0.2     # prompts of the rollout held out to validate the gate
     gate_eval_every: int = 20          # validation BCE every this many steps (early stopping)
     gate_patience: int = 5             # stop after this many checks without improvement
@@ -40,6 +47,8 @@ class LoopConfig:
     curve_z: float = 2.0               # confidence of the curve checks (z paired SE)
     gate_generation_check: bool = True  # a candidate that passed the trace checks is also
     #                                    generated with on the validation prompts (gate_check.py)
+    gate_check_problems: int | None = 24   # ... at most this many of them (None: all; on the
+    #                                    CPU each costs a prefill per threshold and gate)
     noninferiority_margin_pp: float = 5.0   # held-out verdict: "no worse" = every point's
     #                                    diff - z SE >= -margin (pp of exact match)
     inject_candidate: str | None = None     # test hook: replace the trained candidate gate
@@ -68,6 +77,11 @@ class LoopConfig:
     draft_prompts: int = 8             # held-out word problems for tau / acceptance
     draft_max_tokens: int = 32
     draft_concurrency: int = 8
+    # deployment: iteration k >= 1 rolls out with the N+2 predictor of iteration k - 1 as its
+    # exit policy (on-policy traces, rltlab.loop.relabel) and measures it and the draft head of
+    # iteration k - 1 (the engine's proposer) against stock Q-exit / target-only decoding in
+    # the same run (rltlab.loop.deploy)
+    deploy_components: bool = True
     crash_at_iteration: int = -1   # test hook: raise inside iteration k before it is committed
     extra: dict = field(default_factory=dict)
 
@@ -86,6 +100,13 @@ class LoopConfig:
         if not self.noninferiority_margin_pp >= 0:
             raise ValueError(f"noninferiority_margin_pp must be >= 0 (percentage points), got "
                              f"{self.noninferiority_margin_pp!r}")
+        if self.gate_check_problems is not None and (
+                isinstance(self.gate_check_problems, bool)
+                or not isinstance(self.gate_check_problems, int) or self.gate_check_problems < 1):
+            raise ValueError(f"gate_check_problems must be None or an int >= 1, got "
+                             f"{self.gate_check_problems!r}")
+        if self.gate_label not in GATE_LABELS:
+            raise ValueError(f"gate_label must be one of {GATE_LABELS}, got {self.gate_label!r}")
         if self.inject_candidate is not None and self.inject_candidate not in INJECTED_CANDIDATES:
             raise ValueError(f"inject_candidate must be None or one of {INJECTED_CANDIDATES}, "
                              f"got {self.inject_candidate!r}")
@@ -99,6 +120,11 @@ RESUMABLE_FIELDS = frozenset({
     "iterations", "crash_at_iteration", "gate_steps", "gate_lr", "gate_batch", "gate_eval_every",
     "gate_patience", "gate_keep_worse", "predictor_epochs", "draft_steps", "draft_lr",
     "inject_candidate"})
+
+
+# What a finished iteration whose result.json predates a field ran with (the field's value
+# before it existed), for the resume check; other missing fields are read as their defaults.
+LEGACY_VALUES = {"gate_label": "stage2", "deploy_components": False, "gate_check_problems": None}
 
 
 class SimulatedCrash(RuntimeError):
@@ -121,3 +147,26 @@ class LoopState:
     resumed_from: int = 0
     problems: list[dict[str, Any]] = field(default_factory=list)
     load_average_start: list[float] | None = None   # os.getloadavg() when the run started
+    engine_kwargs: dict = field(default_factory=dict)  # the engines' LLM(...) arguments
+    check_llm: Any = None              # the gate check's private engine, made on first use
+    warm_up: dict | None = None        # what the engine's warm-up did (seconds, graphs)
+    speed_device: str | None = None    # where tok/s is measured: "cpu" or the GPU's name
+
+    hashes: dict = field(default_factory=dict)   # weight version -> model hash (model_hash())
+
+    def model_hash(self) -> str:
+        """rltlab.model.checkpoint.model_hash of the model at the engine's weight version, once
+        per version (only a gate push changes the model, and it moves the version): at the
+        Ouro-1.4B shape each hash reads 2.9 GB back from the GPU."""
+        version = self.llm.get_weight_version()
+        if version not in self.hashes:
+            from rltlab.model.checkpoint import model_hash
+            self.hashes[version] = model_hash(self.model)
+        return self.hashes[version]
+
+    def gate_check_llm(self):
+        """The gate check's private engine over a copy of the model (one per run)."""
+        if self.check_llm is None:
+            from rltlab.engine import LLM
+            self.check_llm = LLM(self.model, self.tokenizer, **self.engine_kwargs)
+        return self.check_llm

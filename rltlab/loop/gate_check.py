@@ -9,7 +9,8 @@ that passed every trace check lost 16 pp on the held-out problems once pushed
 
 So a candidate that passed the trace checks is also generated with: greedy Q-exit at every
 threshold of cfg.thresholds below 1, on the problems of the validation split's rollout prompts
-(training-split problems, never the held-out evaluation set), once with the current gate and
+(training-split problems, never the held-out evaluation set; at most cfg.gate_check_problems
+of them, the lowest prompt ids), once with the current gate and
 once with the candidate. Both run through one private engine over a copy of the model (the
 serving engine's weight version and the caller's model are untouched), and the two
 quality-vs-depth curves are compared per problem (rltlab.eval.curves.compare_curves, z =
@@ -26,26 +27,54 @@ from rltlab.loop.config import LoopConfig
 
 def generation_curve(llm, tokenizer, problems: Sequence[dict], thresholds: Sequence[float],
                      cfg: LoopConfig) -> list[tuple[float, list[float]]]:
-    """Q-exit (mean executed rounds, per-problem exact match) per threshold, by generation."""
-    from rltlab.eval.policies import evaluate_policies
+    """Q-exit (mean executed rounds, per-problem exact match) per threshold, by generation:
+    the requests of every threshold in one batch (nothing is timed here; one batch of
+    len(thresholds) x len(problems) requests steps through a word problem's ~40 tokens once,
+    not once per threshold). Each request is the one rltlab.eval.policies.evaluate_policies
+    sends (q_exit_params, greedy, stop at EOT), scored by rltlab.eval.tasks.evaluate_arithmetic."""
+    import math
 
-    rows, scores = evaluate_policies(llm, tokenizer, problems, thresholds=thresholds,
-                                     max_tokens=cfg.max_tokens, min_loops=cfg.min_loops)
-    return [(row["mean_rounds"], scores[row["key"]]) for row in rows]
+    from rltlab.engine.sampling import q_exit_params
+    from rltlab.eval.tasks import arithmetic_prompt, evaluate_arithmetic
+    from rltlab.pretrain.data import EOT_ID
+
+    questions = [p["question"] if isinstance(p, dict) else p.question for p in problems]
+    prompts = [arithmetic_prompt(tokenizer, q) for q in questions]
+    params = [q_exit_params(t, cfg.max_tokens, min_loops=cfg.min_loops, eos_token_id=EOT_ID)
+              for t in thresholds]
+    outs = llm.generate([p for _ in thresholds for p in prompts],
+                        [sp for sp in params for _ in prompts])
+    n, R = len(prompts), llm.llm_engine.num_rounds
+    curve = []
+    for j in range(len(thresholds)):
+        part = [o.outputs[0] for o in outs[j * n:(j + 1) * n]]
+        res = evaluate_arithmetic(lambda _prompts, part=part: part, tokenizer, problems,
+                                  num_rounds=R)
+        curve.append((res.get("mean_executed", math.nan), res["scores"]))
+    return curve
 
 
 def check_in_generation(model, tokenizer, candidate: dict[str, torch.Tensor],
-                        problems: Sequence[dict], cfg: LoopConfig) -> dict[str, Any]:
+                        problems: Sequence[dict], cfg: LoopConfig, llm=None,
+                        **engine_kwargs) -> dict[str, Any]:
     """Current gate (the model's) vs `candidate` in generation on `problems`. -> compare_curves'
-    no_worse / worst_point / points / n / z, plus the thresholds and both curves."""
+    no_worse / worst_point / points / n / z, plus the thresholds and both curves.
+
+    llm: a private engine over a copy of the same model to reuse (the loop keeps one for the
+    run: on a GPU each new engine pays its KV pool and graph captures again); the model's
+    current gate is pushed into it first. None: a new one (engine_kwargs: LLM's)."""
     from rltlab.engine import LLM
     from rltlab.eval.curves import compare_curves
-    from rltlab.loop.stage2 import push_weights
+    from rltlab.loop.stage2 import gate_state_of, push_weights
 
     thresholds = [float(t) for t in cfg.thresholds if float(t) < 1.0]
     if not thresholds or not problems:
         raise ValueError("the generation check needs a threshold below 1 and a problem")
-    llm = LLM(model, tokenizer)   # the engine holds its own copy of the weights
+    if llm is None:
+        llm = LLM(model, tokenizer, **engine_kwargs)   # holds its own copy of the weights
+    else:
+        push_weights(llm, llm.llm_engine.model, gate_state_of(model.model.early_exit_gate),
+                     llm.get_weight_version() + 1)
     before = generation_curve(llm, tokenizer, problems, thresholds, cfg)
     # named after the engine's own model, so the caller's model keeps its gate
     push_weights(llm, llm.llm_engine.model, candidate, llm.get_weight_version() + 1)
@@ -58,7 +87,7 @@ def check_in_generation(model, tokenizer, candidate: dict[str, torch.Tensor],
 
 
 def judge_in_generation(trained: dict[str, Any], model, tokenizer, rollout_problems: Sequence[dict],
-                        cfg: LoopConfig) -> None:
+                        cfg: LoopConfig, llm=None) -> None:
     """train_gate_on_traces' result, updated in place: a candidate that passed the trace checks
     is checked in generation on its validation prompts' problems (`generation_check`); a worse
     curve fails validation, and the current gate is kept unless cfg.gate_keep_worse."""
@@ -67,8 +96,10 @@ def judge_in_generation(trained: dict[str, Any], model, tokenizer, rollout_probl
     if not (cfg.gate_generation_check and trained["validation_passed"]):
         trained["generation_check"] = None
         return
-    problems = [rollout_problems[i] for i in trained["val_prompt_ids"]]
-    check = check_in_generation(model, tokenizer, trained["candidate_state"], problems, cfg)
+    ids = trained["val_prompt_ids"][:cfg.gate_check_problems]   # sorted: the kinds alternate
+    problems = [rollout_problems[i] for i in ids]
+    check = check_in_generation(model, tokenizer, trained["candidate_state"], problems, cfg,
+                                llm=llm() if callable(llm) else llm)
     trained["generation_check"] = check
     if check["no_worse"] is False:
         w = check["worst_point"]

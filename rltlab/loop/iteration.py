@@ -15,8 +15,9 @@ from rltlab import workbench as W
 from rltlab.common.atomic import default_permissions, write_json_atomic
 from rltlab.loop.addons import draft_head_step, exit_predictor_step
 from rltlab.loop.config import LoopConfig, LoopState, SimulatedCrash
+from rltlab.loop.deploy import deploy_step, deployed_from, install_predictor, on_policy_rollout
 from rltlab.loop.gate_check import judge_in_generation
-from rltlab.loop.metrics import compare_evaluations, gate_verdict
+from rltlab.loop.metrics import compare_evaluations, gate_verdict, quality_by_kind
 from rltlab.loop.resume import RESULT_FILE, check_resume, read_result
 from rltlab.loop.stage2 import load_gate, push_weights, save_gate, train_gate_on_traces
 
@@ -54,11 +55,17 @@ def setup(run_dir: str | os.PathLike, model, tokenizer, cfg: LoopConfig,
         shutil.rmtree(stale, ignore_errors=True)
     if not results or not (run_dir / "loop_config.json").is_file():
         write_json_atomic(run_dir / "loop_config.json", asdict(cfg))
+    # the loop's prompts are short (k-hop and word problems): a KV pool sized for sequences
+    # of MAX_MODEL_LEN tokens, not the model's 4096, leaves a GPU's memory to the gate check's
+    # engine and the update steps
+    engine_kwargs.setdefault("max_model_len", min(MAX_MODEL_LEN,
+                                                  model.config.max_position_embeddings))
     llm = W.make_llm(model, tokenizer, **engine_kwargs)
     state = LoopState(run_dir, cfg, model, tokenizer, llm,
-                      Path(model_dir) if model_dir else None)
+                      Path(model_dir) if model_dir else None, engine_kwargs=dict(engine_kwargs))
     state.problems = W.eval_problems(state.model_dir, cfg.eval_problems)
     state.load_average_start = list(os.getloadavg())
+    state.speed_device = speed_device(llm)
     warm_up(state)
     state.results = results
     state.resumed_from = len(done)
@@ -69,11 +76,36 @@ def setup(run_dir: str | os.PathLike, model, tokenizer, cfg: LoopConfig,
     return state
 
 
+MAX_MODEL_LEN = 1024    # the loop's engines: prompt + new tokens of one sequence
+
+
+def speed_device(llm) -> str:
+    """Where the engine runs (what every tok/s of the run measures): "cpu (N threads)" or
+    the GPU's name."""
+    import torch
+
+    device = llm.llm_engine.runner.device
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{device.type} ({torch.get_num_threads()} threads)"
+
+
 def warm_up(state: LoopState, problems: int = 4) -> None:
     """One short generation before anything is timed: the first call of a process pays for
-    allocations and lazy initialisation, which would slow the first measured setting's tok/s."""
+    allocations and lazy initialisation, which would slow the first measured setting's tok/s.
+    On a GPU also the engine's warm-up (LLM.warm_up: the graph captures and kernel
+    specialisations of every batch bucket up to the held-out set's batch), so no timed row
+    pays them."""
     from rltlab.eval.policies import evaluate_policies    # in-process, also under scale-out
+    from rltlab.eval.problems import encode
 
+    if state.llm.llm_engine.runner.device.type == "cuda":
+        engine = state.llm.llm_engine
+        longest = max(len(encode(state.tokenizer, p["question"])) + 1 for p in state.problems)
+        state.warm_up = state.llm.warm_up(
+            concurrency=min(engine.config.max_num_seqs,
+                            max(len(state.problems), state.cfg.rollout_prompts)),
+            prompt_len=longest, max_tokens=8, progress=False)
     evaluate_policies(state.llm, state.tokenizer, state.problems[:problems], thresholds=[0.5],
                       max_tokens=4, min_loops=state.cfg.min_loops)
 
@@ -116,6 +148,8 @@ def evaluate(state: LoopState, label: str, reuse: dict[str, Any] | None = None,
                                        thresholds=thresholds, depths=depths,
                                        max_tokens=cfg.max_tokens, min_loops=cfg.min_loops,
                                        label=label)
+    for row in rows:
+        row["quality_by_kind"] = quality_by_kind(scores[row["key"]], state.problems)
     version = state.llm.get_weight_version()
     if carried is not None:
         more = carry_evaluation({"rows": [carried], "scores": reuse["scores"]}, label, version)
@@ -171,27 +205,57 @@ def run_iteration(state: LoopState, k: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix=f".iter_{k}.tmp-", dir=run_dir))
     final = iteration_dir(run_dir, k)
     try:
+        timings: dict[str, float] = {}     # seconds of each step, in order
+        mark = time.perf_counter()
+
+        def lap(name: str) -> None:
+            nonlocal mark
+            now = time.perf_counter()
+            timings[name] = round(now - mark, 3)
+            mark = now
         before = state.results[-1]["after"] if state.results else \
             evaluate(state, f"v{k}", depths=cfg.depths)
+        if not state.results:
+            lap("evaluate_v0")
         prompts, rolled = rollout_problems(state.tokenizer, cfg, k)
         overlap = _held_out_overlap(state.problems, rolled)
         if overlap:
             raise RuntimeError(f"{overlap} rollout prompts are in the held-out evaluation set")
-        outs, manifest = W.collect_rollout_traces(
-            llm, prompts, tmp / "traces", threshold=cfg.rollout_threshold,
-            max_tokens=cfg.max_tokens, teacher=True, temperature=cfg.temperature,
-            seed=cfg.seed + k, min_loops=cfg.min_loops, hidden_dtype=cfg.hidden_dtype,
-            info={"iteration": k})
+        deployed = deployed_from(state, k)
+        installed = install_predictor(state, k, deployed) \
+            if deployed and deployed["predictor"] else None
+        if installed is not None:    # on-policy: the deployed N+2 rolls out (rltlab.loop.deploy)
+            outs, manifest, rollout = on_policy_rollout(state, k, prompts, tmp / "traces",
+                                                        installed["policy"])
+        else:
+            started_rollout = time.perf_counter()
+            outs, manifest = W.collect_rollout_traces(
+                llm, prompts, tmp / "traces", threshold=cfg.rollout_threshold,
+                max_tokens=cfg.max_tokens, teacher=True, temperature=cfg.temperature,
+                seed=cfg.seed + k, min_loops=cfg.min_loops, hidden_dtype=cfg.hidden_dtype,
+                info={"iteration": k})
+            rollout = {"policy": f"q_exit t={cfg.rollout_threshold:g} (teacher mode)",
+                       "prompts": len(prompts),
+                       "seconds": round(time.perf_counter() - started_rollout, 4)}
         rollout_versions = sorted({v for o in outs for v in o.outputs[0].weight_versions})
+        lap("rollout")
         trained = train_gate_on_traces(state.model, tmp / "traces", cfg)
-        judge_in_generation(trained, state.model, state.tokenizer, rolled, cfg)
+        lap("gate_training")
+        judge_in_generation(trained, state.model, state.tokenizer, rolled, cfg,
+                            llm=state.gate_check_llm)
+        lap("gate_generation_check")
         if k == cfg.crash_at_iteration:
             raise SimulatedCrash(f"simulated crash in iteration {k} (CRASH_AT_ITERATION)")
         addons: dict[str, Any] = {}
+        if deployed is not None:
+            addons["deployed"] = deploy_step(state, k, deployed, installed, rollout, before)
+            lap("deployed")
         if cfg.train_exit_predictor:
             addons["exit_predictor"] = exit_predictor_step(state, k, tmp, before)
+            lap("exit_predictor")
         if cfg.train_draft_head:
             addons["draft_head"] = draft_head_step(state, k, tmp)
+            lap("draft_head")
         if (tmp / "exit_predictor").is_dir():   # its manifests name the (temporary) traces
             _retarget(tmp / "exit_predictor", tmp, final)
         save_gate(tmp / "gate.safetensors", trained["state"], k + 1)
@@ -202,17 +266,18 @@ def run_iteration(state: LoopState, k: int) -> dict[str, Any]:
             after = evaluate(state, f"v{new_version}", reuse=before)
         else:   # the same gate pushed again: generation is identical, copy "before"
             after = carry_evaluation(before, f"v{new_version}", new_version)
+        lap("push_and_evaluate")
         summary = W.trace_summary(tmp / "traces")
         cmp = compare_evaluations(before, after, cfg.curve_z)
         result = {
             "iteration": k, "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "seconds": round(time.perf_counter() - t0, 3),
+            "seconds": round(time.perf_counter() - t0, 3), "timings": timings,
             "rollout_weight_versions": rollout_versions,
             "trace_weight_versions": sorted({v for s in manifest["shards"]
                                              for v in s["weight_versions"]}),
             "trace_model_hashes": manifest.get("info", {}).get("model_hashes", {}),
             "trace_tokens": manifest["num_tokens"], "new_weight_version": new_version,
-            "heldout_overlap_with_rollouts": overlap,
+            "heldout_overlap_with_rollouts": overlap, "rollout": rollout,
             "rollout_kinds": {kind: sum(p["kind"] == kind for p in rolled)
                               for kind in ("hops", "arith")},
             "gate_training": {k2: v for k2, v in trained.items()
@@ -247,6 +312,25 @@ def describe_iteration(res: dict[str, Any]) -> str:
             f"; now v{res['new_weight_version']}"
             f"{'' if g.get('accepted', True) else ' (the kept gate, pushed again)'}"
             f"; held-out verdict: {res.get('gate_verdict')}")
+    dep = res.get("deployed")
+    if dep and dep.get("n_plus_2"):
+        n2, q, ro = dep["n_plus_2"], dep["stock_q_exit"], dep.get("rollout") or {}
+        line += (f"\n  deployed N+2 of iteration {dep['from_iteration']} (the rollout policy: "
+                 f"{f(ro.get('mean_rounds'), 3)} rounds, {f(ro.get('tokens_per_s'), 1)} tok/s"
+                 f"{', across a gate change' if dep.get('across_gate_change') else ''}): "
+                 f"held-out {n2['quality']:.1f}% at {n2['mean_rounds']:.3f} rounds, "
+                 f"{n2['tokens_per_s']:.1f} tok/s vs stock Q-exit t={q['threshold']:g} "
+                 f"{q['quality']:.1f}% at {q['mean_rounds']:.3f} rounds, "
+                 f"{q['tokens_per_s']:.1f} tok/s ({dep['speedup_vs_stock_q_exit']:.2f}x); vs "
+                 f"the stock Q-exit at equal rounds {f(n2.get('diff_vs_stock_q_exit_pp'), 1)} pp "
+                 f"(SE {f(n2.get('diff_vs_stock_q_exit_se_pp'), 1)})")
+    if dep and dep.get("draft"):
+        d = dep["draft"]
+        line += (f"\n  deployed draft head of iteration {dep['from_iteration']} (engine "
+                 f"proposer, full depth, {d['prompts']} word problems at {d['concurrency']}): "
+                 f"{d['tokens_per_s']:.1f} vs {d['target_tokens_per_s']:.1f} tok/s target-only "
+                 f"({d['speedup_vs_target']:.2f}x), tau {f(d['tau'], 2)}, identical "
+                 f"{d['identical']}")
     ep, dh = res.get("exit_predictor"), res.get("draft_head")
     if ep:
         cal = next((r for r in ep["rows"] if r.get("calibrated")), ep["rows"][0])

@@ -16,6 +16,17 @@ def curve_points(ev: dict[str, Any]) -> list[tuple[float, list[float]]]:
             and not math.isnan(r["mean_rounds"])]
 
 
+def quality_by_kind(scores: Sequence[float], problems: Sequence[dict[str, Any]]
+                    ) -> dict[str, float]:
+    """Exact match (%) per problem kind ("hops", "arith") of one row's per-problem scores: the
+    held-out set alternates the kinds, but word problems hold ~90% of its decode tokens (and
+    so of its mean rounds), k-hop problems 2 tokens each."""
+    out: dict[str, list[float]] = {}
+    for score, problem in zip(scores, problems):
+        out.setdefault(problem.get("kind", "?"), []).append(float(score))
+    return {kind: 100.0 * sum(v) / len(v) for kind, v in out.items()}
+
+
 def compare_evaluations(before: dict[str, Any], after: dict[str, Any], z: float = 2.0
                         ) -> dict[str, Any]:
     """Paired Pareto-curve comparison (rltlab.eval.curves) of two Q-exit sweeps."""
@@ -36,6 +47,9 @@ def curves(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     if results:
         rows += results[0]["before"]["rows"]
     for res in results:
+        deployed = res.get("deployed") or {}
+        if deployed.get("n_plus_2"):    # the deployed predictor, measured at version k
+            rows.append(deployed["n_plus_2"])
         rows += (res.get("exit_predictor") or {}).get("rows", [])
         rows += res["after"]["rows"]
     return [_strip(r) for r in rows]
@@ -137,6 +151,8 @@ def _predictor_summary(r: dict[str, Any]) -> dict[str, Any] | None:
             "diff_vs_q_exit_pp": cal.get("diff_vs_q_exit_pp"),
             "diff_vs_q_exit_se_pp": cal.get("diff_vs_q_exit_se_pp"),
             "diff_vs_q_exit_z": cal.get("diff_vs_q_exit_z"),
+            "diff_vs_stock_q_exit_pp": cal.get("diff_vs_stock_q_exit_pp"),
+            "diff_vs_stock_q_exit_se_pp": cal.get("diff_vs_stock_q_exit_se_pp"),
             "generation_fire_rate": cal.get("fire_rate"),
             "train_label_rate": ep.get("train_label_rate"), "seconds": ep["seconds"]}
 
@@ -151,6 +167,36 @@ def _draft_summary(r: dict[str, Any]) -> dict[str, Any] | None:
     return {**{k: dh.get(k) for k in keys},
             "heldout_agree": dh["heldout_agreement"]["trained"]["agree"],
             "heldout_agree_shallow": dh["heldout_agreement"]["shallow"]["agree"]}
+
+
+def _deployed_summary(r: dict[str, Any]) -> dict[str, Any] | None:
+    """Iteration k's deployed components (rltlab.loop.deploy): the N+2 of iteration k - 1 and
+    the stock Q-exit it replaced, measured back to back on the held-out problems; its on-policy
+    rollout; the draft head of k - 1 as the engine's proposer vs target-only decoding."""
+    dep = r.get("deployed")
+    if not dep:
+        return None
+    out: dict[str, Any] = {"from_iteration": dep["from_iteration"],
+                           "across_gate_change": dep.get("across_gate_change"),
+                           "rollout": {k: v for k, v in (dep.get("rollout") or {}).items()}}
+    n2, q = dep.get("n_plus_2"), dep.get("stock_q_exit")
+    if n2 and q:
+        out.update(n_plus_2={k: n2.get(k) for k in (
+            "setting", "quality", "quality_se", "quality_by_kind", "mean_rounds",
+            "tokens_per_s", "fire_rate",
+            "diff_vs_q_exit_pp", "diff_vs_q_exit_se_pp", "diff_vs_q_exit_z",
+            "diff_vs_stock_q_exit_pp", "diff_vs_stock_q_exit_se_pp", "diff_vs_stock_q_exit_z",
+            "diff_vs_full_pp", "diff_vs_full_se_pp", "weight_version")},
+                   stock_q_exit={k: q.get(k) for k in (
+                       "setting", "threshold", "quality", "quality_se", "quality_by_kind",
+                       "mean_rounds", "tokens_per_s", "weight_version")},
+                   speedup_vs_stock_q_exit=dep.get("speedup_vs_stock_q_exit"))
+    if dep.get("draft"):
+        out["draft"] = {k: dep["draft"].get(k) for k in (
+            "k", "prompts", "concurrency", "tokens_per_s", "target_tokens_per_s",
+            "speedup_vs_target", "identical", "tau", "acceptance", "spec_steps",
+            "speculated_share")}
+    return out
 
 
 def full_depth_row(rows: Sequence[dict[str, Any]], num_rounds: int) -> dict[str, Any] | None:
@@ -203,7 +249,9 @@ def _headline(state: LoopState, gate_curve: dict[str, Any], rows: Sequence[dict[
                     n_plus_2_mean_rounds=last_p["mean_rounds"],
                     n_plus_2_vs_q_exit_pp=last_p["diff_vs_q_exit_pp"],
                     n_plus_2_vs_q_exit_se_pp=last_p["diff_vs_q_exit_se_pp"],
-                    n_plus_2_vs_q_exit_z=last_p["diff_vs_q_exit_z"])
+                    n_plus_2_vs_q_exit_z=last_p["diff_vs_q_exit_z"],
+                    n_plus_2_vs_stock_q_exit_pp=last_p["diff_vs_stock_q_exit_pp"],
+                    n_plus_2_vs_stock_q_exit_se_pp=last_p["diff_vs_stock_q_exit_se_pp"])
     last_d = _draft_summary(res[-1])
     if last_d:
         head.update(draft_tau=last_d["tau"], draft_k=last_d["k"],
@@ -213,6 +261,25 @@ def _headline(state: LoopState, gate_curve: dict[str, Any], rows: Sequence[dict[
     if full:
         head.update(full_depth_quality=full["quality"],
                     full_depth_tokens_per_s=full["tokens_per_s"])
+    dep = next((d for d in map(_deployed_summary, reversed(res)) if d), None)
+    if dep and dep.get("n_plus_2"):   # "deployed N+2: quality, mean rounds, tok/s vs Q-exit tok/s"
+        n2, q = dep["n_plus_2"], dep["stock_q_exit"]
+        head.update(deployed_n_plus_2_quality=n2["quality"],
+                    deployed_n_plus_2_mean_rounds=n2["mean_rounds"],
+                    deployed_n_plus_2_tokens_per_s=n2["tokens_per_s"],
+                    stock_q_exit_quality=q["quality"], stock_q_exit_mean_rounds=q["mean_rounds"],
+                    stock_q_exit_tokens_per_s=q["tokens_per_s"],
+                    deployed_n_plus_2_speedup_vs_stock_q_exit=dep["speedup_vs_stock_q_exit"],
+                    deployed_n_plus_2_vs_stock_q_exit_pp=n2["diff_vs_stock_q_exit_pp"],
+                    deployed_n_plus_2_vs_stock_q_exit_se_pp=n2["diff_vs_stock_q_exit_se_pp"])
+    if dep and dep.get("draft"):
+        head.update(deployed_draft_tokens_per_s=dep["draft"]["tokens_per_s"],
+                    deployed_draft_target_tokens_per_s=dep["draft"]["target_tokens_per_s"],
+                    deployed_draft_speedup_vs_target=dep["draft"]["speedup_vs_target"],
+                    deployed_draft_tau=dep["draft"]["tau"],
+                    deployed_draft_identical=dep["draft"]["identical"])
+    if state.speed_device:
+        head["speed_device"] = state.speed_device
     return head
 
 
@@ -231,6 +298,8 @@ def loop_metrics(state: LoopState) -> dict[str, Any]:
             "gate_best_step": g.get("best_step"), "gate_accepted": g.get("accepted", True),
             "gate_validation_passed": g.get("validation_passed"),
             "gate_injected": g.get("injected"), "gate_reasons": g.get("reasons", []),
+            "gate_label": g.get("label"), "gate_stage2_reference": g.get("stage2_reference"),
+            "rollout": r.get("rollout"), "deployed": _deployed_summary(r),
             "exit_predictor": _predictor_summary(r), "draft_head": _draft_summary(r),
             "started": r["started"], "seconds": r["seconds"]})
     gate_curve = gate_curve_report(res, state.cfg.curve_z, state.cfg.noninferiority_margin_pp)
@@ -240,5 +309,46 @@ def loop_metrics(state: LoopState) -> dict[str, Any]:
             "gate_curve": gate_curve, "load_average": {
                 "start": state.load_average_start, "end": list(os.getloadavg()),
                 "cpus": os.cpu_count()},
+            "gate_validation_curves": gate_validation_curves(res),
+            "kind_curves": kind_curves(rows),
+            "speed": {"device": state.speed_device, "batch": len(state.problems),
+                      "max_num_seqs": state.llm.llm_engine.config.max_num_seqs,
+                      "dtype": str(next(state.model.parameters()).dtype).replace("torch.", ""),
+                      "warm_up": state.warm_up},
             "resumed_from": state.resumed_from, "eval_problems": len(state.problems),
             "config": asdict(state.cfg)}
+
+
+def kind_curves(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows (gate version · kind, threshold, exact match %) of every version's Q-exit sweep per
+    problem kind: what a gate update did to the k-hop problems (2 decode tokens each) and to the
+    word problems (~90% of the held-out decode tokens) separately."""
+    out = []
+    for r in rows:
+        if r.get("threshold") is None or "q_exit" not in r["policy"] or \
+                "beside" in r["policy"]:
+            continue
+        for kind, q in (r.get("quality_by_kind") or {}).items():
+            out.append({"series": f"v{r['weight_version']} {KIND_NAMES.get(kind, kind)}",
+                        "threshold": r["threshold"], "quality": q})
+    return out
+
+
+KIND_NAMES = {"hops": "k-hop", "arith": "word"}
+
+
+def gate_validation_curves(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows (iteration, gate, mean exit round, agreement %) of each iteration's teacher-forced
+    Q-exit curve on the gate's validation traces: the current gate, the candidate (the
+    configured labels) and, where those are not the paper's, the paper's Stage II candidate
+    trained on the same split: the plot of why the paper's labels are not taken."""
+    names = {"current": "current gate", "candidate": "candidate", "stage2": "paper Stage II"}
+    rows = []
+    for r in results:
+        g = r["gate_training"]
+        label = g.get("label", "stage2")
+        for key, points in (g.get("val_curves") or {}).items():
+            name = names[key] if key != "candidate" else f"candidate ({label} labels)"
+            rows += [{"iteration": r["iteration"], "gate": f"iter {r['iteration']}: {name}",
+                      "mean_rounds": x, "agreement": y} for x, y in points]
+    return rows

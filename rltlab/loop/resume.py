@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 from rltlab.common.atomic import _jsonable
 from rltlab.common.json_files import JSONFileError, check_field, read_json_file
-from rltlab.loop.config import RESUMABLE_FIELDS, LoopConfig, ResumeMismatch
+from rltlab.loop.config import LEGACY_VALUES, RESUMABLE_FIELDS, LoopConfig, ResumeMismatch
 
 RESULT_FILE = "result.json"
 
@@ -57,7 +57,8 @@ def check_resume(run_dir: str | os.PathLike, cfg: LoopConfig, results: Sequence[
         for name, value in now.items():
             if name in RESUMABLE_FIELDS:
                 continue
-            before = old.get(name, defaults[name])   # a field added since: its default
+            # a field added since: what the iteration ran with before it existed
+            before = old.get(name, LEGACY_VALUES.get(name, defaults[name]))
             if before != value:
                 differ.setdefault(name, (before, []))[1].append(res["iteration"])
     lines = [f"{name.upper()}: {before!r} in iteration(s) {_span(its)}, {now[name]!r} now"

@@ -10,14 +10,40 @@ import safetensors.torch
 import torch
 import torch.nn.functional as F
 
-from rltlab.loop.config import GATE_BIAS, GATE_WEIGHT, INJECTED_CANDIDATES, LoopConfig
+from rltlab.loop.config import (GATE_BIAS, GATE_LABELS, GATE_WEIGHT, INJECTED_CANDIDATES,
+                                LoopConfig)
 
 
-def stage2_targets(ce: torch.Tensor, slope: float = 50.0, margin: float = 0.005) -> torch.Tensor:
-    """Soft "continue" labels w [.., R] from per-round CE [.., R] (as pretrain.stage2_loss)."""
-    gain = (ce[..., :-1] - ce[..., 1:]).clamp_min(0)          # I_r for r = 2..R
-    w = torch.sigmoid(slope * (gain - margin))
-    return torch.cat([w[..., :1], w], dim=-1)                  # round 1 takes w_2
+def stage2_targets(ce: torch.Tensor, slope: float = 50.0, margin: float = 0.005,
+                   label: str = "stage2") -> torch.Tensor:
+    """Soft "continue" labels w [.., R] from per-round CE [.., R] of the round-R token.
+
+    label "stage2" (the Ouro paper's Stage II, as pretrain.stage2_loss): I_r = max(0, CE_{r-1}
+    - CE_r), the gain round r MADE; round 1 takes w_2. label "remaining": I_r = max(0, CE_r -
+    min_{s > r} CE_s), the gain the rounds after r can still make (0 at round R). label
+    "stage2_or_remaining": the larger of the two w_r (continue while the round just run gained
+    or a later round will). w_r = sigmoid(slope (I_r - margin)) for each.
+
+    The gate's hazard after round r decides whether rounds r+1..R run. "stage2" labels that
+    decision with what round r did: on the embedded model it sends a k-hop answer digit whose
+    rounds 1-2 are equally wrong (no gain at round 2) out at round 2, and the candidate loses
+    the digit (-10.6 pp on the validation traces). "remaining" keeps the digit but labels a
+    word problem's chain-of-thought tokens "exit" wherever their own round-R token is already
+    reached, which the teacher-forced traces cannot see breaks the later tokens in generation
+    (held-out word problems 7-28/50 at thresholds 0.1-0.5). "stage2_or_remaining" keeps both
+    (docs/workbench.md, the gate update)."""
+    if label == "stage2":
+        gain = (ce[..., :-1] - ce[..., 1:]).clamp_min(0)          # I_r for r = 2..R
+        w = torch.sigmoid(slope * (gain - margin))
+        return torch.cat([w[..., :1], w], dim=-1)                  # round 1 takes w_2
+    if label in ("remaining", "stage2_or_remaining"):
+        later = ce.flip(-1).cummin(-1).values.flip(-1)            # min_{s >= r} CE_s
+        best_after = torch.cat([later[..., 1:], ce[..., -1:]], dim=-1)
+        w = torch.sigmoid(slope * ((ce - best_after).clamp_min(0) - margin))
+        return w if label == "remaining" else torch.maximum(
+            w, stage2_targets(ce, slope, margin, "stage2"))
+    raise ValueError(f"gate label must be one of {GATE_LABELS}, got {label!r}")
+
 
 
 def gate_state_of(gate: torch.nn.Linear) -> dict[str, torch.Tensor]:
@@ -35,26 +61,31 @@ def train_gate(gate: torch.nn.Linear, hidden: torch.Tensor, ce: torch.Tensor,
                mask: torch.Tensor | None = None, *, steps: int = 200, lr: float = 3e-3,
                batch: int = 512, slope: float = 50.0, margin: float = 0.005, seed: int = 0,
                val: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None,
-               eval_every: int = 20, patience: int = 5) -> dict[str, Any]:
+               eval_every: int = 20, patience: int = 5, label: str = "stage2",
+               device: torch.device | str | None = None) -> dict[str, Any]:
     """Stage II on traces: train a COPY of `gate` on hidden [N, R, H] (fp32) with labels from
-    ce [N, R]; mask [N, R] marks usable rounds (all rounds in teacher mode).
+    ce [N, R] (stage2_targets(label)); mask [N, R] marks usable rounds (all rounds in teacher
+    mode). The copy trains in fp32 on `device` (default: the gate's); the minibatches are drawn
+    by a CPU generator from `seed`, so the steps are the same on every device.
 
     val = (hidden, ce, mask) of held-out tokens: the validation BCE is computed before
     training (the current gate) and every `eval_every` steps; the state of the best check is
     returned (early stopping after `patience` checks without improvement). Without `val` the
-    last state is returned. Returns the state ({weight, bias}), the train BCE before/after
-    (nats, all train tokens), val_before / val_after / best_step / val_curve."""
-    new = torch.nn.Linear(gate.in_features, 1, bias=True)
-    new.load_state_dict({k: v.detach().float().cpu() for k, v in gate.state_dict().items()})
-    hidden, ce = hidden.float(), ce.float()
-    mask = torch.ones_like(ce, dtype=torch.bool) if mask is None else mask.bool()
-    target = 1.0 - stage2_targets(ce, slope, margin)   # BCE(1 - lambda, w) == BCE(g, 1 - w)
+    last state is returned. Returns the state ({weight, bias}, fp32 on the CPU), the train BCE
+    before/after (nats, all train tokens), val_before / val_after / best_step / val_curve."""
+    device = torch.device(device) if device is not None else gate.weight.device
+    new = torch.nn.Linear(gate.in_features, 1, bias=True, device=device)
+    new.load_state_dict({k: v.detach().float() for k, v in gate.state_dict().items()})
+    hidden, ce = hidden.to(device, torch.float32), ce.to(device, torch.float32)
+    mask = torch.ones_like(ce, dtype=torch.bool) if mask is None else mask.to(device).bool()
+    target = 1.0 - stage2_targets(ce, slope, margin, label)   # BCE(1 - lambda, w) == BCE(g, 1 - w)
     if val is not None and len(val[0]) == 0:
         val = None
     if val is not None:
-        vh, vce = val[0].float(), val[1].float()
-        vm = torch.ones_like(vce, dtype=torch.bool) if val[2] is None else val[2].bool()
-        vt = 1.0 - stage2_targets(vce, slope, margin)
+        vh, vce = val[0].to(device, torch.float32), val[1].to(device, torch.float32)
+        vm = torch.ones_like(vce, dtype=torch.bool) if val[2] is None else \
+            val[2].to(device).bool()
+        vt = 1.0 - stage2_targets(vce, slope, margin, label)
 
     def val_loss() -> float:
         with torch.no_grad():
@@ -68,7 +99,7 @@ def train_gate(gate: torch.nn.Linear, hidden: torch.Tensor, ce: torch.Tensor,
     opt = torch.optim.Adam(new.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed)
     for step in range(1, (steps if n else 0) + 1):
-        idx = torch.randint(0, n, (min(batch, n),), generator=gen)
+        idx = torch.randint(0, n, (min(batch, n),), generator=gen).to(device)
         opt.zero_grad()
         loss = _stage2_bce(new, hidden[idx], target[idx], mask[idx])
         loss.backward()
@@ -96,7 +127,7 @@ def train_gate(gate: torch.nn.Linear, hidden: torch.Tensor, ce: torch.Tensor,
             "val_after": best_val if best is not None else
             (val_loss() if val is not None else None),
             "val_curve": curve,
-            "label_mean": float((1 - target)[mask].mean()) if n else math.nan}
+            "label": label, "label_mean": float((1 - target)[mask].mean()) if n else math.nan}
 
 
 def trace_gate_curve(gate_state: dict[str, torch.Tensor], hidden: torch.Tensor,
@@ -166,12 +197,18 @@ def train_gate_on_traces(model, trace_dir: str | os.PathLike, cfg: LoopConfig) -
     tr_m = ~val_m
     ce = -tr["logprob_ref"]
     current = gate_state_of(model.model.early_exit_gate)
-    res = train_gate(model.model.early_exit_gate, tr["hidden"][tr_m], ce[tr_m],
-                     tr["round_mask"][tr_m], steps=cfg.gate_steps, lr=cfg.gate_lr,
-                     batch=cfg.gate_batch, slope=cfg.slope, margin=cfg.margin, seed=cfg.seed,
-                     val=(tr["hidden"][val_m], ce[val_m], tr["round_mask"][val_m])
-                     if bool(val_m.any()) else None,
-                     eval_every=cfg.gate_eval_every, patience=cfg.gate_patience)
+    device = next(model.parameters()).device
+
+    def train(label: str) -> dict[str, Any]:
+        return train_gate(model.model.early_exit_gate, tr["hidden"][tr_m], ce[tr_m],
+                          tr["round_mask"][tr_m], steps=cfg.gate_steps, lr=cfg.gate_lr,
+                          batch=cfg.gate_batch, slope=cfg.slope, margin=cfg.margin,
+                          seed=cfg.seed, val=(tr["hidden"][val_m], ce[val_m],
+                                              tr["round_mask"][val_m])
+                          if bool(val_m.any()) else None,
+                          eval_every=cfg.gate_eval_every, patience=cfg.gate_patience,
+                          label=cfg.gate_label if label is None else label, device=device)
+    res = train(None)
     if cfg.inject_candidate is not None:
         res["state"] = injected_candidate(cfg.inject_candidate, current)
         res["injected"] = cfg.inject_candidate
@@ -188,8 +225,20 @@ def train_gate_on_traces(model, trace_dir: str | os.PathLike, cfg: LoopConfig) -
                              trace_gate_curve(res["state"], *args), z=cfg.curve_z)
         res["val_curve_check"] = {k: cmp[k] for k in ("no_worse", "worst_point", "points",
                                                       "n", "z")}
+        res["val_curves"] = {"current": _curve_summary(trace_gate_curve(current, *args)),
+                             "candidate": _curve_summary(trace_gate_curve(res["state"], *args))}
+        if cfg.gate_label != "stage2":   # the paper's Stage II on the same split: the reference
+            ref = train("stage2")
+            ref_curve = trace_gate_curve(ref["state"], *args)
+            ref_cmp = compare_curves(trace_gate_curve(current, *args), ref_curve, z=cfg.curve_z)
+            res["val_curves"]["stage2"] = _curve_summary(ref_curve)
+            res["stage2_reference"] = {
+                "label": "stage2", "val_before": ref["val_before"], "val_after": ref["val_after"],
+                "best_step": ref["best_step"], "no_worse": ref_cmp["no_worse"],
+                "worst_point": ref_cmp["worst_point"]}
         if res["val_after"] > res["val_before"]:
-            reasons.append(f"validation Stage II BCE higher ({res['val_after']:.5f} vs "
+            reasons.append(f"validation Stage II BCE higher ({cfg.gate_label} labels: "
+                           f"{res['val_after']:.5f} vs "
                            f"{res['val_before']:.5f} for the current gate)")
         if cmp["no_worse"] is False:
             w = cmp["worst_point"]
@@ -211,6 +260,11 @@ def train_gate_on_traces(model, trace_dir: str | os.PathLike, cfg: LoopConfig) -
     return res
 
 
+def _curve_summary(points: list[tuple[float, list[float]]]) -> list[list[float]]:
+    """[[mean exit round, % of tokens whose exit round's top-1 is the round-R token], ...]."""
+    return [[x, 100.0 * sum(s) / max(1, len(s))] for x, s in points]
+
+
 def _non_finite(res: dict[str, Any]) -> list[str]:
     """Why a candidate can never be pushed: NaN / inf weights, or a validation BCE that is not
     finite (NaN compares as "not higher" and passed for equal). Rejected whatever
@@ -229,7 +283,7 @@ def _val_bce(state: dict[str, torch.Tensor], tr: dict[str, torch.Tensor], ce: to
     """Validation Stage II BCE of a gate state (as train_gate computes it)."""
     gate = torch.nn.Linear(state[GATE_WEIGHT].shape[1], 1)
     gate.load_state_dict({"weight": state[GATE_WEIGHT], "bias": state[GATE_BIAS]})
-    target = 1.0 - stage2_targets(ce[val_m].float(), cfg.slope, cfg.margin)
+    target = 1.0 - stage2_targets(ce[val_m].float(), cfg.slope, cfg.margin, cfg.gate_label)
     with torch.no_grad():
         return float(_stage2_bce(gate, tr["hidden"][val_m].float(), target,
                                  tr["round_mask"][val_m].bool()))
