@@ -25,8 +25,12 @@ UNSEEN_CODE = Path(__file__).parent / "data" / "unseen_code"
 @pytest.fixture(scope="module")
 def recomputed():
     s, threads, t0 = METRICS["settings"], torch.get_num_threads(), time.time()
-    if os.getloadavg()[0] >= (os.cpu_count() or 1):  # oversubscribed: extra threads only spin
+    cores = os.cpu_count() or 1
+    share = cores // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))   # -n N: cores / N
+    if os.getloadavg()[0] >= cores or share <= 1:  # oversubscribed: extra threads only spin
         torch.set_num_threads(1)
+    elif share < threads:
+        torch.set_num_threads(share)
     try:
         metrics = E.evaluate_checkpoint(MODEL, device="cpu", seq_len=s["seq_len"])
     finally:
@@ -90,35 +94,46 @@ def test_deeper_rounds_matter(source, recomputed):
     assert em[0] <= 0.5 and em[3] >= 0.75 and em[3] >= em[1] + 0.15 and em[2] <= em[3] - 0.05
 
 
+@pytest.fixture
+def one_thread():
+    """Short generations of small batches: under load (CI runs two workers on two cores) a
+    second torch thread only spins."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _prompts(tok):
     problems = [json.loads(line) for line in (MODEL / P.HOPS_FILE).read_text().splitlines()][:3]
     return [p["question"] for p in problems] + ["def mean(values):\n    return"]
 
 
-def test_string_prompts_get_the_bos_token_in_the_engine():
+def test_string_prompts_get_the_bos_token_in_the_engine(one_thread):
     """generate(text) == generate([0] + ids) with the checkpoint's HF tokenizer, with the plain
     tokenizers.Tokenizer that notebooks load, and through AsyncLLM."""
     from rltlab.engine import LLM, AsyncLLM, SamplingParams
     from rltlab.model.checkpoint import load_model, load_model_and_tokenizer
-    params = SamplingParams(max_tokens=8, temperature=0.0)
+    params = SamplingParams(max_tokens=4, temperature=0.0)
     model, hf_tok = load_model_and_tokenizer(MODEL, dtype=torch.float32)
     _, raw_tok, _ = load_model(MODEL)
     texts = _prompts(hf_tok)
     ids = [[0] + E.encode(hf_tok, t) for t in texts]
-    reference = [o.outputs[0].token_ids for o in LLM(model, hf_tok).generate(ids, params)]
+    pool = {"kv_cache_memory_gib": 0.1}   # ~2,800 tokens, not the CPU default's 2 GiB to zero
+    reference = [o.outputs[0].token_ids for o in LLM(model, hf_tok, **pool).generate(ids, params)]
     for tok in (hf_tok, raw_tok):
-        outs = LLM(model, tok).generate(texts, params)
+        outs = LLM(model, tok, **pool).generate(texts, params)
         assert [o.prompt_token_ids for o in outs] == ids
         assert [o.outputs[0].token_ids for o in outs] == reference
 
     async def run_async():
-        engine = AsyncLLM(model, hf_tok)
+        engine = AsyncLLM(model, hf_tok, **pool)
         return [(await engine.generate_final(t, params)).outputs[0].token_ids for t in texts]
 
     assert asyncio.run(run_async()) == reference
 
 
-def test_generation_is_deterministic_and_batch_independent():
+def test_generation_is_deterministic_and_batch_independent(one_thread):
     from rltlab.model.checkpoint import load_model_and_tokenizer
     from rltlab.model.generate import generate_plain
     model, tok = load_model_and_tokenizer(MODEL, dtype=torch.float32)

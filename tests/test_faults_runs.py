@@ -23,6 +23,17 @@ TINY = DATA / "tiny_notebook.ipynb"
 LONG_ERROR = "x" * 3000 + " THE REAL CAUSE"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One torch thread for the in-process engines on tiny models (the notebooks get THREADS
+    1): under load (CI runs two workers on two cores) a second thread only spins. Restored for
+    the worker's next module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 # ----------------------------------------------------------------------------- helpers
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,16 @@ from rltlab.pretrain.recipe import (SMOKE, PretrainConfig, looped_forward, pretr
                              stage2_loss)
 
 REPO = Path(__file__).resolve().parents[1]
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One torch thread for tiny matrices (as the smoke CLI sets its own): under load (CI runs
+    two workers on two cores) a second thread only spins. Restored for the worker's next
+    module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 
 
 def tiny(kv_heads: int = 2) -> OuroForCausalLM:
@@ -99,10 +109,13 @@ def _log(out: Path) -> list[dict]:
 
 
 def test_smoke_cli_trains_saves_and_loads(tmp_path):
+    """The smoke preset through the CLI with half its Stage I and Stage II steps (a field given
+    on the command line overrides the preset's; the loss still falls by more than 0.3)."""
     out = tmp_path / "smoke"
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run([sys.executable, "-m", "rltlab.pretrain", "--smoke", "--out-dir",
-                           str(out), "--unseen-code-dir", str(REPO / "tests/data/unseen_code")],
+                           str(out), "--unseen-code-dir", str(REPO / "tests/data/unseen_code"),
+                           "--steps", "20", "--stage2-steps", "3"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     stage1 = [r for r in _log(out) if r["stage"] == 1]
@@ -116,7 +129,8 @@ def test_smoke_cli_trains_saves_and_loads(tmp_path):
     manifest = json.loads((out / "data_manifest.json").read_text())
     assert manifest["packages"]["files"] > 0 and len(manifest["stdlib_train"]["sha256"]) == 64
     saved = json.loads((out / "pretrain_config.json").read_text())
-    assert saved["smoke"] is True and saved["steps"] == SMOKE["steps"]
+    assert saved["smoke"] is True and (saved["steps"], saved["stage2_steps"]) == (20, 3)
+    assert all(saved[k] == v for k, v in SMOKE.items() if k not in ("steps", "stage2_steps"))
     assert "| 4 |" in proc.stdout  # the final per-round eval table
 
 
@@ -156,6 +170,38 @@ def test_oracle_leaves_out_the_first_answer_token():
     scores = E._round_scores(tiny(), [r[:-1] + [7] for r in rows], scored, 2, generated)
     assert scores["count"] == sum(map(sum, scored)) and scores["oracle_count"] == 5
     assert int(scores["oracle"].sum()) == scores["oracle_count"]
+
+
+def test_one_prefill_serves_the_answer_scores_and_every_depths_generation():
+    """evaluate._task_scores_and_generations (one full-depth prefill per batch of prompts, the
+    answers teacher-forced after it, then greedy decoding at each depth from it) gives the
+    scores of _round_scores over the [prompt + answer] rows and, per depth, the tokens of
+    generate_plain on the same batch."""
+    from rltlab.model.generate import generate_plain
+    from rltlab.pretrain import evaluate as E
+    model = tiny()
+    gen = torch.Generator().manual_seed(5)
+    prompts = [[0] + torch.randint(1, 300, (n,), generator=gen).tolist() for n in (7, 3, 11, 5, 9)]
+    answers = [torch.randint(1, 300, (n,), generator=gen).tolist() + [0] for n in (1, 4, 2, 3, 1)]
+    max_new, batch = 6, 2
+    scores, tokens = E._task_scores_and_generations(model, prompts, answers, max_new, batch)
+    rows = [q + a for q, a in zip(prompts, answers)]
+    scored = [[False] * len(q) + [True] * len(a) for q, a in zip(prompts, answers)]
+    oracle = [[False] * (len(q) + 1) + [True] * (len(a) - 1) for q, a in zip(prompts, answers)]
+    ref = E._round_scores(model, rows, scored, 3, oracle)
+    assert (scores["count"], scores["oracle_count"]) == (ref["count"], ref["oracle_count"]) \
+        == (sum(map(len, answers)), sum(map(len, answers)) - len(answers))
+    torch.testing.assert_close(scores["nll"], ref["nll"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(scores["exit_mass"], ref["exit_mass"], rtol=1e-5, atol=1e-6)
+    assert torch.equal(scores["oracle"], ref["oracle"])
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    for depth in range(1, 5):
+        for start in range(0, len(order), batch):
+            index = order[start:start + batch]
+            plain = generate_plain(model, [prompts[i] for i in index], max_new, depth=depth,
+                                   eos_token_id=0).token_ids
+            assert [tokens[depth - 1][i] for i in index] == plain, (depth, index)
+    assert len({tuple(t) for t in tokens[0]} | {tuple(t) for t in tokens[3]}) > 5   # depth matters
 
 
 def test_rounds_command_refuses_a_bad_device_or_checkpoint_in_one_line(tmp_path, capsys,
