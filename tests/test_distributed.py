@@ -61,7 +61,9 @@ def test_gather_and_sharded_generate_in_one_process():
     def generate(prompts):
         calls.append(len(prompts))
         return [{"token_ids": [p[0] * 2]} for p in prompts]
-    outs = dist.sharded_generate_fn(generate, state, block=2)([[i] for i in range(5)])
+    from rltlab.eval.tasks import as_gen_output
+    outs = dist.sharded_generate_fn(generate, state, block=2, light=as_gen_output)(
+        [[i] for i in range(5)])
     assert [o.token_ids for o in outs] == [[0], [2], [4], [6], [8]] and calls == [2, 2, 1]
     with pytest.raises(RuntimeError, match="2 of 3"):
         dist.gather_indexed(state, [(0, "a"), (2, "c")], 3)
