@@ -26,7 +26,7 @@ def test_the_shipped_heads_decode_the_targets_tokens_speculating(embedded):
     assert isinstance(proposer, TreeProposer)
     assert (proposer.lookup, proposer.lookup_rule, proposer.first_drafts) == (10, "agree", True)
     assert proposer.tree == [(0,) * j for j in range(1, proposer.depth + 1)]
-    assert llm.llm_engine.config.max_num_seqs == 1 and llm.llm_engine.config.launch_behind_prompt
+    assert llm.llm_engine.config.max_num_seqs == 1 and llm.llm_engine.config.execution.launch_behind_prompt
     outs = llm.generate(prompts, PARAMS)
     plain = LLM(model, max_num_seqs=1, max_model_len=max_len).generate(prompts, PARAMS)
     assert [list(o.outputs[0].token_ids) for o in outs] == \
@@ -43,7 +43,7 @@ def test_proposer_and_engine_settings_can_be_overridden(embedded):
                    proposer={"lookup": 0, "adaptive_lookup": False, "first_drafts": False},
                    kv_cache_memory_gib=0.25, launch_behind_prompt=False)
     proposer = llm.llm_engine.proposer
-    assert llm.llm_engine.config.launch_behind_prompt is False
+    assert llm.llm_engine.config.execution.launch_behind_prompt is False
     assert (proposer.lookup, proposer.lookup_rule, proposer.first_drafts) == (0, None, False)
     assert llm.llm_engine.config.block_size == 32
     assert FASTEST["lookup"] == 10   # the defaults were not mutated by the override
