@@ -184,3 +184,12 @@ def test_the_results_parser_reads_a_row():
     rows = results_rows(text)
     assert rows == [{"id": "Z1", "command": "`run x`", "commit": "`abc1234`",
                      "JSON": "`docs/results/nope.json`", "verdict": "met", "state": "current"}]
+
+
+def test_readme_is_a_short_page_that_names_every_notebook():
+    readme = (ROOT / "README.md").read_text()
+    assert readme.count("\n") <= 150, f"README.md has {readme.count(chr(10))} lines"
+    notebooks = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
+    assert notebooks, "no notebooks found"
+    missing = [name for name in notebooks if f"`{name}`" not in readme]
+    assert not missing, f"README.md does not name {missing}"

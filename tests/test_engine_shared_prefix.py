@@ -1,8 +1,9 @@
 """Shared-prefix decode attention in the engine (ExecutionConfig.shared_prefix_attention,
 rltlab/engine/prefix_groups.py): groups of n samples decode through the Triton kernels
 (interpreted on CPU, fp32) with their prompt's K/V read once per group, and give the rollouts
-of the same engine with the plain kernels, in token windows, whole-token steps (per-step
-staging) and round windows (where the plan is cleared)."""
+of the same engine without groups (on the torch reference kernels, which the plain Triton
+kernels equal), in token windows, whole-token steps (per-step staging) and round windows (where
+the plan is cleared)."""
 import pytest
 import torch
 
@@ -17,7 +18,8 @@ torch.set_num_threads(1)
 # Prompts of 9 and 14 tokens: two and three whole blocks of 4 shared by each group's samples.
 PROMPTS = [random_prompts(1, seed=31, lo=9, hi=10)[0], random_prompts(1, seed=32, lo=14,
                                                                         hi=15)[0]]
-ENGINE = dict(block_size=4, prefill_chunk=16, max_num_seqs=8, max_num_batched_tokens=64)
+# 3 samples of each prompt: 6 rows, a bucket of 6 (each row costs interpreted programs)
+ENGINE = dict(block_size=4, prefill_chunk=16, max_num_seqs=6, max_num_batched_tokens=64)
 FIXED = [dict(exit_policy="fixed")] * 2
 # replayed depths, one trace per request: whole tokens of depth 3 first (a token window plans
 # groups), then the groups' rows sit at different rounds (round windows must clear the plan)
@@ -42,9 +44,14 @@ def triton_engine(model, shared: bool, **extra):
 def test_grouped_samples_equal_the_plain_kernels(path):
     extra, policies = PATHS[path]
     model = tiny_engine_model(8)
-    params = [SamplingParams(n=4, temperature=1.0, seed=50 + i, max_tokens=8, logprobs=0,
+    # 6 tokens: the round window's rows reach different rounds at tokens 4 and 5 (each token
+    # costs ~60 interpreted kernel launches)
+    params = [SamplingParams(n=3, temperature=1.0, seed=50 + i, max_tokens=6, logprobs=0,
                              **policies[i]) for i in range(len(PROMPTS))]
-    plain = triton_engine(model, shared=False, **extra).generate(PROMPTS, params)
+    # the reference: the same engine without groups, on the torch reference attention (the
+    # plain Triton kernels equal it: test_kernels.py, test_engine_static.py)
+    plain = LLM(model, decode_path="static", shared_prefix_attention=False, **ENGINE,
+                **extra).generate(PROMPTS, params)
     llm = triton_engine(model, shared=True, **extra)
     groups = llm.llm_engine.runner.static.groups
     planned = []   # groups per plan

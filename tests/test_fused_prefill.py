@@ -21,7 +21,9 @@ def test_triton_fused_prefill_equals_gather_prefill():
     norms, causal paged prefill attention), interpreted on CPU in fp32, against the same
     engine with prefill on the gather path: chunks that start mid-prompt, rows at every round."""
     model = tiny_engine_model(8)
-    prompts = random_prompts(4, seed=9)
+    # 13, 1 and 9 tokens: chunks of 5 that start mid-prompt, a one-token prompt; 12 prefill
+    # steps (4 prompts of 18, 15, 4 and 11 tokens took 28, each ~50 interpreted launches)
+    prompts = random_prompts(3, seed=2)
     params = params_list(prompts, POLICIES["q_exit"], seed0=30)
     gather_llm = LLM(model, decode_path="static", fused_prefill=False, **MIXED)
     assert gather_llm.llm_engine.runner.prefill is None

@@ -12,8 +12,8 @@ from rltlab.engine import SamplingParams, TreeProposer
 from rltlab.engine.spec.tree_graph import TreeGraph
 from rltlab.engine.token_window import TokenWindow
 from rltlab.engine.spec.tree_program import TreeProgram
-from tree_oracle import DEPTH, TREE, Oracle, greedy, make_engine, token_lists, tree_model, \
-    tree_prompts
+from tree_oracle import DEPTH, TREE, Oracle, greedy, make_engine, target_tokens, token_lists, \
+    tree_model, tree_prompts
 
 STATS = ("steps", "accepted", "drafted", "emitted")
 
@@ -54,27 +54,32 @@ def _run(llm, prompts, params, counts):
     return token_lists(outs), stats, dict(counts)
 
 
-@pytest.mark.parametrize("ranks", [(0, 0, 0, 0), (1, 0, 5, 0)])
+# The oracle's ranks and max_tokens are set per prompt (each runs on its own engines): every
+# case runs both rank patterns and both caps (24, and 2: one token after token 0), rather than
+# one of each a case.
+PER_PROMPT = [((0, 0, 0, 0), 24), ((1, 0, 5, 0), 2), ((1, 0, 5, 0), 24), ((0, 0, 0, 0), 2)]
+
+
 @pytest.mark.parametrize("chain, pipeline, first", [(1, 1, False), (1, 5, True), (3, 1, True),
                                                     (2, 3, False)])
 @pytest.mark.parametrize("lookup, rule", [(0, False), (3, False), (3, "agree")])
-@pytest.mark.parametrize("max_tokens", [24, 2])
-def test_same_tokens_iterations_and_programs(model, prompts, counts, ranks, chain, pipeline,
-                                             first, lookup, rule, max_tokens):
+def test_same_tokens_iterations_and_programs(model, prompts, counts, chain, pipeline, first,
+                                             lookup, rule):
     """Each prompt with an oracle that knows its output: tokens equal target-only's, and
     spec_stats and program launches equal the engine's without early launches; one early
     launch per request."""
-    params = greedy(max_tokens)
-    target = token_lists(make_engine(model).generate(prompts, params))
-    for prompt, out in zip(prompts, target):
+    for prompt, target, (ranks, max_tokens) in zip(prompts, target_tokens(model, prompts, 24),
+                                                     PER_PROMPT):
+        out = target[:max_tokens]   # greedy: target-only's first max_tokens tokens
         proposer = TreeProposer(Oracle(out, ranks), TREE, lookup=lookup, adaptive_lookup=rule,
                                 first_drafts=first)
         runs = [_run(make_engine(model, proposer, spec_chain=chain, spec_pipeline=pipeline,
-                                 launch_behind_prompt=early), [prompt], params, counts)
+                                 launch_behind_prompt=early), [prompt], greedy(max_tokens),
+                     counts)
                 for early in (False, True)]
         (tokens, stats, launched), (early_tokens, early_stats, early_launched) = runs
-        assert tokens == early_tokens == [out]
-        assert early_stats == stats
+        assert tokens == early_tokens == [out], (ranks, max_tokens)
+        assert early_stats == stats, (ranks, max_tokens)
         assert early_launched["launch"] == launched["launch"] > 0
         assert (launched["launch_first"], early_launched["launch_first"]) == (0, 1)
 
@@ -86,9 +91,10 @@ def test_one_engine_many_requests_with_real_heads(model, prompts, counts):
     heads = LookaheadHeads(model, DEPTH, 16).eval()
     proposer = TreeProposer(heads, [(0,) * j for j in range(1, DEPTH + 1)], lookup=3,
                             adaptive_lookup="agree", first_drafts=True)
-    params = greedy(20)
+    params = greedy(12)
     batch = prompts + prompts[::-1]
-    target = token_lists(make_engine(model).generate(batch, params))
+    target = [out[:12] for out in target_tokens(model, prompts, 24)]   # greedy: the first 12
+    target += target[::-1]
     off, on = (_run(make_engine(model, proposer, launch_behind_prompt=early), batch, params,
                     counts) for early in (False, True))
     assert off[0] == on[0] == target
@@ -100,8 +106,7 @@ def test_a_stop_at_token_0_drops_the_early_program(model, prompts, counts):
     """Token 0 of the second request is a stop token: its early program is launched and
     dropped (one launch more than without), its output is that token alone, and the requests
     after it are still exact."""
-    params = greedy(16)
-    target = token_lists(make_engine(model).generate(prompts, params))
+    target = [out[:16] for out in target_tokens(model, prompts, 24)]   # greedy: the first 16
     stop = greedy(16, stop_token_ids=[target[1][0]])
     expected = token_lists(make_engine(model).generate(prompts, stop))
     assert expected[1] == [target[1][0]]
@@ -127,13 +132,14 @@ def test_no_early_launch_where_nothing_would_take_it(model, prompts, counts):
 
 
 @pytest.mark.parametrize("depth", [4, 2])
-@pytest.mark.parametrize("max_tokens", [24, 9, 2])
 @pytest.mark.parametrize("token_window", [8, 3])
-def test_target_only_token_windows(model, prompts, counts, depth, max_tokens, token_window):
+def test_target_only_token_windows(model, prompts, counts, depth, token_window):
     """Without a proposer: the first token window launched behind the prompt step; the same
     tokens and windows (chained and planned ahead alike) as without, one early launch per
-    request, at full depth and at a fixed depth of 2."""
-    params = greedy(max_tokens, exit_policy_args={"depth": depth})
+    request, at full depth and at a fixed depth of 2; the requests' max_tokens take turns
+    (24, 9, 2: windows chained, cut short, and one token after token 0)."""
+    params = [greedy(max_tokens, exit_policy_args={"depth": depth})
+              for max_tokens in (24, 9, 2, 24, 9, 2, 24, 9)]
     runs = []
     for early in (False, True):
         llm = make_engine(model, token_window=token_window, launch_behind_prompt=early)
@@ -148,8 +154,7 @@ def test_target_only_token_windows(model, prompts, counts, depth, max_tokens, to
 def test_target_only_stop_at_token_0_drops_the_early_window(model, prompts, counts):
     """Token 0 of the second request is a stop token: its early window is launched and
     dropped (one window more), and the requests after it are still exact."""
-    params = greedy(16)
-    target = token_lists(make_engine(model).generate(prompts, params))
+    target = target_tokens(model, prompts, 24)
     stop = greedy(16, stop_token_ids=[target[1][0]])
     (tokens, windows), (early_tokens, early_windows) = (
         (_run(llm, prompts, stop, counts)[0], llm.llm_engine._token_window.stats)
@@ -195,23 +200,23 @@ def test_the_setting_must_be_a_bool(model):
 def test_bench_pairs_early_launches_in_the_same_run(counts, monkeypatch):
     """python -m rltlab.bench.tree_spec --launch-early: an " early" row beside every engine
     row and a "target only early" baseline, identical tokens, the same tau; its engines
-    launched early (4 rows x 4 requests, a warm-up and a repeat; target only's windows too)."""
+    launched early (4 rows x 2 requests, a warm-up and a repeat; target only's windows too)."""
     from rltlab.bench import tree_spec
     from rltlab.engine.config import EngineConfig
     # target only's engines on the static path (token windows), as "auto" picks on CUDA
     monkeypatch.setattr(EngineConfig, "use_static_decode", lambda self, device: True)
-    res = tree_spec.main(["--device", "cpu", "--prompts", "4", "--max-tokens", "12",
+    res = tree_spec.main(["--device", "cpu", "--prompts", "2", "--max-tokens", "8",
                           "--repeats", "1", "--budgets", "--paths", "engine", "--only",
                           "chain K=4", "--lookup", "4", "--adaptive-lookup", "agree",
                           "--first-drafts", "--launch-early"])
     rows = {r["config"]: r for r in res["rows"]}
     engine = [name for name in rows if name.startswith("engine") and not name.endswith(" early")]
     assert len(engine) == 4 and res["launch_early"] is True
-    assert rows["target only early"]["identical"] == "4/4"
+    assert rows["target only early"]["identical"] == "2/2"
     assert all("vs_faster" in rows[name] for name in engine)   # target only early beside it
     for name in engine:
         early = rows[name + " early"]
-        assert early["identical"] == rows[name]["identical"] == "4/4"
+        assert early["identical"] == rows[name]["identical"] == "2/2"
         assert early["tau"] == rows[name]["tau"]
-    assert counts["launch_first"] == 4 * 4 * 2
-    assert counts["window launch_first"] == 4 * 2
+    assert counts["launch_first"] == 4 * 2 * 2
+    assert counts["window launch_first"] == 2 * 2

@@ -120,14 +120,19 @@ def test_sampled_and_filtered_requests_in_the_program(model):
 def test_device_program_through_the_triton_kernels(model):
     """The program's own row tensors (positions, slots, repeated block tables) fed to the
     Triton GEMV, fused RoPE + K/V write and paged attention kernels, interpreted on CPU."""
-    prompts, params = _prompts(2, seed=5), _params(2)
+    # prompts of 2 and 13 tokens, max_tokens 3 and 5 (each iteration costs ~100 interpreted
+    # kernel launches)
+    prompts = _prompts(2, seed=5)
+    params = [SamplingParams(temperature=0.0, max_tokens=m, logprobs=0, ignore_eos=i % 2 == 0)
+              for i, m in enumerate((3, 5))]
     target = _run(model, prompts, params, max_num_seqs=1)
     llm = LLM(model, max_num_seqs=1, **ENGINE)
     runner = llm.llm_engine.runner
     runner._static_args = {**runner._static_args, "triton": True}
     runner.static = StaticDecoder(runner.model, max_batch=4, **runner._static_args)
     llm.set_proposer(DraftProposer(3, 1, _head(model, "residual", 1)))
-    _same(llm.generate(prompts, params), target, stats=False)
+    outs = llm.generate(prompts, params)
+    _same(outs, target, stats=False)
     assert runner.static._small_rows == 1   # draft passes took the GEMV
 
 

@@ -13,11 +13,12 @@ import torch
 import rltlab.kernels as kernels
 from rltlab.draft_heads.lookahead import LookaheadHeads
 from rltlab.engine import LLM, SamplingParams, TreeProposer
+from rltlab.engine.spec import SpeculationOffWarning
 from rltlab.engine.block_manager import RESERVED
 from rltlab.engine.static_decode import StaticDecoder
 from rltlab.engine.spec.tree_graph import TreeShape, private_blocks
 from tree_oracle import (DEPTH, ENGINE, TREE, Oracle, expected_stats, greedy, make_engine,
-                         token_lists, tree_model, tree_prompts)
+                         target_tokens, token_lists, tree_model, tree_prompts)
 
 
 @pytest.fixture(scope="module")
@@ -30,37 +31,57 @@ def prompts():
     return tree_prompts()
 
 
-@pytest.mark.parametrize("ranks", [(0, 0, 0, 0), (1, 1, 0, 0), (0, 1, 5, 0), (3, 0, 0, 0)])
+# The oracle's ranks and max_tokens are set per prompt (each prompt runs on its own engine):
+# every case runs all four rank patterns and both caps, and over the two turns every prompt
+# meets both caps and each pattern meets both caps (the cases are the chain settings x turn, not
+# x ranks x max_tokens: the same code paths, a quarter of the runs).
+RANKS = [(0, 0, 0, 0), (1, 1, 0, 0), (0, 1, 5, 0), (3, 0, 0, 0)]
+CAPS = (24, 13)
+
+
+def _per_prompt(turn: int, i: int) -> tuple[tuple[int, ...], int]:
+    """(ranks, max_tokens) of prompt i in turn 0 or 1."""
+    return RANKS[(i + 2 * turn) % 4], CAPS[(i + turn) % 2]
+
+
+@pytest.mark.parametrize("turn", [0, 1])
 @pytest.mark.parametrize("chain, pipeline, first", [(1, 1, False), (3, 1, False), (1, 5, False),
                                                     (1, 5, True), (3, 1, True)])
-@pytest.mark.parametrize("max_tokens", [24, 13])
-def test_oracle_drafts_are_accepted_and_lossless(model, prompts, ranks, chain, pipeline, first,
-                                                 max_tokens):
+def test_oracle_drafts_are_accepted_and_lossless(model, prompts, chain, pipeline, first, turn):
     """Tokens equal target-only, and every sequence's iterations and accepted drafts equal
     the host recompute of the acceptance rule (chained in one program, or in programs
     launched one after another from the device's state: spec_pipeline; first: the first
     iteration drafted from token 0's state, TreeProposer(first_drafts=True))."""
-    params = greedy(max_tokens)
-    target = token_lists(make_engine(model).generate(prompts, params))
-    oracles = [Oracle(out, ranks) for out in target]
-    outs = [make_engine(model, TreeProposer(oracle, TREE, first_drafts=first),
-                        spec_chain=chain, spec_pipeline=pipeline)
-            .generate([prompt], params)[0] for prompt, oracle in zip(prompts, oracles)]
-    assert token_lists(outs) == target
-    stats = [tuple(o.outputs[0].spec_stats[k] for k in ("steps", "accepted", "drafted"))
-             for o in outs]
-    assert stats == [expected_stats(oracle, out, max_tokens, first_drafts=first)
-                     for oracle, out in zip(oracles, target)]
-    if ranks == (0, 0, 0, 0):              # deep acceptances happen
-        assert sum(a for _, a, _ in stats) >= sum(s for s, _, _ in stats)
+    for i, prompt in enumerate(prompts):
+        ranks, max_tokens = _per_prompt(turn, i)
+        target = target_tokens(model, prompts, max_tokens)[i]
+        oracle = Oracle(target, ranks)
+        out = make_engine(model, TreeProposer(oracle, TREE, first_drafts=first),
+                          spec_chain=chain, spec_pipeline=pipeline).generate(
+                              [prompt], greedy(max_tokens))[0]
+        assert token_lists([out]) == [target], (i, ranks, max_tokens)
+        stats = tuple(out.outputs[0].spec_stats[k] for k in ("steps", "accepted", "drafted"))
+        assert stats == expected_stats(oracle, target, max_tokens, first_drafts=first), \
+            (i, ranks, max_tokens)
+        if ranks == (0, 0, 0, 0):              # deep acceptances happen
+            assert stats[1] >= stats[0], (i, stats)
 
 
-@pytest.mark.parametrize("lookup, ngram, tree", [(3, 2, TREE), (6, 3, TREE), (4, 1, [])])
-@pytest.mark.parametrize("ranks", [(0, 0, 0, 0), (9, 9, 9, 9)])
-@pytest.mark.parametrize("chain, pipeline, first", [(1, 1, False), (3, 1, False), (1, 5, False),
-                                                    (2, 3, False), (1, 5, True)])
+# (lookup, ngram, tree) x the chain settings; with no heads' tree there is nothing to draft
+# first (refused), so that pair is left out. Ranks per prompt: the first and third prompts'
+# oracles draft the true tokens (0, 0, 0, 0), the others' always wrong ones (9, 9, 9, 9).
+LOOKUP_CASES = [pytest.param(lookup, ngram, tree, chain, pipeline, first,
+                             id=f"{chain}-{pipeline}-{first}-{lookup}-{ngram}-"
+                                f"{'tree' if tree else 'no tree'}")
+                for lookup, ngram, tree in [(3, 2, TREE), (6, 3, TREE), (4, 1, [])]
+                for chain, pipeline, first in [(1, 1, False), (3, 1, False), (1, 5, False),
+                                               (2, 3, False), (1, 5, True)]
+                if tree or not first]
+
+
+@pytest.mark.parametrize("lookup, ngram, tree, chain, pipeline, first", LOOKUP_CASES)
 def test_lookup_chain_beside_the_tree_is_lossless_and_follows_the_rule(
-        model, prompts, lookup, ngram, tree, ranks, chain, pipeline, first):
+        model, prompts, lookup, ngram, tree, chain, pipeline, first):
     """A lookup chain beside the oracle tree (its drafts always wrong with ranks 9, so every
     acceptance is the lookup's; and with no tree at all): tokens equal target-only, iterations,
     acceptances and verified nodes equal the host recompute, lookup acceptances happen, and a
@@ -68,9 +89,8 @@ def test_lookup_chain_beside_the_tree_is_lossless_and_follows_the_rule(
     max_tokens = 32
     params = greedy(max_tokens)
     bs = max(DEPTH, lookup)
-    first = first and bool(tree)   # no heads' tree: nothing to draft first (refused)
-    target = token_lists(make_engine(model, block_size=bs).generate(prompts, params))
-    oracles = [Oracle(out, ranks) for out in target]
+    target = target_tokens(model, prompts, max_tokens, block_size=bs)
+    oracles = [Oracle(out, ((0, 0, 0, 0), (9, 9, 9, 9))[i % 2]) for i, out in enumerate(target)]
     outs = [make_engine(model, TreeProposer(oracle, tree, lookup=lookup, ngram=ngram,
                                             first_drafts=first),
                         spec_chain=chain, spec_pipeline=pipeline, block_size=bs)
@@ -93,7 +113,7 @@ def test_one_engine_stages_each_requests_own_history(model, prompts):
     and only extended for the same sequence): every request's lookup drafts come from its own
     tokens, so its iterations and acceptances equal the host recompute."""
     params = greedy(24)
-    target = token_lists(make_engine(model).generate(prompts, params))
+    target = target_tokens(model, prompts, 24)
     oracle = Oracle(target[0], (9, 9, 9, 9))
     llm = make_engine(model, TreeProposer(oracle, [], lookup=4, ngram=1), spec_chain=2)
     by_length = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
@@ -111,7 +131,7 @@ def test_candidates_left_by_another_request_are_not_verified(model, prompts, loo
     not accept them, even when they happen to be its true continuation: it verifies the root
     alone, or the root and the lookup chain."""
     params = greedy(16)
-    first, second = token_lists(make_engine(model).generate(prompts[:2], params))
+    first, second = target_tokens(model, prompts[:2], 16)
     oracle = Oracle(second, (0, 0, 0, 0))
     llm = make_engine(model, TreeProposer(oracle, TREE, lookup=lookup))
     llm.generate(prompts[:1], params)
@@ -133,10 +153,10 @@ def test_real_heads_with_eos_and_max_tokens_caps(model, prompts):
     for head in heads.heads:
         torch.nn.init.normal_(head.down.weight, std=0.5)
     plain, tree = make_engine(model), make_engine(model, TreeProposer(heads, TREE), spec_chain=3)
-    for max_tokens in (1, 2, 3, 5, 8, 11, 24):
+    ref = target_tokens(model, prompts, 24)
+    for max_tokens in (1, 2, 3, 5, 8, 11):   # greedy: target-only's first max_tokens tokens
         assert token_lists(tree.generate(prompts, greedy(max_tokens))) == \
-            token_lists(plain.generate(prompts, greedy(max_tokens)))
-    ref = token_lists(plain.generate(prompts, greedy(24)))
+            [out[:max_tokens] for out in ref]
     for prompt, out in zip(prompts, ref):
         eos = out[len(out) // 2]
         params = greedy(24, stop_token_ids=[eos])
@@ -145,24 +165,25 @@ def test_real_heads_with_eos_and_max_tokens_caps(model, prompts):
     assert token_lists(tree.generate(prompts, greedy(24))) == ref
 
 
-@pytest.mark.parametrize("lookup", [0, 3])
-def test_compiled_program_makes_the_same_iterations(model, prompts, lookup):
+def test_compiled_program_makes_the_same_iterations(model, prompts):
     """ExecutionConfig.compile: torch.compile'd glue around the rounds (the lookup's drafts and
     the step to the next iteration too); the tokens of target-only and the uncompiled
-    program's iterations and acceptances."""
-    target = token_lists(make_engine(model).generate(prompts[:2], greedy(16)))
-    outs = {}
-    for compiled in (False, True):
-        proposer = TreeProposer(Oracle(target[0], (0, 1, 0, 0)), TREE, lookup=lookup)
-        llm = make_engine(model, proposer, compile=compiled, spec_chain=2)
-        outs[compiled] = llm.generate(prompts[:2], greedy(16))
-        assert token_lists(outs[compiled]) == target
-        program = llm.llm_engine._spec._tree._programs[2, True, True, False]
-        for glue in ("_prepare", "_conclude", "_advance"):
-            assert (getattr(program, glue) != getattr(program, glue + "_eager")) == compiled
-    assert [o.outputs[0].spec_stats for o in outs[True]] == \
-        [o.outputs[0].spec_stats for o in outs[False]]
-    assert outs[True][0].outputs[0].spec_stats["accepted"] > 0
+    program's iterations and acceptances, without a lookup chain and with one (in one test:
+    the first compile in a process pays inductor's start-up, ~10 s)."""
+    target = target_tokens(model, prompts[:2], 16)
+    for lookup in (0, 3):
+        outs = {}
+        for compiled in (False, True):
+            proposer = TreeProposer(Oracle(target[0], (0, 1, 0, 0)), TREE, lookup=lookup)
+            llm = make_engine(model, proposer, compile=compiled, spec_chain=2)
+            outs[compiled] = llm.generate(prompts[:2], greedy(16))
+            assert token_lists(outs[compiled]) == target
+            program = llm.llm_engine._spec._tree._programs[2, True, True, False]
+            for glue in ("_prepare", "_conclude", "_advance"):
+                assert (getattr(program, glue) != getattr(program, glue + "_eager")) == compiled
+        assert [o.outputs[0].spec_stats for o in outs[True]] == \
+            [o.outputs[0].spec_stats for o in outs[False]], lookup
+        assert outs[True][0].outputs[0].spec_stats["accepted"] > 0
 
 
 def test_compiled_programs_past_the_recompile_limit_stay_compiled(model, prompts, monkeypatch):
@@ -187,7 +208,7 @@ def test_compiled_programs_past_the_recompile_limit_stay_compiled(model, prompts
 
 
 def test_oracle_eos_inside_an_accepted_path(model, prompts):
-    target = token_lists(make_engine(model).generate(prompts, greedy(24)))
+    target = target_tokens(model, prompts, 24)
     plain = make_engine(model)
     for prompt, out in zip(prompts, target):
         tree = make_engine(model, TreeProposer(Oracle(out, (0, 0, 0, 0)), TREE), spec_chain=2)
@@ -196,19 +217,33 @@ def test_oracle_eos_inside_an_accepted_path(model, prompts):
             token_lists(plain.generate([prompt], params))
 
 
-def test_ineligible_requests_step_normally(model, prompts):
-    """Sampled requests and two greedy ones at once are not speculated on: the engine's own
-    tokens, and no tree step counted."""
+def test_requests_beyond_the_graph_go_to_the_generic_verifier(model, prompts):
+    """What the tree's device program does not take (log-probs, top-k, T > 0, two requests at
+    once) speculates through the generic tree verifier: greedy ones keep target-only's tokens
+    and log-probs, and every one counts tree steps; a request below full depth turns
+    speculation off, with one warning, and decodes as target-only."""
     heads = LookaheadHeads(model, depth=DEPTH, inner=16)
-    sampled = SamplingParams(temperature=1.0, max_tokens=12, seed=3, exit_policy="fixed")
     plain = make_engine(model, max_num_seqs=2)
     tree = make_engine(model, TreeProposer(heads, TREE), max_num_seqs=2)
-    for params in (sampled, greedy(12, logprobs=0), greedy(12, top_k=5)):
-        outs = tree.generate(prompts[:1], params)
-        assert token_lists(outs) == token_lists(plain.generate(prompts[:1], params))
-        assert outs[0].outputs[0].spec_stats is None
+    for params in (greedy(12, logprobs=0), greedy(12, top_k=5)):
+        outs, ref = tree.generate(prompts[:1], params), plain.generate(prompts[:1], params)
+        assert token_lists(outs) == token_lists(ref)
+        assert outs[0].outputs[0].spec_stats["steps"] > 0
+    got, want = (torch.tensor(llm.generate(prompts[:1], greedy(12, logprobs=0))[0]
+                              .outputs[0].logprobs) for llm in (tree, plain))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
     both = tree.generate(prompts[:2], greedy(12))
     assert token_lists(both) == token_lists(plain.generate(prompts[:2], greedy(12)))
+    assert all(o.outputs[0].spec_stats["steps"] > 0 for o in both)
+    sampled = tree.generate(prompts[:1], SamplingParams(temperature=1.0, max_tokens=12, seed=3))
+    assert len(sampled[0].outputs[0].token_ids) == 12
+    assert sampled[0].outputs[0].spec_stats["steps"] > 0
+    shallow = SamplingParams(temperature=0.0, max_tokens=12, exit_policy="fixed",
+                             exit_policy_args={"depth": 2})
+    with pytest.warns(SpeculationOffWarning, match="full depth"):
+        outs = tree.generate(prompts[:1], shallow)
+    assert token_lists(outs) == token_lists(plain.generate(prompts[:1], shallow))
+    assert outs[0].outputs[0].spec_stats is None
 
 
 def test_private_blocks_are_reserved_once_and_refused_when_short(model, prompts):
@@ -271,19 +306,24 @@ def test_bad_proposers_are_refused(model):
 def test_device_program_through_the_triton_kernels(model, prompts, gemv_rows, monkeypatch):
     """The program's per-row block tables and slots fed to the Triton RoPE + K/V write and
     paged attention kernels, interpreted on CPU; with gemv_rows = 64 the tree's rows go through
-    the several-row q/k/v + RoPE + K/V-write GEMV and the GEMVs too."""
-    target = token_lists(make_engine(model).generate(prompts[:1], greedy(10)))
+    the several-row q/k/v + RoPE + K/V-write GEMV and the GEMVs too. A tree of two leaves in 7
+    rows (TREE's 34 cost 5x the interpreted programs): the first leaf's rows write in place, the
+    second's, 4 deep, on private blocks past a block boundary, and the oracle's drafts are
+    accepted along it (a commit)."""
+    tree = [(0,), (1,), (0, 1), (0, 1, 0), (0, 1, 0, 0)]
+    prompt = prompts[3:]   # 6 tokens: the second program's path crosses into a third block
+    target = target_tokens(model, prompt, 7)   # two programs: the root, then 4 accepted
     oracle = Oracle(target[0], (0, 1, 0, 0))
     llm = make_engine(model)
     runner = llm.llm_engine.runner
     runner._static_args = {**runner._static_args, "triton": True, "gemv_rows": gemv_rows}
     runner.static = StaticDecoder(runner.model, max_batch=4, **runner._static_args)
-    llm.set_proposer(TreeProposer(oracle, TREE))
+    llm.set_proposer(TreeProposer(oracle, tree))
     rows, rope_kv_linear = [], kernels.rope_kv_linear
     monkeypatch.setattr(kernels, "rope_kv_linear",
                         lambda x, *a, **k: rows.append(x.shape[0]) or rope_kv_linear(x, *a, **k))
-    outs = llm.generate(prompts[:1], greedy(10))
+    outs = llm.generate(prompt, greedy(7))
     assert token_lists(outs) == target
-    assert sum(o.outputs[0].spec_stats["accepted"] for o in outs) > 0
-    tree_rows = TreeShape(TREE, "cpu").num_rows
-    assert (tree_rows in rows) == (gemv_rows > 1) and tree_rows > 1
+    assert outs[0].outputs[0].spec_stats["accepted"] == 4   # the path through the second leaf
+    shape = TreeShape(tree, "cpu")
+    assert (shape.num_rows in rows) == (gemv_rows > 1) and shape.num_leaves == 2

@@ -11,8 +11,8 @@ from rltlab.engine import TreeProposer
 from rltlab.engine.spec.decoder import SpecDecoder
 from rltlab.engine.spec.tree_graph import TreeShape
 from rltlab.engine.spec.tree_program import TreeProgram
-from tree_oracle import (DEPTH, TREE, Oracle, expected_stats, greedy, make_engine, token_lists,
-                         tree_model, tree_prompts)
+from tree_oracle import (DEPTH, TREE, Oracle, expected_stats, greedy, make_engine,
+                         target_tokens, token_lists, tree_model, tree_prompts)
 
 
 @pytest.fixture(scope="module")
@@ -25,14 +25,19 @@ def prompts():
     return tree_prompts()
 
 
+# The oracle's ranks are set per prompt (each runs on its own engine): every case runs the
+# three patterns (deep and partial acceptances; every heads' draft wrong, so every acceptance is
+# the lookup chain's) on different prompts, rather than one pattern a case.
+RANKS = [(0, 0, 0, 0), (1, 0, 0, 0), (9, 9, 9, 9), (0, 0, 0, 0)]
+
+
 @pytest.mark.parametrize("lookup, ngram", [(3, 2), (6, 3)])
-@pytest.mark.parametrize("ranks", [(0, 0, 0, 0), (1, 0, 0, 0), (9, 9, 9, 9)])
 @pytest.mark.parametrize("chain, pipeline, first", [(1, 1, False), (1, 5, False), (2, 3, False),
                                                     (1, 5, True)])
 @pytest.mark.parametrize("rule", [True, "agree"])
 def test_adaptive_lookup_verifies_the_lookup_rows_after_a_hit(model, prompts, lookup, ngram,
-                                                              ranks, chain, pipeline, first,
-                                                              rule, monkeypatch):
+                                                              chain, pipeline, first, rule,
+                                                              monkeypatch):
     """TreeProposer(adaptive_lookup=True or "agree"): tokens equal target-only, iterations,
     acceptances and verified nodes equal the host recompute of the rule (the lookup chain
     verified in a request's first iteration and after a lookup hit, or where the next lookup
@@ -40,8 +45,7 @@ def test_adaptive_lookup_verifies_the_lookup_rows_after_a_hit(model, prompts, lo
     says, and they never read the rows they skip (made NaN)."""
     max_tokens, bs = 32, max(DEPTH, lookup)
     params = greedy(max_tokens)
-    target = token_lists(make_engine(model, block_size=bs).generate(prompts, params))
-    oracles = [Oracle(out, ranks) for out in target]
+    target = target_tokens(model, prompts, max_tokens, block_size=bs)
     without, launch = [0], TreeProgram.launch
 
     def launch_poisoned(program):
@@ -50,20 +54,23 @@ def test_adaptive_lookup_verifies_the_lookup_rows_after_a_hit(model, prompts, lo
             program.static.hidden_out[program.rows:].fill_(float("nan"))
         launch(program)
     monkeypatch.setattr(TreeProgram, "launch", launch_poisoned)
-    outs = [make_engine(model, TreeProposer(oracle, TREE, lookup=lookup, ngram=ngram,
-                                            adaptive_lookup=rule, first_drafts=first),
-                        spec_chain=chain, spec_pipeline=pipeline, block_size=bs)
-            .generate([prompt], params)[0] for prompt, oracle in zip(prompts, oracles)]
-    assert token_lists(outs) == target
-    stats = [tuple(o.outputs[0].spec_stats[k] for k in ("steps", "accepted", "drafted"))
-             for o in outs]
-    assert stats == [expected_stats(oracle, out, max_tokens, TREE, prompt, lookup, ngram, rule,
-                                    chain, first)
-                     for oracle, out, prompt in zip(oracles, target, prompts)]
-    always = [expected_stats(oracle, out, max_tokens, TREE, prompt, lookup, ngram,
-                             first_drafts=first)
-              for oracle, out, prompt in zip(oracles, target, prompts)]
-    assert (without[0] > 0) == (stats != always)   # skipping the rows changed what ran
+    skipped = 0
+    for prompt, out, ranks in zip(prompts, target, RANKS):
+        oracle = Oracle(out, ranks)
+        without[0] = 0
+        got = make_engine(model, TreeProposer(oracle, TREE, lookup=lookup, ngram=ngram,
+                                              adaptive_lookup=rule, first_drafts=first),
+                          spec_chain=chain, spec_pipeline=pipeline, block_size=bs).generate(
+                              [prompt], params)[0]
+        assert token_lists([got]) == [out], ranks
+        stats = tuple(got.outputs[0].spec_stats[k] for k in ("steps", "accepted", "drafted"))
+        assert stats == expected_stats(oracle, out, max_tokens, TREE, prompt, lookup, ngram,
+                                       rule, chain, first), ranks
+        always = expected_stats(oracle, out, max_tokens, TREE, prompt, lookup, ngram,
+                                first_drafts=first)
+        assert (without[0] > 0) == (stats != always), ranks   # skipping the rows changed what ran
+        skipped += without[0]
+    assert skipped > 0
 
 
 def test_first_drafts_come_from_the_state_that_sampled_token_0(model, prompts, monkeypatch):
@@ -80,7 +87,7 @@ def test_first_drafts_come_from_the_state_that_sampled_token_0(model, prompts, m
             seen.append((h.clone(), token.clone()))
         return draft(program, h, token)
     monkeypatch.setattr(TreeProgram, "_draft_eager", spy)
-    target = token_lists(make_engine(model).generate(prompts, greedy(12)))
+    target = target_tokens(model, prompts, 12)
     tree = make_engine(model, TreeProposer(heads, TREE, lookup=3, first_drafts=True))
     for prompt, out in zip(prompts, target):
         seen.clear()
@@ -112,16 +119,18 @@ def test_pipelined_programs_launch_only_while_the_sequence_goes_on(model, prompt
     program per step."""
     launches = _count_calls(monkeypatch, TreeProgram, "launch")
     steps = _count_calls(monkeypatch, SpecDecoder, "_tree_step")
-    target = token_lists(make_engine(model).generate(prompts, greedy(24)))
+    target = target_tokens(model, prompts, 24)
     plain = make_engine(model)
     for prompt, out in zip(prompts, target):
         tree = make_engine(model, TreeProposer(Oracle(out, (0, 0, 0, 0)), TREE, lookup=lookup),
                            spec_pipeline=3)
-        for params in (greedy(24, stop_token_ids=[out[5]]), greedy(24), greedy(13),
-                       greedy(2)):
+        stop = greedy(24, stop_token_ids=[out[5]])
+        for params, expected in ((stop, token_lists(plain.generate([prompt], stop))[0]),
+                                 (greedy(24), out), (greedy(13), out[:13]),
+                                 (greedy(2), out[:2])):   # greedy: target-only's first tokens
             launches[0] = steps[0] = 0
             outs = tree.generate([prompt], params)
-            assert token_lists(outs) == token_lists(plain.generate([prompt], params))
+            assert token_lists(outs) == [expected]
             stats = outs[0].outputs[0].spec_stats       # None: stopped at token 0
             iterations = stats["steps"] if stats else 0
             assert launches[0] == iterations and steps[0] == -(-iterations // 3)
@@ -142,7 +151,7 @@ def test_pipelined_capture_warm_up_restores_the_programs_inputs(model, prompts, 
     the program at each replay), turned on after the request's first tree step so that it
     captures a program whose candidates are valid, must leave tokens and iterations as without
     it."""
-    target = token_lists(make_engine(model).generate(prompts, greedy(24)))
+    target = target_tokens(model, prompts, 24)
 
     captures = []
 
@@ -176,9 +185,8 @@ def test_pipelined_capture_warm_up_restores_the_programs_inputs(model, prompts, 
     assert outs[True][0].outputs[0].spec_stats["accepted"] > 0
 
 
-@pytest.mark.parametrize("ranks", [(0, 0, 0, 0), (9, 9, 9, 9)])
 @pytest.mark.parametrize("chain, pipeline", [(1, 1), (1, 5), (2, 3)])
-def test_first_leaf_writes_in_place_and_its_programs_copy_nothing(model, prompts, ranks, chain,
+def test_first_leaf_writes_in_place_and_its_programs_copy_nothing(model, prompts, chain,
                                                                   pipeline, monkeypatch):
     """A chain of heads beside an adaptive lookup chain (the claimed config's shape): the
     chain's leaf writes its K/V into the sequence's own slots, so a program without the lookup
@@ -187,8 +195,9 @@ def test_first_leaf_writes_in_place_and_its_programs_copy_nothing(model, prompts
     max_tokens, lookup = 32, 3
     chain_tree = [tuple([0] * j) for j in range(1, DEPTH + 1)]
     params = greedy(max_tokens)
-    target = token_lists(make_engine(model).generate(prompts, params))
-    oracles = [Oracle(out, ranks) for out in target]
+    target = target_tokens(model, prompts, max_tokens)
+    # ranks per prompt: the heads' drafts true, then always wrong (every acceptance the lookup's)
+    oracles = [Oracle(out, ((0, 0, 0, 0), (9, 9, 9, 9))[i % 2]) for i, out in enumerate(target)]
     launched, commits = {True: 0, False: 0}, [0]
     launch, commit = TreeProgram.launch, TreeProgram._commit
 

@@ -7,7 +7,7 @@ import pytest
 
 from rltlab.bench import tree_sim
 from rltlab.engine import TreeProposer
-from tree_oracle import DEPTH, TREE, Oracle, greedy, make_engine, token_lists, tree_model, \
+from tree_oracle import DEPTH, TREE, Oracle, greedy, make_engine, target_tokens, tree_model, \
     tree_prompts
 
 STATS = ("steps", "drafted", "emitted")
@@ -18,28 +18,33 @@ def model():
     return tree_model()
 
 
-@pytest.mark.parametrize("max_tokens", [32, 13])
-@pytest.mark.parametrize("ranks", [(0, 0, 0, 0), (1, 0, 2, 0)])
+# The oracle's ranks and max_tokens are set per prompt (each is recorded and run on its own):
+# every case replays both rank patterns and both caps, rather than one of each a case.
+PER_PROMPT = [((0, 0, 0, 0), 32), ((1, 0, 2, 0), 13), ((1, 0, 2, 0), 32), ((0, 0, 0, 0), 13)]
+
+
 @pytest.mark.parametrize("lookup, rule, first", [(0, False, False), (0, False, True),
                                                  (6, False, False), (6, True, False),
                                                  (4, "agree", False), (6, "agree", True)])
-def test_replay_gives_the_engines_spec_stats(model, max_tokens, ranks, lookup, rule, first):
-    params = greedy(max_tokens)
+def test_replay_gives_the_engines_spec_stats(model, lookup, rule, first):
     block = max(DEPTH, lookup)
     prompts = tree_prompts()
-    target = token_lists(make_engine(model, block_size=block).generate(prompts, params))
     decisions = set()
-    for prompt, out in zip(prompts, target):
+    for prompt, full, (ranks, max_tokens) in zip(prompts, target_tokens(model, prompts, 32,
+                                                                        block_size=block),
+                                                 PER_PROMPT):
+        out = full[:max_tokens]   # greedy: the target's first max_tokens tokens
         oracle = Oracle(out, ranks)
         proposer = TreeProposer(oracle, TREE, lookup=lookup, adaptive_lookup=rule,
                                 first_drafts=first)
-        engine = make_engine(model, proposer, block_size=block).generate([prompt], params)[0]
+        engine = make_engine(model, proposer, block_size=block).generate(
+            [prompt], greedy(max_tokens))[0]
         rollout, = tree_sim.record(model, oracle, [prompt], max_tokens,
                                    model.config.eos_token_id)
-        assert rollout.tokens[:rollout.end] == list(engine.outputs[0].token_ids)
+        assert rollout.tokens[:rollout.end] == list(engine.outputs[0].token_ids) == out
         iterations = tree_sim.replay(rollout, proposer, max_tokens)
         assert tree_sim.spec_stats(iterations) == \
-            {k: engine.outputs[0].spec_stats[k] for k in STATS}
+            {k: engine.outputs[0].spec_stats[k] for k in STATS}, (ranks, max_tokens)
         decisions |= {it.lookup for it in iterations[1:]}
     if rule:   # the adaptive rule both ran and skipped the lookup chain somewhere
         assert decisions == {True, False}
@@ -89,12 +94,11 @@ def test_cli_prints_every_proposer_and_refuses_bad_input(capsys, tmp_path, monke
         tree_sim.main(["--lookup", "0"])
 
 
-@pytest.mark.parametrize("chain", [2, 3])
-@pytest.mark.parametrize("rule", [True, "agree"])
+@pytest.mark.parametrize("chain, rule", [(2, True), (3, "agree")])   # each rule, chained
 def test_replay_at_spec_chain_decides_the_lookup_once_a_program(model, chain, rule):
     params, max_tokens = greedy(28), 28
     prompts = tree_prompts()
-    target = token_lists(make_engine(model, block_size=6).generate(prompts, params))
+    target = [out[:28] for out in target_tokens(model, prompts, 32, block_size=6)]
     for prompt, out in zip(prompts, target):
         oracle = Oracle(out, (1, 0, 0, 0))
         proposer = TreeProposer(oracle, TREE, lookup=6, adaptive_lookup=rule)
@@ -111,7 +115,7 @@ def test_oracle_rule_takes_always_on_iterations_on_fewer_rows(model):
     the lookup rows only where they win), on no more rows, and no adaptive rule beats its tau;
     bad replay arguments are refused."""
     prompts, max_tokens = tree_prompts(), 32
-    target = token_lists(make_engine(model, block_size=6).generate(prompts, greedy(32)))
+    target = target_tokens(model, prompts, 32, block_size=6)
     for prompt, out in zip(prompts, target):
         oracle = Oracle(out, (1, 0, 2, 0))
         rollout, = tree_sim.record(model, oracle, [prompt], max_tokens,
@@ -136,7 +140,7 @@ def test_late_rule_takes_the_last_programs_decision(model, monkeypatch):
     1 verify the lookup chain, program j >= 2 does where the rule held at program j - 1's
     root; the engine's rule (None) uses each root's own. Only at spec_chain 1."""
     prompts, max_tokens = tree_prompts(), 32
-    target = token_lists(make_engine(model, block_size=6).generate(prompts, greedy(32)))
+    target = target_tokens(model, prompts, 32, block_size=6)
     held = []
     rule_holds = tree_sim._rule_holds
     monkeypatch.setattr(tree_sim, "_rule_holds", lambda *a: held.append(rule_holds(*a)) or

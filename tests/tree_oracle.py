@@ -71,6 +71,22 @@ def make_engine(model, proposer=None, **kw):
     return llm
 
 
+_TARGETS: dict = {}
+
+
+def target_tokens(model, prompts, max_tokens, **kw) -> list[list[int]]:
+    """The target-only engine's greedy tokens (make_engine(model, **kw) without a proposer,
+    greedy(max_tokens)), computed once per model, prompts, max_tokens and engine settings in a
+    process: the parametrized cases compare against the same targets, and a target-only run
+    costs more than the tree runs it checks. The model must not change after its first call
+    (the cache holds it, so its id is not reused)."""
+    key = (id(model), tuple(map(tuple, prompts)), max_tokens, tuple(sorted(kw.items())))
+    if key not in _TARGETS:
+        outs = make_engine(model, **kw).generate([list(p) for p in prompts], greedy(max_tokens))
+        _TARGETS[key] = (model, token_lists(outs))
+    return [list(t) for t in _TARGETS[key][1]]
+
+
 def expected_stats(oracle: Oracle, output: list[int], max_tokens: int, tree=TREE, prompt=(),
                    lookup: int = 0, ngram: int = 3, adaptive: bool | str = False, chain: int = 1,
                    first_drafts: bool = False) -> tuple[int, int, int]:

@@ -6,6 +6,7 @@ them), the device programs of the built-in proposers (draft_program.py, tree_gra
 tree_program.py) and prompt lookup (prompt_lookup.py)."""
 from rltlab.engine.spec.proposers import LOOKUP_RULES, DraftProposer, TreeProposer, validate_tree
 from rltlab.engine.spec.protocol import DraftState, DraftTree, Proposer, Verdict
+from rltlab.engine.spec.decoder import SpeculationOffWarning
 
 __all__ = ["LOOKUP_RULES", "DraftProposer", "DraftState", "DraftTree", "Proposer",
-           "TreeProposer", "Verdict", "validate_tree"]
+           "SpeculationOffWarning", "TreeProposer", "Verdict", "validate_tree"]
