@@ -112,6 +112,15 @@ def test_bad_input_is_refused(model):
         gen.generate([1] * 20, 13)
     with pytest.raises(ValueError, match="non-empty"):
         gen.generate([], 4)
+    for max_tokens in (3.5, 2.0, True, 0):           # issue 61.5: 3.5 returned 4 tokens
+        with pytest.raises(ValueError, match=r"^max_tokens must be an integer >= 1"):
+            gen.generate([1, 2], max_tokens)
+    for prompt, where in (([1, VOCAB], r"prompt\[1\] = 64"), ([-1], r"prompt\[0\] = -1"),
+                          ([1, 2.0], r"prompt\[1\] = 2.0"), ([True], r"prompt\[0\] = True")):
+        with pytest.raises(ValueError, match=rf"^{where} is not a token id in \[0, vocab_size=64\)"):
+            gen.generate(prompt, 4)
+    with pytest.raises(ValueError, match="^eos_token_id"):
+        gen.generate([1, 2], 4, eos_token_id=VOCAB)
     with pytest.raises(ValueError, match="depth"):
         LookaheadHeads(model, depth=0)
 

@@ -166,13 +166,30 @@ class TreeSpecGenerator:
         return self.out.tolist()
 
     # ------------------------------------------------------------------ the host loop
+    def _check_request(self, prompt, max_tokens, eos_token_id) -> None:
+        """One ValueError line naming the argument, before anything runs: a float max_tokens
+        would be compared, never reached exactly, and an id past the vocabulary would index
+        the embedding out of range."""
+        def is_int(x):
+            return isinstance(x, int) and not isinstance(x, bool)
+        if not is_int(max_tokens) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+        if not prompt:
+            raise ValueError("generate needs a non-empty prompt")
+        vocab = self.model.config.vocab_size
+        bad = next((i for i, t in enumerate(prompt) if not is_int(t) or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt[{bad}] = {prompt[bad]!r} is not a token id in "
+                             f"[0, vocab_size={vocab})")
+        if eos_token_id is not None and (not is_int(eos_token_id)
+                                         or not 0 <= eos_token_id < vocab):
+            raise ValueError(f"eos_token_id must be None or a token id in [0, {vocab}), "
+                             f"got {eos_token_id!r}")
+
     @torch.no_grad()
     def generate(self, prompt: list[int], max_tokens: int, eos_token_id: int | None = None
                  ) -> TreeGeneration:
-        if not prompt:
-            raise ValueError("generate needs a non-empty prompt")
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        self._check_request(prompt, max_tokens, eos_token_id)
         if len(prompt) + max_tokens > self.max_len:
             raise ValueError(f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) exceeds "
                              f"max_len {self.max_len}")
