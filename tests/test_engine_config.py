@@ -29,6 +29,12 @@ def test_bad_engine_values_are_one_line_naming_the_field(kwargs, field):
     assert "\n" not in str(err.value)
 
 
+def test_spec_pipeline_must_be_a_positive_int():
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match=r"ExecutionConfig\.spec_pipeline"):
+            EngineConfig.from_kwargs(spec_pipeline=bad)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
 def test_cuda_without_cuda_is_one_line():
     with pytest.raises(ValueError, match="EngineConfig.device 'cuda': CUDA is not available"):

@@ -60,11 +60,10 @@ def _run(llm, prompts, params, counts):
 PER_PROMPT = [((0, 0, 0, 0), 24), ((1, 0, 5, 0), 2), ((1, 0, 5, 0), 24), ((0, 0, 0, 0), 2)]
 
 
-@pytest.mark.parametrize("chain, pipeline, first", [(1, 1, False), (1, 5, True), (3, 1, True),
-                                                    (2, 3, False)])
+@pytest.mark.parametrize("pipeline, first", [(1, False), (5, True), (1, True), (3, False)])
 @pytest.mark.parametrize("lookup, rule", [(0, False), (3, False), (3, "agree")])
-def test_same_tokens_iterations_and_programs(model, prompts, counts, chain, pipeline, first,
-                                             lookup, rule):
+def test_same_tokens_iterations_and_programs(model, prompts, counts, pipeline, first, lookup,
+                                             rule):
     """Each prompt with an oracle that knows its output: tokens equal target-only's, and
     spec_stats and program launches equal the engine's without early launches; one early
     launch per request."""
@@ -73,7 +72,7 @@ def test_same_tokens_iterations_and_programs(model, prompts, counts, chain, pipe
         out = target[:max_tokens]   # greedy: target-only's first max_tokens tokens
         proposer = TreeProposer(Oracle(out, ranks), TREE, lookup=lookup, adaptive_lookup=rule,
                                 first_drafts=first)
-        runs = [_run(make_engine(model, proposer, spec_chain=chain, spec_pipeline=pipeline,
+        runs = [_run(make_engine(model, proposer, spec_pipeline=pipeline,
                                  launch_behind_prompt=early), [prompt], greedy(max_tokens),
                      counts)
                 for early in (False, True)]

@@ -116,6 +116,28 @@ def test_sampled_and_filtered_requests_in_the_program(model):
     _same(fused[4:], greedy_spec)   # and the same acceptance decisions (spec_stats)
 
 
+@pytest.mark.parametrize("d,k,conc,head,adaptive", [(1, 3, 5, None, False),
+                                                    (2, 4, 1, "random", True),
+                                                    (3, 2, 2, None, True)])
+def test_stop_tokens_and_length_limits_inside_an_iteration(model, d, k, conc, head, adaptive):
+    """A stop token and max_tokens falling inside a program's iteration (the accepted drafts
+    after them dropped), fixed and adaptive K: tokens and finish reasons equal the engine
+    without a proposer."""
+    prompts = _prompts(5, seed=9)
+    params = [SamplingParams(temperature=0.0, max_tokens=5 + 4 * i, exit_policy="fixed",
+                             ignore_eos=i % 2 == 0) for i in range(len(prompts))]
+    refs = _run(model, prompts, params, max_num_seqs=conc)
+    params[3].stop_token_ids = [refs[3].token_ids[4]]   # request 3 stops there
+    refs = _run(model, prompts, params, max_num_seqs=conc)
+    assert refs[3].outputs[0].finish_reason == "stop"
+    proposer = DraftProposer(k, d, _head(model, head, d), adaptive=adaptive)
+    outs = _run(model, prompts, params, proposer, max_num_seqs=conc)
+    for out, ref in zip(outs, refs):
+        assert out.token_ids == ref.token_ids
+        assert out.outputs[0].finish_reason == ref.outputs[0].finish_reason
+    assert any(o.spec_stats and o.spec_stats["steps"] > 1 for o in outs)
+
+
 @pytest.mark.skipif(not kernels.triton_available("cpu"), reason="needs TRITON_INTERPRET=1")
 def test_device_program_through_the_triton_kernels(model):
     """The program's own row tensors (positions, slots, repeated block tables) fed to the

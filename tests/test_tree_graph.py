@@ -33,8 +33,8 @@ def prompts():
 
 # The oracle's ranks and max_tokens are set per prompt (each prompt runs on its own engine):
 # every case runs all four rank patterns and both caps, and over the two turns every prompt
-# meets both caps and each pattern meets both caps (the cases are the chain settings x turn, not
-# x ranks x max_tokens: the same code paths, a quarter of the runs).
+# meets both caps and each pattern meets both caps (the cases are the pipeline settings x turn,
+# not x ranks x max_tokens: the same code paths, a quarter of the runs).
 RANKS = [(0, 0, 0, 0), (1, 1, 0, 0), (0, 1, 5, 0), (3, 0, 0, 0)]
 CAPS = (24, 13)
 
@@ -45,19 +45,18 @@ def _per_prompt(turn: int, i: int) -> tuple[tuple[int, ...], int]:
 
 
 @pytest.mark.parametrize("turn", [0, 1])
-@pytest.mark.parametrize("chain, pipeline, first", [(1, 1, False), (3, 1, False), (1, 5, False),
-                                                    (1, 5, True), (3, 1, True)])
-def test_oracle_drafts_are_accepted_and_lossless(model, prompts, chain, pipeline, first, turn):
+@pytest.mark.parametrize("pipeline, first", [(1, False), (5, False), (1, True), (5, True)])
+def test_oracle_drafts_are_accepted_and_lossless(model, prompts, pipeline, first, turn):
     """Tokens equal target-only, and every sequence's iterations and accepted drafts equal
-    the host recompute of the acceptance rule (chained in one program, or in programs
-    launched one after another from the device's state: spec_pipeline; first: the first
-    iteration drafted from token 0's state, TreeProposer(first_drafts=True))."""
+    the host recompute of the acceptance rule (one program a step, or programs launched one
+    after another from the device's state: spec_pipeline; first: the first iteration drafted
+    from token 0's state, TreeProposer(first_drafts=True))."""
     for i, prompt in enumerate(prompts):
         ranks, max_tokens = _per_prompt(turn, i)
         target = target_tokens(model, prompts, max_tokens)[i]
         oracle = Oracle(target, ranks)
         out = make_engine(model, TreeProposer(oracle, TREE, first_drafts=first),
-                          spec_chain=chain, spec_pipeline=pipeline).generate(
+                          spec_pipeline=pipeline).generate(
                               [prompt], greedy(max_tokens))[0]
         assert token_lists([out]) == [target], (i, ranks, max_tokens)
         stats = tuple(out.outputs[0].spec_stats[k] for k in ("steps", "accepted", "drafted"))
@@ -67,21 +66,20 @@ def test_oracle_drafts_are_accepted_and_lossless(model, prompts, chain, pipeline
             assert stats[1] >= stats[0], (i, stats)
 
 
-# (lookup, ngram, tree) x the chain settings; with no heads' tree there is nothing to draft
+# (lookup, ngram, tree) x the pipeline settings; with no heads' tree there is nothing to draft
 # first (refused), so that pair is left out. Ranks per prompt: the first and third prompts'
 # oracles draft the true tokens (0, 0, 0, 0), the others' always wrong ones (9, 9, 9, 9).
-LOOKUP_CASES = [pytest.param(lookup, ngram, tree, chain, pipeline, first,
-                             id=f"{chain}-{pipeline}-{first}-{lookup}-{ngram}-"
+LOOKUP_CASES = [pytest.param(lookup, ngram, tree, pipeline, first,
+                             id=f"{pipeline}-{first}-{lookup}-{ngram}-"
                                 f"{'tree' if tree else 'no tree'}")
                 for lookup, ngram, tree in [(3, 2, TREE), (6, 3, TREE), (4, 1, [])]
-                for chain, pipeline, first in [(1, 1, False), (3, 1, False), (1, 5, False),
-                                               (2, 3, False), (1, 5, True)]
+                for pipeline, first in [(1, False), (3, False), (5, False), (5, True)]
                 if tree or not first]
 
 
-@pytest.mark.parametrize("lookup, ngram, tree, chain, pipeline, first", LOOKUP_CASES)
+@pytest.mark.parametrize("lookup, ngram, tree, pipeline, first", LOOKUP_CASES)
 def test_lookup_chain_beside_the_tree_is_lossless_and_follows_the_rule(
-        model, prompts, lookup, ngram, tree, chain, pipeline, first):
+        model, prompts, lookup, ngram, tree, pipeline, first):
     """A lookup chain beside the oracle tree (its drafts always wrong with ranks 9, so every
     acceptance is the lookup's; and with no tree at all): tokens equal target-only, iterations,
     acceptances and verified nodes equal the host recompute, lookup acceptances happen, and a
@@ -93,7 +91,7 @@ def test_lookup_chain_beside_the_tree_is_lossless_and_follows_the_rule(
     oracles = [Oracle(out, ((0, 0, 0, 0), (9, 9, 9, 9))[i % 2]) for i, out in enumerate(target)]
     outs = [make_engine(model, TreeProposer(oracle, tree, lookup=lookup, ngram=ngram,
                                             first_drafts=first),
-                        spec_chain=chain, spec_pipeline=pipeline, block_size=bs)
+                        spec_pipeline=pipeline, block_size=bs)
             .generate([prompt], params)[0]
             for prompt, oracle in zip(prompts, oracles)]
     assert token_lists(outs) == target
@@ -115,7 +113,7 @@ def test_one_engine_stages_each_requests_own_history(model, prompts):
     params = greedy(24)
     target = target_tokens(model, prompts, 24)
     oracle = Oracle(target[0], (9, 9, 9, 9))
-    llm = make_engine(model, TreeProposer(oracle, [], lookup=4, ngram=1), spec_chain=2)
+    llm = make_engine(model, TreeProposer(oracle, [], lookup=4, ngram=1))
     by_length = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     for order in (by_length[::-1], by_length):   # longest prompts first, then shortest
         outs = llm.generate([prompts[i] for i in order], params)
@@ -147,12 +145,12 @@ def test_candidates_left_by_another_request_are_not_verified(model, prompts, loo
 
 def test_real_heads_with_eos_and_max_tokens_caps(model, prompts):
     """Random heads (mostly wrong drafts), every max_tokens remainder modulo the depth, and an
-    EOS that stops inside a chain; the engine serves a plain request afterwards."""
+    EOS that stops a request; the engine serves a plain request afterwards."""
     torch.manual_seed(0)
     heads = LookaheadHeads(model, depth=DEPTH, inner=16)
     for head in heads.heads:
         torch.nn.init.normal_(head.down.weight, std=0.5)
-    plain, tree = make_engine(model), make_engine(model, TreeProposer(heads, TREE), spec_chain=3)
+    plain, tree = make_engine(model), make_engine(model, TreeProposer(heads, TREE))
     ref = target_tokens(model, prompts, 24)
     for max_tokens in (1, 2, 3, 5, 8, 11):   # greedy: target-only's first max_tokens tokens
         assert token_lists(tree.generate(prompts, greedy(max_tokens))) == \
@@ -167,7 +165,7 @@ def test_real_heads_with_eos_and_max_tokens_caps(model, prompts):
 
 def test_compiled_program_makes_the_same_iterations(model, prompts):
     """ExecutionConfig.compile: torch.compile'd glue around the rounds (the lookup's drafts and
-    the step to the next iteration too); the tokens of target-only and the uncompiled
+    the next program's inputs too); the tokens of target-only and the uncompiled
     program's iterations and acceptances, without a lookup chain and with one (in one test:
     the first compile in a process pays inductor's start-up, ~10 s)."""
     target = target_tokens(model, prompts[:2], 16)
@@ -175,10 +173,10 @@ def test_compiled_program_makes_the_same_iterations(model, prompts):
         outs = {}
         for compiled in (False, True):
             proposer = TreeProposer(Oracle(target[0], (0, 1, 0, 0)), TREE, lookup=lookup)
-            llm = make_engine(model, proposer, compile=compiled, spec_chain=2)
+            llm = make_engine(model, proposer, compile=compiled)
             outs[compiled] = llm.generate(prompts[:2], greedy(16))
             assert token_lists(outs[compiled]) == target
-            program = llm.llm_engine._spec._tree._programs[2, True, True, False]
+            program = llm.llm_engine._spec._tree._programs[True, True, False]
             for glue in ("_prepare", "_conclude", "_advance"):
                 assert (getattr(program, glue) != getattr(program, glue + "_eager")) == compiled
         assert [o.outputs[0].spec_stats for o in outs[True]] == \
@@ -211,7 +209,7 @@ def test_oracle_eos_inside_an_accepted_path(model, prompts):
     target = target_tokens(model, prompts, 24)
     plain = make_engine(model)
     for prompt, out in zip(prompts, target):
-        tree = make_engine(model, TreeProposer(Oracle(out, (0, 0, 0, 0)), TREE), spec_chain=2)
+        tree = make_engine(model, TreeProposer(Oracle(out, (0, 0, 0, 0)), TREE))
         params = greedy(24, stop_token_ids=[out[5]])
         assert token_lists(tree.generate([prompt], params)) == \
             token_lists(plain.generate([prompt], params))

@@ -32,11 +32,10 @@ RANKS = [(0, 0, 0, 0), (1, 0, 0, 0), (9, 9, 9, 9), (0, 0, 0, 0)]
 
 
 @pytest.mark.parametrize("lookup, ngram", [(3, 2), (6, 3)])
-@pytest.mark.parametrize("chain, pipeline, first", [(1, 1, False), (1, 5, False), (2, 3, False),
-                                                    (1, 5, True)])
+@pytest.mark.parametrize("pipeline, first", [(1, False), (3, False), (5, False), (5, True)])
 @pytest.mark.parametrize("rule", [True, "agree"])
 def test_adaptive_lookup_verifies_the_lookup_rows_after_a_hit(model, prompts, lookup, ngram,
-                                                              chain, pipeline, first, rule,
+                                                              pipeline, first, rule,
                                                               monkeypatch):
     """TreeProposer(adaptive_lookup=True or "agree"): tokens equal target-only, iterations,
     acceptances and verified nodes equal the host recompute of the rule (the lookup chain
@@ -60,12 +59,12 @@ def test_adaptive_lookup_verifies_the_lookup_rows_after_a_hit(model, prompts, lo
         without[0] = 0
         got = make_engine(model, TreeProposer(oracle, TREE, lookup=lookup, ngram=ngram,
                                               adaptive_lookup=rule, first_drafts=first),
-                          spec_chain=chain, spec_pipeline=pipeline, block_size=bs).generate(
+                          spec_pipeline=pipeline, block_size=bs).generate(
                               [prompt], params)[0]
         assert token_lists([got]) == [out], ranks
         stats = tuple(got.outputs[0].spec_stats[k] for k in ("steps", "accepted", "drafted"))
         assert stats == expected_stats(oracle, out, max_tokens, TREE, prompt, lookup, ngram,
-                                       rule, chain, first), ranks
+                                       rule, first), ranks
         always = expected_stats(oracle, out, max_tokens, TREE, prompt, lookup, ngram,
                                 first_drafts=first)
         assert (without[0] > 0) == (stats != always), ranks   # skipping the rows changed what ran
@@ -185,13 +184,13 @@ def test_pipelined_capture_warm_up_restores_the_programs_inputs(model, prompts, 
     assert outs[True][0].outputs[0].spec_stats["accepted"] > 0
 
 
-@pytest.mark.parametrize("chain, pipeline", [(1, 1), (1, 5), (2, 3)])
-def test_first_leaf_writes_in_place_and_its_programs_copy_nothing(model, prompts, chain,
-                                                                  pipeline, monkeypatch):
+@pytest.mark.parametrize("pipeline", [1, 3, 5])
+def test_first_leaf_writes_in_place_and_its_programs_copy_nothing(model, prompts, pipeline,
+                                                                  monkeypatch):
     """A chain of heads beside an adaptive lookup chain (the claimed config's shape): the
     chain's leaf writes its K/V into the sequence's own slots, so a program without the lookup
-    chain's rows copies no prefix block and commits nothing, and one with them commits once
-    an iteration; tokens equal target-only and the iterations the host recompute."""
+    chain's rows copies no prefix block and commits nothing, and one with them commits once;
+    tokens equal target-only and the iterations the host recompute."""
     max_tokens, lookup = 32, 3
     chain_tree = [tuple([0] * j) for j in range(1, DEPTH + 1)]
     params = greedy(max_tokens)
@@ -202,7 +201,7 @@ def test_first_leaf_writes_in_place_and_its_programs_copy_nothing(model, prompts
     launch, commit = TreeProgram.launch, TreeProgram._commit
 
     def counted_launch(program):
-        launched[program.lookup_rows] += program.chain
+        launched[program.lookup_rows] += 1
         launch(program)
 
     def counted_commit(program, *args):
@@ -212,13 +211,13 @@ def test_first_leaf_writes_in_place_and_its_programs_copy_nothing(model, prompts
     monkeypatch.setattr(TreeProgram, "_commit", counted_commit)
     outs = [make_engine(model, TreeProposer(oracle, chain_tree, lookup=lookup,
                                             adaptive_lookup="agree"),
-                        spec_chain=chain, spec_pipeline=pipeline)
+                        spec_pipeline=pipeline)
             .generate([prompt], params)[0] for prompt, oracle in zip(prompts, oracles)]
     assert token_lists(outs) == target
     stats = [tuple(o.outputs[0].spec_stats[k] for k in ("steps", "accepted", "drafted"))
              for o in outs]
     assert stats == [expected_stats(oracle, out, max_tokens, chain_tree, prompt, lookup,
-                                    adaptive="agree", chain=chain)
+                                    adaptive="agree")
                      for oracle, out, prompt in zip(oracles, target, prompts)]
     assert launched[False] > 0 and launched[True] > 0
-    assert commits[0] == launched[True]   # the in-place programs' iterations commit nothing
+    assert commits[0] == launched[True]   # the in-place programs commit nothing

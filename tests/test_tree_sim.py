@@ -94,22 +94,6 @@ def test_cli_prints_every_proposer_and_refuses_bad_input(capsys, tmp_path, monke
         tree_sim.main(["--lookup", "0"])
 
 
-@pytest.mark.parametrize("chain, rule", [(2, True), (3, "agree")])   # each rule, chained
-def test_replay_at_spec_chain_decides_the_lookup_once_a_program(model, chain, rule):
-    params, max_tokens = greedy(28), 28
-    prompts = tree_prompts()
-    target = [out[:28] for out in target_tokens(model, prompts, 32, block_size=6)]
-    for prompt, out in zip(prompts, target):
-        oracle = Oracle(out, (1, 0, 0, 0))
-        proposer = TreeProposer(oracle, TREE, lookup=6, adaptive_lookup=rule)
-        engine = make_engine(model, proposer, block_size=6, spec_chain=chain).generate(
-            [prompt], params)[0]
-        rollout, = tree_sim.record(model, oracle, [prompt], max_tokens,
-                                   model.config.eos_token_id)
-        assert tree_sim.spec_stats(tree_sim.replay(rollout, proposer, max_tokens, chain)) == \
-            {k: engine.outputs[0].spec_stats[k] for k in STATS}
-
-
 def test_oracle_rule_takes_always_on_iterations_on_fewer_rows(model):
     """rule="oracle" emits exactly what the chain verified in every iteration emits (it runs
     the lookup rows only where they win), on no more rows, and no adaptive rule beats its tau;
@@ -130,15 +114,13 @@ def test_oracle_rule_takes_always_on_iterations_on_fewer_rows(model):
                                                           adaptive_lookup=rule), max_tokens)
             assert len(ruled) >= len(bound)
     with pytest.raises(ValueError):
-        tree_sim.replay(rollout, TreeProposer(oracle, TREE, lookup=6), max_tokens, chain=0)
-    with pytest.raises(ValueError):
         tree_sim.replay(rollout, TreeProposer(oracle, TREE, lookup=6), max_tokens, rule="x")
 
 
 def test_late_rule_takes_the_last_programs_decision(model, monkeypatch):
     """rule="late" (launching each program before the last one is read back): programs 0 and
     1 verify the lookup chain, program j >= 2 does where the rule held at program j - 1's
-    root; the engine's rule (None) uses each root's own. Only at spec_chain 1."""
+    root; the engine's rule (None) uses each root's own."""
     prompts, max_tokens = tree_prompts(), 32
     target = target_tokens(model, prompts, 32, block_size=6)
     held = []
@@ -158,8 +140,6 @@ def test_late_rule_takes_the_last_programs_decision(model, monkeypatch):
             expected = [True] + held[1:] if rule is None else [True, True] + held[1:-1]
             assert [it.lookup for it in its] == expected
             lates += rule == "late" and expected != [True] + held[1:]
-        with pytest.raises(ValueError):
-            tree_sim.replay(rollout, proposer, max_tokens, chain=2, rule="late")
     assert lates   # the late decisions differed from the roots' own somewhere
 
 

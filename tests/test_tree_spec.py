@@ -193,14 +193,14 @@ def test_bench_on_the_embedded_model_and_its_shipped_heads(tmp_path):
     from rltlab.bench import tree_spec
     out = tmp_path / "b.json"
     res = tree_spec.main(["--device", "cpu", "--prompts", "2", "--max-tokens", "8",
-                          "--repeats", "1", "--budgets", "--chains", "2", "--out", str(out)])
+                          "--repeats", "1", "--budgets", "--out", str(out)])
     rows = {r["config"]: r for r in res["rows"]}
     trees = ["root only", "chain K=4", "artifact tree B=16"]
-    assert set(rows) == {"target only", *trees, *(f"engine {t} M=2" for t in trees)}
+    assert set(rows) == {"target only", *trees, *(f"engine {t}" for t in trees)}
     assert all(r["identical"] == "2/2" for r in rows.values()), rows
     for prefix in ("", "engine "):
-        assert rows[prefix + trees[0] + " M=2" * bool(prefix)]["tau"] == 1.0
-        assert rows[prefix + trees[2] + " M=2" * bool(prefix)]["tau"] > 1.3
+        assert rows[prefix + trees[0]]["tau"] == 1.0
+        assert rows[prefix + trees[2]]["tau"] > 1.3
     assert not res["failed"] and out.is_file()
 
 
@@ -246,7 +246,7 @@ def test_bench_keeps_only_the_named_trees_and_adds_a_config_per_gemv_rows_and_lo
                           "chain K=4", "--gemv-rows", "1", "4", "--lookup", "0", "3",
                           "--pipelines", "1", "3", "--round-step-prompts",
                           "--adaptive-lookup", "--first-drafts"])
-    engine = [f"engine chain K=4{lookup}{first} M=1{pipeline}{gemv}"
+    engine = [f"engine chain K=4{lookup}{first}{pipeline}{gemv}"
               for pipeline in (" P=1", " P=3") for gemv in ("", " gemv<=4")
               for lookup in ("", " +lookup3", " +lookup3 adaptive") for first in ("", " first")]
     assert [r["config"] for r in res["rows"]] == [
@@ -269,9 +269,8 @@ def test_bench_runs_each_named_lookup_rule():
                           "--repeats", "1", "--budgets", "--paths", "engine", "--only",
                           "chain K=4", "--lookup", "6", "--adaptive-lookup", "hits", "agree"])
     names = [r["config"] for r in res["rows"]]
-    assert names == ["target only", "engine chain K=4 +lookup6 M=1",
-                     "engine chain K=4 +lookup6 adaptive M=1",
-                     "engine chain K=4 +lookup6 agree M=1"]
+    assert names == ["target only", "engine chain K=4 +lookup6",
+                     "engine chain K=4 +lookup6 adaptive", "engine chain K=4 +lookup6 agree"]
     assert all(r["identical"] == "4/4" for r in res["rows"])
     assert set(res["host"]) == {"start", "end"} and res["host"]["end"]["dispatch_us"] > 0
     from rltlab.draft_heads import lookahead
@@ -303,13 +302,12 @@ def test_bench_pairs_other_heads_in_the_same_run(tmp_path):
                           "--repeats", "1", "--budgets", "--paths", "engine", "--only",
                           "chain K=4", "--also-heads", str(untrained)])
     rows = {r["config"]: r for r in res["rows"]}
-    assert list(rows) == ["target only", "engine chain K=4 M=1",
-                          "engine chain K=4 heads=untrained M=1"]
+    assert list(rows) == ["target only", "engine chain K=4", "engine chain K=4 heads=untrained"]
     assert all(r["identical"] == "4/4" for r in res["rows"])
-    assert rows["engine chain K=4 M=1"]["tau"] > rows["engine chain K=4 heads=untrained M=1"][
-        "tau"] + 0.3, res["rows"]
+    assert rows["engine chain K=4"]["tau"] > \
+        rows["engine chain K=4 heads=untrained"]["tau"] + 0.3, res["rows"]
     assert res["also_heads"] == [str(untrained)]
-    trained, other = (rows[f"engine chain K=4{label} M=1"] for label in ("", " heads=untrained"))
+    trained, other = (rows[f"engine chain K=4{label}"] for label in ("", " heads=untrained"))
     want = [a / b for a, b in zip(trained["seconds_all"], other["seconds_all"])]
     assert other["vs_heads"]["median"] == pytest.approx(want[0]) and "vs_heads" not in trained
 
@@ -343,19 +341,19 @@ def test_rollouts_cache_is_reused_only_for_the_same_settings(tmp_path):
 def test_bench_pairs_against_the_faster_baseline_and_the_primary_heads():
     from rltlab.bench.tree_spec import _pairings
     seconds = {"target only": [2.0, 4.0, 1.0], "target only compiled": [3.0, 3.0, 2.0],
-               "engine x M=1": [1.0, 1.0, 0.5], "engine x heads=b M=1": [0.5, 2.0, 1.0]}
+               "engine x": [1.0, 1.0, 0.5], "engine x heads=b": [0.5, 2.0, 1.0]}
     labels = ["", " heads=b"]
-    own = _pairings(seconds, "engine x M=1", labels)
+    own = _pairings(seconds, "engine x", labels)
     assert own["vs_faster"]["median"] == 2.0 and own["vs_faster"]["mean"] == pytest.approx(7 / 3)
     assert "vs_heads" not in own   # repeat by repeat: min(2, 3) / 1, min(4, 3) / 1, min(1, 2) / .5
-    other = _pairings(seconds, "engine x heads=b M=1", labels)
+    other = _pairings(seconds, "engine x heads=b", labels)
     assert other["vs_heads"]["median"] == 0.5 and other["vs_heads"]["mean"] == pytest.approx(
         (2.0 + 0.5 + 0.5) / 3)   # 1 / 0.5, 1 / 2, 0.5 / 1
     assert other["vs_faster"]["median"] == 1.5
     seconds["target only early"] = [1.0, 1.0, 5.0]   # the fastest of three, repeat by repeat
-    assert _pairings(seconds, "engine x M=1", labels)["vs_faster"]["median"] == 1.0
+    assert _pairings(seconds, "engine x", labels)["vs_faster"]["median"] == 1.0
     del seconds["target only compiled"], seconds["target only early"]
-    assert "vs_faster" not in _pairings(seconds, "engine x M=1", labels)
+    assert "vs_faster" not in _pairings(seconds, "engine x", labels)
 
 
 def test_training_cli_writes_heads_the_generator_loads(tmp_path):

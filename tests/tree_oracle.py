@@ -88,7 +88,7 @@ def target_tokens(model, prompts, max_tokens, **kw) -> list[list[int]]:
 
 
 def expected_stats(oracle: Oracle, output: list[int], max_tokens: int, tree=TREE, prompt=(),
-                   lookup: int = 0, ngram: int = 3, adaptive: bool | str = False, chain: int = 1,
+                   lookup: int = 0, ngram: int = 3, adaptive: bool | str = False,
                    first_drafts: bool = False) -> tuple[int, int, int]:
     """(iterations, accepted drafts, nodes verified) by the tree's acceptance rule, recomputed
     on the host: the pending token output[i] verifies the drafts the oracle made after it (the
@@ -97,19 +97,17 @@ def expected_stats(oracle: Oracle, output: list[int], max_tokens: int, tree=TREE
     accepted while the ranks of output[i + 1..i + j] form a tree path, or while the lookup
     chain's drafts from prompt + output[:i + 1] match output[i + 1..i + j]. adaptive: the
     lookup chain is verified in the first iteration and after one whose lookup drafts began
-    with the first token it emitted, decided once per program of `chain` iterations (by its
-    last one); adaptive "agree": ... after one whose next lookup draft (from
-    prompt + output[:i' + 1], i' the next pending token) is the oracle's rank-0 token after
-    output[i'], or whose lookup drafts began with its first token and whose next drafts come
-    from a match of 2 tokens or more. first_drafts: the first iteration verifies the oracle's
-    drafts after token 0 too."""
+    with the first token it emitted; adaptive "agree": ... after one whose next lookup draft
+    (from prompt + output[:i' + 1], i' the next pending token) is the oracle's rank-0 token
+    after output[i'], or whose lookup drafts began with its first token and whose next drafts
+    come from a match of 2 tokens or more. first_drafts: the first iteration verifies the
+    oracle's drafts after token 0 too."""
     tree, i, steps, accepted, verified = set(tree), 0, 0, 0, 0
     drafted = first_drafts and bool(tree)
     hit = True
     while max_tokens - (i + 1) > 0:
         cap = min(max(DEPTH, lookup), max_tokens - (i + 1) - 1) if drafted or lookup else 0
-        if steps % chain == 0:
-            with_lookup = not adaptive or steps == 0 or hit
+        with_lookup = not adaptive or steps == 0 or hit
         verified += sum(len(p) <= cap for p in tree) * drafted + min(lookup, cap) * with_lookup
         path = ()
         for j in range(1, min(cap, DEPTH) + 1) if drafted else ():

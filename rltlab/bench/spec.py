@@ -30,9 +30,7 @@
     and vs the faster untrained drafter, and which path is faster.
     --extra-k and --adaptive-k add, for the engine path, each trained drafter at another fixed
     K and with adaptive K (DraftProposer(adaptive=True): per sequence, +2 after a step that
-    accepted every draft, -1 otherwise), interleaved with the rest; --compare-chain each
-    trained drafter at other numbers of iterations per device program
-    (ExecutionConfig.spec_chain).
+    accepted every draft, -1 otherwise), interleaved with the rest.
 (c) With (a) and (b): the speedup (a)'s costs imply at the tau each engine drafter reached in
     (b) at c = 1 (K = --k), host loop and one program, over all prompts and per workload
     (the held-out arithmetic and text halves: tau_by_kind in (b), by_kind in (c)).
@@ -113,22 +111,17 @@ def engine_runs(model, prompts, kinds, configs, conc, temperature, args) -> list
               **_engine_kwargs(args))
     params = [SamplingParams(temperature=temperature, max_tokens=args.max_tokens, seed=17 + i,
                              exit_policy="fixed") for i in range(len(prompts))]
-    chain = llm.llm_engine.config.execution.spec_chain
-    proposers = {"target only": (None, True, chain)}
+    proposers = {"target only": (None, True)}
     for name, proposer in configs.items():
         if args.spec_loop in ("one-program", "both"):
-            proposers[name] = (proposer, True, chain)
-            if proposer.head is not None:   # trained drafters at the other chain lengths
-                for other in args.compare_chain:
-                    proposers[f"{name} chain={other}"] = (proposer, True, other)
+            proposers[name] = (proposer, True)
         if args.spec_loop in ("host", "both"):
-            proposers[name + (" host loop" if args.spec_loop == "both" else "")] = (
-                proposer, False, chain)
+            proposers[name + (" host loop" if args.spec_loop == "both" else "")] = (proposer,
+                                                                                  False)
     names = list(proposers)
 
     def use(name):
-        cfg = llm.llm_engine.config.execution
-        proposer, cfg.fused_spec, cfg.spec_chain = proposers[name]
+        proposer, llm.llm_engine.config.execution.fused_spec = proposers[name]
         llm.set_proposer(proposer)
 
     secs, outs = {n: [] for n in names}, {}
@@ -257,9 +250,6 @@ def main(argv=None) -> dict:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--extra-k", type=int, nargs="+", default=[],
                     help="(b) engine: also each trained drafter at these fixed K")
-    ap.add_argument("--compare-chain", type=int, nargs="+", default=[],
-                    help="(b) engine: also each trained drafter at these "
-                    "ExecutionConfig.spec_chain lengths (the rest run at the engine's default)")
     ap.add_argument("--adaptive-k", type=int, nargs="+", default=[],
                     help="(b) engine: also each trained drafter with adaptive K up to each of "
                     "these (DraftProposer(adaptive=True))")
@@ -290,8 +280,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--skip-a", action="store_true")
     ap.add_argument("--skip-b", action="store_true")
     args = ap.parse_args(argv)
-    if min([args.k, *args.extra_k, *args.adaptive_k, *args.compare_chain]) < 1:
-        ap.error("--k, --extra-k, --adaptive-k and --compare-chain take values >= 1")
+    if min([args.k, *args.extra_k, *args.adaptive_k]) < 1:
+        ap.error("--k, --extra-k and --adaptive-k take K >= 1")
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     if args.threads or args.device == "cpu":
         torch.set_num_threads(args.threads or 1)

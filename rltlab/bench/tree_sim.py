@@ -16,7 +16,7 @@ tree, two rows that are replay only:
 
 The speed figure is a **cost model**, not a measurement: a program's cost is linear in its
 rows between two costs fitted to one GPU's runs; target only costs a fixed time per token; both pay
-the same prompt step per request (CostModel; at spec_chain = 1, one iteration a program).
+the same prompt step per request (CostModel; one iteration a program).
 
     python -m rltlab.bench.tree_sim --prompts 32 --max-tokens 32 --lookup 10
     python -m rltlab.bench.tree_sim --prompts 16 --max-tokens 128 --lookup 16 --verify \
@@ -102,21 +102,19 @@ class Iteration:
     lookup: bool        # whether the lookup chain's rows ran
 
 
-def replay(rollout: Rollout, proposer, max_tokens: int, chain: int = 1,
+def replay(rollout: Rollout, proposer, max_tokens: int,
            rule: str | None = None) -> list[Iteration]:
-    """The iterations TreeGraph.run takes for this request with this TreeProposer, at
-    ExecutionConfig.spec_chain = chain (an adaptive lookup chain is decided once a program, by
-    its last iteration). Two rules are replay only, no engine's:
+    """The iterations TreeGraph.run takes for this request with this TreeProposer, one a
+    program. Two rules are replay only, no engine's:
       - "oracle" verifies the lookup chain exactly where it accepts more than the heads' tree,
         and in a request's first iteration: the upper bound of any adaptive rule, which
         cannot know that in advance;
       - "late" decides the proposer's adaptive rule one program late, as a host that launched
         each program before reading the last one back would: program j >= 2 takes the
         decision made for program j - 1, and programs 0 and 1 verify the lookup chain (the
-        host has read nothing back when it launches them). Chain 1 only."""
-    if chain < 1 or rule not in (None, "oracle", "late") or (rule == "late" and chain != 1):
-        raise ValueError(f"chain must be >= 1 and rule None, 'oracle' or 'late' (chain 1), "
-                         f"got {chain}, {rule!r}")
+        host has read nothing back when it launches them)."""
+    if rule not in (None, "oracle", "late"):
+        raise ValueError(f"rule must be None, 'oracle' or 'late', got {rule!r}")
     shape = TreeShape(proposer.paths, "cpu", proposer.tree)
     tree, depth, span, lookup = set(proposer.tree), proposer.depth, proposer.span, \
         proposer.lookup
@@ -130,12 +128,11 @@ def replay(rollout: Rollout, proposer, max_tokens: int, chain: int = 1,
         cap = min(span, max_tokens - (i + 1) - 1) if valid or lookup else 0
         drafts, matched = prompt_lookup_match(history, lookup, proposer.ngram) if lookup else \
             ([], 0)
-        if len(iterations) % chain == 0:   # a program starts: its lookup rows or not
-            holds = bool(proposer.adaptive_lookup) and lookup > 0 and _rule_holds(
-                proposer.lookup_rule, hit, drafts, matched, rollout.top1[i][0])
-            if rule == "late":
-                holds, decided = decided or len(iterations) < 2, holds
-            use_lookup = lookup > 0 and (not proposer.adaptive_lookup or fresh or holds)
+        holds = bool(proposer.adaptive_lookup) and lookup > 0 and _rule_holds(
+            proposer.lookup_rule, hit, drafts, matched, rollout.top1[i][0])
+        if rule == "late":
+            holds, decided = decided or len(iterations) < 2, holds
+        use_lookup = lookup > 0 and (not proposer.adaptive_lookup or fresh or holds)
         n = 0
         if valid:                        # the deepest accepted node of the heads' tree
             while n < min(cap, depth) and tuple(ranks[i][:n + 1]) in tree:

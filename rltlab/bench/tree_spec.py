@@ -13,17 +13,17 @@ rltlab.draft_heads.evaluate.eval_prompts (half arithmetic, half text), max_token
     tree probe wrote (a script in the tree at 093d100); --only keeps the named ones. Each is
     run by
       - the engine (--paths engine): the same paged engine with a TreeProposer
-        (rltlab.engine.spec.tree_graph), ExecutionConfig.spec_chain = M for each M of --chains
-        ("engine <tree> M=<m>"), ExecutionConfig.spec_pipeline = P for each P of --pipelines
-        (up to P programs a step, each launched while the host handles the last one's tokens;
-        "... P=<p>" where P is not the engine's default), and with --engine-compile on also
-        with ExecutionConfig.compile ("... compiled", beside a "target only compiled" baseline
-        row); --gemv-rows G > 1 also with ExecutionConfig.gemv_rows = G ("... gemv<=G": trees of
-        at most G rows through the Triton GEMV path, kernels/small_batch.py); --lookup L > 0
-        also with a prompt-lookup chain ("<tree> +lookupL"), and --adaptive-lookup [RULE...]
-        with it verified only where each rule says (TreeProposer(adaptive_lookup=RULE)): after
-        a lookup hit ("hits", the default: "... adaptive") or where the next draft agrees with
-        the heads ("agree": "... agree");
+        (rltlab.engine.spec.tree_graph; "engine <tree>"), ExecutionConfig.spec_pipeline = P
+        for each P of --pipelines (up to P programs a step, each launched while the host
+        handles the last one's tokens; "... P=<p>" where P is not the engine's default), and
+        with --engine-compile on also with ExecutionConfig.compile ("... compiled", beside a
+        "target only compiled" baseline row); --gemv-rows G > 1 also with
+        ExecutionConfig.gemv_rows = G ("... gemv<=G": trees of at most G rows through the
+        Triton GEMV path, kernels/small_batch.py); --lookup L > 0 also with a prompt-lookup
+        chain ("<tree> +lookupL"), and --adaptive-lookup [RULE...] with it verified only where
+        each rule says (TreeProposer(adaptive_lookup=RULE)): after a lookup hit ("hits", the
+        default: "... adaptive") or where the next draft agrees with the heads ("agree":
+        "... agree");
         --first-drafts also with the first iteration drafted from token 0's state ("...
         first", TreeProposer(first_drafts=True)); --launch-early also with each request's
         first program launched behind its prompt step ("... early",
@@ -148,7 +148,7 @@ def _trees(args, artifact_tree) -> dict:
 
 
 def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
-    """One engine per (--engine-compile, --chains, --pipelines, --gemv-rows, --launch-early),
+    """One engine per (--engine-compile, --pipelines, --gemv-rows, --launch-early),
     holding a TreeProposer per tree and heads (their private blocks reserved beside one
     max_len sequence's) -> {name: generate function}. heads: {name suffix: LookaheadHeads},
     "" for --heads."""
@@ -167,18 +167,18 @@ def _engine_configs(args, model, trees, heads, max_len, params) -> dict:
                  for first in (False, True)[:1 + (args.first_drafts and bool(tree))]}
     private = sum(map(private_blocks, proposers.values()))
     configs = {}
-    for compiled, chain, pipeline, gemv, early in itertools.product(
-            args.engine_compile, args.chains, args.pipelines, args.gemv_rows,
+    for compiled, pipeline, gemv, early in itertools.product(
+            args.engine_compile, args.pipelines, args.gemv_rows,
             (False, True)[:1 + args.launch_early]):
         llm = LLM(model, max_num_seqs=1, block_size=bs, max_model_len=max_len,
-                  spec_chain=chain, spec_pipeline=pipeline,
+                  spec_pipeline=pipeline,
                   num_blocks=-(-max_len // bs) + private,
                   decode_path="static", compile=compiled,   # static: auto's choice on CUDA
                   gemv_rows=gemv, launch_behind_prompt=early)
         suffix = (f" P={pipeline}" if pipeline != PIPELINE else "") + " compiled" * compiled + \
             (f" gemv<={gemv}" if gemv > 1 else "") + " early" * early
         for name, proposer in proposers.items():
-            configs[f"engine {name} M={chain}{suffix}"] = _engine_config(
+            configs[f"engine {name}{suffix}"] = _engine_config(
                 llm, proposer, params, SpecStats)
     return configs
 
@@ -289,7 +289,7 @@ def run(args) -> dict:
         rows.append(row)
     return {"model": str(md), "dtype": args.dtype, "heads": args.heads,
             "also_heads": args.also_heads, "failed": failed,
-            "paths": args.paths, "chains": args.chains, "pipelines": args.pipelines,
+            "paths": args.paths, "pipelines": args.pipelines,
             "engine_compile": args.engine_compile,
             "gemv_rows": args.gemv_rows, "launch_early": args.launch_early,
             "heads_training": meta.get("training", {}).get("script"), "prompts": args.prompts,
@@ -313,8 +313,6 @@ def main(argv=None) -> dict:
                     help="run only these trees (names as in the table, e.g. 'chain K=4')")
     ap.add_argument("--paths", nargs="+", choices=["engine", "standalone"],
                     default=["engine", "standalone"])
-    ap.add_argument("--chains", type=int, nargs="+", default=[1],
-                    help="ExecutionConfig.spec_chain values for the engine path")
     ap.add_argument("--pipelines", type=int, nargs="+", default=[PIPELINE],
                     help="ExecutionConfig.spec_pipeline values for the engine path (default: the "
                          "engine's)")
@@ -356,7 +354,7 @@ def main(argv=None) -> dict:
     # a bare --adaptive-lookup: the hits rule
     args.adaptive_lookup = ["hits"] if args.adaptive_lookup == [] else args.adaptive_lookup or []
     limits = {"--repeats >= 1": args.repeats >= 1, "--prompts >= 2": args.prompts >= 2,
-              "--max-tokens >= 1": args.max_tokens >= 1, "--chains >= 1": min(args.chains) >= 1,
+              "--max-tokens >= 1": args.max_tokens >= 1,
               "--pipelines >= 1": min(args.pipelines) >= 1,
               "--gemv-rows in 1..64": all(1 <= g <= 64 for g in args.gemv_rows),
               "--lookup in 0..16 (the block size)": all(0 <= n <= 16 for n in args.lookup),

@@ -96,7 +96,6 @@ class ExecutionConfig:
     off elsewhere; 0 = off.
     fused_spec: with the static path, each DraftProposer iteration (drafts, verification,
     acceptance) is one device program (rltlab.engine.spec.draft_program); False = host loop.
-    spec_chain: iterations a DraftProposer program runs back to back (1 = one per host turn).
     spec_pipeline: with a TreeProposer, up to this many programs per engine step, each
     launched from the last one's acceptance on the device (rltlab.engine.spec.tree_graph).
     spec_max_concurrency: with a proposer set, speculate only while at most this many
@@ -128,7 +127,6 @@ class ExecutionConfig:
     shared_prefix_attention: bool = True
     prefill_graph_tokens: int | None = None
     fused_spec: bool = True
-    spec_chain: int = 1
     spec_pipeline: int = 16
     spec_max_concurrency: int | None = None
     launch_behind_prompt: bool = False
@@ -136,7 +134,7 @@ class ExecutionConfig:
 
     def __post_init__(self) -> None:
         owner = "ExecutionConfig"
-        for name in ("window_chain", "spec_chain", "spec_pipeline"):
+        for name in ("window_chain", "spec_pipeline"):
             _positive_int(owner, name, getattr(self, name))
         _positive_int(owner, "cudnn_prefill_after", self.cudnn_prefill_after, allow_none=True)
         _positive_int(owner, "spec_max_concurrency", self.spec_max_concurrency, allow_none=True)

@@ -246,7 +246,7 @@ class SpecDecoder:
             k_max = min(k_max, max(1, *ks))
         starts = [s.num_tokens - 1 for s in seqs]
         if self._graph is not None:
-            return self._program_step(seqs, starts, ks, k_max, own)
+            return self._program_step(seqs, starts, ks, k_max)
         tokens = [[s.output_token_ids[-1]] for s in seqs]
         h_d = [[] for _ in seqs]
         q = [[] for _ in seqs]      # draft distributions (T > 0 rows only)
@@ -276,42 +276,30 @@ class SpecDecoder:
                              all(next(finite)))
         return eng._drain_outputs()
 
-    def _program_step(self, seqs: list[Sequence], starts: list[int], ks: list[int], k: int,
-                      own: list[int]):
-        """Iterations as one device program (spec_graph), up to ExecutionConfig.spec_chain of
-        them chained (own: each sequence's own K); target logits only if a request wants
-        log-probs (then one iteration). Tokens after a sequence stops inside a chain are
-        dropped."""
-        logprobs = any(s.params.logprobs is not None for s in seqs)
-        chain = 1 if logprobs or any(s.request.stream for s in seqs) else \
-            self.engine.config.execution.spec_chain
-        iterations = self._graph.run(seqs, starts, ks, k, own, chain)
+    def _program_step(self, seqs: list[Sequence], starts: list[int], ks: list[int], k: int):
+        """The iteration as one device program (draft_program); target logits only if a
+        request wants log-probs."""
+        results = self._graph.run(seqs, starts, ks, k)
         logits = [None] * len(seqs)
-        if logprobs:
+        if any(s.params.logprobs is not None for s in seqs):
             target = self.runner.logits(self._graph.verify_hidden(ks))
             logits = target.split([k_j + 1 for k_j in ks])
-        for results in iterations:
-            for j, (seq, result) in enumerate(zip(seqs, results)):
-                if result is None or seq.is_finished:
-                    continue
-                drafts, n, nxt, finite = result
-                if not finite:
-                    self.engine._finish(seq, "error", "non-finite logits")
-                    continue
-                self._emit(seq, seq.num_tokens - 1, drafts, n, nxt, logits[j])
+        for j, (seq, (drafts, n, nxt, finite)) in enumerate(zip(seqs, results)):
+            if not finite:
+                self.engine._finish(seq, "error", "non-finite logits")
+                continue
+            self._emit(seq, starts[j], drafts, n, nxt, logits[j])
         return self.engine._drain_outputs()
 
     def _tree_step(self, seq: Sequence):
-        """Tree iterations as one device program (tree_graph), up to ExecutionConfig.spec_chain
-        of them, and up to ExecutionConfig.spec_pipeline such programs, each launched while the
-        host handles the last one's tokens (one program of one iteration for a streamed
-        request); tokens after a stop inside a chain are dropped."""
+        """Tree iterations, one a device program (tree_graph), up to
+        ExecutionConfig.spec_pipeline such programs, each launched while the host handles the
+        last one's tokens (one program for a streamed request)."""
         p = seq.params
-        chain, launches = self._tree_plan(seq)
         stops = frozenset(p.stop_token_ids) | (
             frozenset() if p.ignore_eos else frozenset(self.engine.eos_token_ids))
-        for result in self._tree.run(seq, chain, launches, stops):
-            if result is None or seq.is_finished:
+        for result in self._tree.run(seq, self._tree_launches(seq), stops):
+            if seq.is_finished:
                 continue
             path, nxt, finite, nodes = result
             if not finite:
@@ -320,10 +308,9 @@ class SpecDecoder:
             self._emit(seq, seq.num_tokens - 1, path, len(path), nxt, None, drafted=nodes)
         return self.engine._drain_outputs()
 
-    def _tree_plan(self, seq: Sequence) -> tuple[int, int]:
-        """(iterations a program, programs a step) for the sequence's tree steps."""
-        config = self.engine.config.execution
-        return (1, 1) if seq.request.stream else (config.spec_chain, config.spec_pipeline)
+    def _tree_launches(self, seq: Sequence) -> int:
+        """Programs a step for the sequence's tree steps."""
+        return 1 if seq.request.stream else self.engine.config.execution.spec_pipeline
 
     def first_launcher(self, seq: Sequence, hidden: torch.Tensor):
         """Where `seq`, about to sample token 0 from `hidden` (a lone whole-prompt row), will
@@ -332,9 +319,8 @@ class SpecDecoder:
         else None (prompt_step.py, ExecutionConfig.launch_behind_prompt)."""
         if self._tree is None or not (self.eligible(seq) and self._graph_takes(seq)):
             return None
-        chain, launches = self._tree_plan(seq)
-        return lambda tokens, finite: self._tree.launch_first(seq, tokens, hidden, chain,
-                                                              launches)
+        launches = self._tree_launches(seq)
+        return lambda tokens, finite: self._tree.launch_first(seq, tokens, hidden, launches)
 
     def _draw(self, seqs: list[Sequence], logits: torch.Tensor):
         """Draft tokens (argmax at T = 0, else sampled from q with the sequence's generator)

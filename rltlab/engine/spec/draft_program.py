@@ -1,4 +1,4 @@
-"""Speculative iterations as one device program (one CUDA graph replay on a GPU).
+"""A speculative iteration as one device program (one CUDA graph replay on a GPU).
 
 For a batch on the static decode path, one `run()` does the whole of rltlab.engine.spec.decoder's
 iteration on the device:
@@ -16,26 +16,16 @@ and the host reads drafts, accepted counts, next tokens and finite flags back in
 host-driven loop pays a launch and a read-back per draft pass (the draft picks the next pass's
 input); here drafts chain through device tensors, so a whole iteration is one replay.
 
-Chained iterations (ExecutionConfig.spec_chain = M): one program runs up to M iterations back to
-back. Iteration m + 1 starts from iteration m's next token, at the position after its accepted
-drafts, with K capped by the tokens the sequence may still emit (all on the device: positions
-and cache slots come from the block tables there), and everything is read back once. At c = 1
-a target-only token window amortises one host turn over 8 tokens while an unchained iteration
-pays one for its ~2-3 (docs/experiments/loop_speculation.md). A sequence that stops at EOS or a
-stop token inside a chain computes on to its end (its K/V writes stay inside its admission
-reservation) and the host drops what follows the stop, as round and token windows do.
+Random numbers: every sampled request draws 2K + 1 uniforms from its own generator per
+iteration (K draft draws, K acceptance tests, one final draw; inverse-CDF sampling as in
+rltlab.engine.sampling), so seeded requests stay reproducible; greedy requests draw none.
 
-Random numbers: every sampled request draws M(2K + 1) uniforms from its own generator per
-program (per iteration K draft draws, K acceptance tests, one final draw; inverse-CDF sampling
-as in rltlab.engine.sampling), so seeded requests stay reproducible; greedy requests draw none.
-
-Rows: sequence j's pass i sits at position P_j + min(i, k_j) with its own cache slot for
-i <= k_j and slot -1 beyond (no K/V write, output ignored): k_j <= K caps drafting by the
-tokens the sequence may still emit, as in the host loop, so no write leaves the sequence's
-admission reservation. A sequence with no token left to emit (padding rows of the bucket, and
-in a chain one that reached its max_tokens) has slot -1 throughout. For
-greedy requests the rounds, matmuls and argmaxes are the host loop's, so outputs are
-token-identical; sampled requests follow the same distribution (tests).
+Rows: sequence j's pass i sits at position P_j + min(i, k_j) with its own cache slot (from its
+block table, on the device) for i <= k_j and slot -1 beyond (no K/V write, output ignored):
+k_j <= K caps drafting by the tokens the sequence may still emit, as in the host loop, so no
+write leaves the sequence's admission reservation. Padding rows (bucket > batch) have slot -1
+throughout. For greedy requests the rounds, matmuls and argmaxes are the host loop's, so
+outputs are token-identical; sampled requests follow the same distribution (tests).
 """
 from __future__ import annotations
 
@@ -55,41 +45,30 @@ class SpecGraph:
         self._static = None
         self._programs: dict = {}
 
-    def run(self, seqs, starts: list[int], ks: list[int], k: int, own: list[int],
-            chain: int = 1):
-        """`chain` iterations for `seqs` (pending token at position starts[j], k_j = ks[j] <= k
-        drafts in the first) -> per iteration, per sequence (drafts [k_j of that iteration],
-        accepted count n, next token, finite flag); a sequence with no token left to emit in an
-        iteration gets None there. Later iterations draft min(k, the sequence's own K, tokens
-        left - 1), its own K (own[j] at the start) following DraftProposer.next_draft_length.
-        The last iteration's target rows' h_R stay readable through verify_hidden()."""
+    def run(self, seqs, starts: list[int], ks: list[int], k: int):
+        """One iteration for `seqs` (pending token at position starts[j], k_j = ks[j] <= k
+        drafts) -> per sequence (drafts [k_j], accepted count n, next token, finite flag); the
+        target rows' h_R stay readable through verify_hidden()."""
         bucket = next((b for b in BUCKETS if b >= len(seqs)), len(seqs))
         static = self.runner.static_rows(bucket * (k + 1))
         if static is not self._static:            # a new (grown) decoder: new buffers, graphs
             self._static, self._programs = static, {}
         sampled = any(s.params.temperature > 0 for s in seqs)
         filtering = needs_filtering([s.params for s in seqs], static.config.vocab_size)
-        key = (bucket, k, sampled, filtering, chain)
+        key = (bucket, k, sampled, filtering)
         if key not in self._programs:
             self._programs[key] = _Program(static, self.proposer, bucket, k, sampled, filtering,
-                                           chain, self.runner.block_size)
+                                           self.runner.block_size)
         self._last = program = self._programs[key]
-        left = [s.max_output_tokens - s.num_output_tokens for s in seqs]
-        program.stage(seqs, starts, ks, left, own)
+        program.stage(seqs, starts, ks)
         flat = program.replay()
-        results, size = [], (k + 5) * bucket
-        for m in range(chain):
-            out = flat[m * size: (m + 1) * size]
-            n, nxt, finite, caps, live = (out[k * bucket + i * bucket:
-                                              k * bucket + (i + 1) * bucket] for i in range(5))
-            results.append([([out[i * bucket + j] for i in range(caps[j])], n[j], nxt[j],
-                             bool(finite[j])) if live[j] else None
-                            for j in range(len(seqs))])
-        return results
+        n, nxt, finite = (flat[k * bucket + i * bucket: k * bucket + (i + 1) * bucket]
+                          for i in range(3))
+        return [([flat[i * bucket + j] for i in range(ks[j])], n[j], nxt[j], bool(finite[j]))
+                for j in range(len(seqs))]
 
     def verify_hidden(self, ks: list[int]) -> torch.Tensor:
-        """h_R of the last run's (last iteration's) target rows, sequence after sequence
-        ([sum(k_j + 1), H])."""
+        """h_R of the last run's target rows, sequence after sequence ([sum(k_j + 1), H])."""
         program, width = self._last, self._last.k + 1
         return torch.cat([program.verify_hidden[j * width: j * width + k + 1]
                           for j, k in enumerate(ks)])
@@ -127,58 +106,54 @@ class GraphProgram:
 
 
 class _Program(GraphProgram):
-    """Buffers and (on CUDA) the captured graph of one (bucket, K, sampled, filtering, chain)."""
+    """Buffers and (on CUDA) the captured graph of one (bucket, K, sampled, filtering)."""
 
     def __init__(self, static, proposer: DraftProposer, bucket: int, k: int, sampled: bool,
-                 filtering: bool, chain: int, block_size: int):
+                 filtering: bool, block_size: int):
         self.static, self.proposer, self.bucket, self.k = static, proposer, bucket, k
-        self.sampled, self.filtering, self.chain = sampled, filtering, chain
+        self.sampled, self.filtering = sampled, filtering
         self.block_size = block_size
         b, nb, dev = bucket, static.max_blocks, static.device
         pin = dev.type == "cuda"
-        # int32: [tokens | base positions | caps | top-k | tokens left to emit | own K |
+        # int32: [tokens | base positions | caps | top-k | live (a sequence, not padding) |
         # tables]
-        self._sizes = [b, b, b, b, b, b, b * nb]
+        self._sizes = [b, b, b, b, b, b * nb]
         self.index = torch.zeros(sum(self._sizes), dtype=torch.int32, device=dev)
         self._staging = torch.zeros(sum(self._sizes), dtype=torch.int32, pin_memory=pin)
-        # fp32: [temperature | top-p] and the sampled rows' uniforms [b, chain, 2K + 1]
+        # fp32: [temperature | top-p] and the sampled rows' uniforms [b, 2K + 1]
         self.params = torch.zeros(2, b, dtype=torch.float32, device=dev)
         self._param_staging = torch.zeros(2, b, dtype=torch.float32, pin_memory=pin)
-        self.uniforms = torch.zeros(b, chain, 2 * k + 1, dtype=torch.float32, device=dev)
-        self._no_draw = torch.zeros(chain, 2 * k + 1, dtype=torch.float32, device=dev)
-        # int64 out, per iteration: [drafts K x b | accepted b | next token b | finite b |
-        # drafts made (caps) b | live b (the sequence had tokens left to emit)]
-        self.out = torch.zeros(chain * (k + 5) * b, dtype=torch.int64, device=dev)
+        self.uniforms = torch.zeros(b, 2 * k + 1, dtype=torch.float32, device=dev)
+        self._no_draw = torch.zeros(2 * k + 1, dtype=torch.float32, device=dev)
+        # int64 out: [drafts K x b | accepted b | next token b | finite b]
+        self.out = torch.zeros((k + 3) * b, dtype=torch.int64, device=dev)
         self.verify_hidden = torch.zeros(b * (k + 1), static.config.hidden_size,
                                          dtype=static.dtype, device=dev)
 
     def _views(self, buf):
         ends = np.cumsum(self._sizes)
-        tokens, base, caps, top_k, left, own, tables = (buf[e - n: e]
-                                                        for e, n in zip(ends, self._sizes))
-        return (tokens, base, caps, top_k, left, own,
-                tables.reshape(self.bucket, self.static.max_blocks))
+        tokens, base, caps, top_k, live, tables = (buf[e - n: e]
+                                                   for e, n in zip(ends, self._sizes))
+        return tokens, base, caps, top_k, live, tables.reshape(self.bucket, self.static.max_blocks)
 
-    def stage(self, seqs, starts, ks, left, own) -> None:
-        """left[j]: the tokens sequence j may still emit (>= 1); own[j]: its own K."""
-        tokens, base, caps, top_k, left_v, own_v, tables = self._views(self._staging.numpy())
+    def stage(self, seqs, starts, ks) -> None:
+        tokens, base, caps, top_k, live, tables = self._views(self._staging.numpy())
         temperature, top_p = self._param_staging.numpy()
         c = len(seqs)
-        tokens[c:], base[c:], caps[c:], top_k[c:], left_v[c:], own_v[c:] = 0, 0, 0, 0, 0, 0
+        tokens[c:], base[c:], caps[c:], top_k[c:], live[c:] = 0, 0, 0, 0, 0
         temperature[c:], top_p[c:] = 0.0, 1.0
         draws = []
         for j, seq in enumerate(seqs):
             p = seq.params
             tokens[j], base[j], caps[j], top_k[j] = seq.output_token_ids[-1], starts[j], ks[j], \
                 p.top_k
-            left_v[j], own_v[j] = left[j], own[j]
+            live[j] = 1
             temperature[j], top_p[j] = p.temperature, p.top_p
             table = seq.block_table
             tables[j, : len(table)] = table
             if self.sampled:   # greedy rows draw nothing (their uniforms are unused)
                 gen = seq.generator
-                draws.append(torch.rand(self.chain, 2 * self.k + 1, generator=gen,
-                                        device=gen.device)
+                draws.append(torch.rand(2 * self.k + 1, generator=gen, device=gen.device)
                              if p.temperature > 0 else self._no_draw)
         self.index.copy_(self._staging, non_blocking=True)
         self.params.copy_(self._param_staging, non_blocking=True)
@@ -187,39 +162,20 @@ class _Program(GraphProgram):
 
     @torch.no_grad()
     def _program(self) -> None:
-        """`chain` iterations, each the next one's start (see the module docstring). Reads
-        only the staged inputs, so running it twice (the capture's warm-up) rewrites the same
-        K/V with the same values."""
-        tokens, base, caps, top_k, left, own, tables = self._views(self.index)
-        token, size, prop = tokens.long(), (self.k + 5) * self.bucket, self.proposer
-        for m in range(self.chain):
-            out, accepted, token = self._iteration(m, token, base, caps, left, top_k, tables)
-            self.out[m * size: (m + 1) * size].copy_(out)
-            accepted = accepted.int()
-            emitted = torch.where(left > 0, accepted + 1, 0)
-            base, left = base + emitted, left - emitted
-            if prop.adaptive:   # DraftProposer.next_draft_length, where something was drafted
-                grown = torch.where(accepted == caps, caps + 2, caps - 1)
-                own = torch.where(caps > 0, grown.clamp(1, prop.num_draft_tokens), own)
-            caps = torch.minimum(torch.minimum(left - 1, own), torch.full_like(left, self.k))
-            caps = caps.clamp(min=0)
-
-    def _iteration(self, m: int, token, base, caps, left, top_k, tables):
-        """One iteration: drafts chained on the device, verification, acceptance -> (its
-        output row, accepted counts [b], next tokens [b])."""
+        """Drafts chained on the device, verification, acceptance (see the module docstring).
+        Reads only the staged inputs, so running it twice (the capture's warm-up) rewrites the
+        same K/V with the same values."""
         st, b, k = self.static, self.bucket, self.k
         model, d, R = st.model, self.proposer.draft_rounds, st.config.num_rounds
+        tokens, base, caps, top_k, live, tables = self._views(self.index)
         temperature, top_p = self.params
         steps = torch.arange(k + 1, dtype=torch.int32, device=st.device)[:, None]
-        # a sequence with nothing left to emit sits at position 0, as padding rows do
-        base = torch.where(left > 0, base, 0)
         positions = base[None] + torch.minimum(steps, caps[None])           # [K+1, b]
         bs = self.block_size
         blocks = tables.gather(1, (positions // bs).t().long()).t()          # [K+1, b]
-        writes = (steps <= caps[None]) & (left[None] > 0)
+        writes = (steps <= caps[None]) & (live[None] > 0)
         slots = torch.where(writes, blocks * bs + positions % bs, -1)
-        uniforms = self.uniforms[:, m]
-        h_d, drafts, qs = [], [], []
+        token, h_d, drafts, qs = tokens.long(), [], [], []
         for i in range(k + 1):
             x = model.model.embed_tokens(token)
             rows = (positions[i], slots[i], positions[i] + 1, tables)
@@ -232,7 +188,7 @@ class _Program(GraphProgram):
                 if self.sampled:
                     q = torch.softmax(self._process(raw, temperature, top_k, top_p), -1)
                     qs.append(q)
-                    token = torch.where(temperature > 0, _draw(q, uniforms[:, i]), token)
+                    token = torch.where(temperature > 0, _draw(q, self.uniforms[:, i]), token)
                 drafts.append(token)
         n = b * (k + 1)    # verification rows, sequence j's positions at j(K+1)..j(K+1)+K
         pos_v = positions.t().reshape(n)
@@ -248,13 +204,12 @@ class _Program(GraphProgram):
             def rep(t): return t.repeat_interleave(k + 1)
             target = self._process(logits, rep(temperature), rep(top_k), rep(top_p))
         target = target.view(b, k + 1, -1)
-        accepted, nxt = self._accept(target, drafts, qs, caps, temperature, uniforms)
-        within = (steps.t() <= caps[:, None]) & (left[:, None] > 0)         # [b, K+1]
+        accepted, nxt = self._accept(target, drafts, qs, caps, temperature)
+        within = steps.t() <= caps[:, None]                                  # [b, K+1]
         parts = [torch.stack(drafts).flatten()] if drafts else []
-        return (torch.cat(parts + [accepted, nxt, (finite | ~within).all(-1).long(),
-                                   caps.long(), (left > 0).long()]), accepted, nxt)
+        self.out.copy_(torch.cat(parts + [accepted, nxt, (finite | ~within).all(-1).long()]))
 
-    def _accept(self, target, drafts, qs, caps, temperature, uniforms):
+    def _accept(self, target, drafts, qs, caps, temperature):
         """-> (accepted count [b], next token [b]) from the processed target logits
         [b, K+1, V] (see the module docstring)."""
         b, k, rows = self.bucket, self.k, torch.arange(self.bucket, device=target.device)
@@ -269,7 +224,7 @@ class _Program(GraphProgram):
             if self.sampled:
                 p = torch.softmax(target[:, :k], -1)
                 p_x, q_x = p.gather(-1, x[..., None])[..., 0], q.gather(-1, x[..., None])[..., 0]
-                test = uniforms[:, k: 2 * k] * q_x < p_x    # u < min(1, p/q); q_x > 0
+                test = self.uniforms[:, k: 2 * k] * q_x < p_x    # u < min(1, p/q); q_x > 0
                 ok = torch.where(temperature[:, None] > 0, test, ok)
             accepted = (ok & live).long().cumprod(1).sum(1)
         nxt = best[rows, accepted]
@@ -281,7 +236,7 @@ class _Program(GraphProgram):
                 mass = resid.sum(-1, keepdim=True)
                 rejected = (accepted < caps)[:, None] & (mass > 0)
                 dist = torch.where(rejected, resid / mass.clamp(min=1e-30), p_n)
-            nxt = torch.where(temperature > 0, _draw(dist, uniforms[:, 2 * k]), nxt)
+            nxt = torch.where(temperature > 0, _draw(dist, self.uniforms[:, 2 * k]), nxt)
         return accepted, nxt
 
     def _process(self, logits, temperature, top_k, top_p):

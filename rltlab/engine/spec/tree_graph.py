@@ -1,4 +1,4 @@
-"""Tree speculative iterations inside the paged engine, as one device program (issue 16).
+"""Tree speculative iterations inside the paged engine, each one device program (issue 16).
 
 `LLMEngine.set_proposer(TreeProposer(heads, tree))` runs, for a single greedy sequence, the
 iteration of rltlab.model.tree_spec on the engine's own static decoder (its fused kernels and
@@ -29,19 +29,18 @@ paged KV cache) instead of the model's reference modules:
   draft:   the heads read h_R of the last accepted node and the bonus -> the next candidates;
   lookup:  with TreeProposer(lookup=L), a chain of L more nodes from the root carries
            prompt-lookup drafts (rltlab.engine.spec.prompt_lookup) of the sequence's own tokens,
-           staged with the indices and extended on the device between chained iterations.
+           staged with the indices and extended on the device for the program that follows.
            The tree is then span = max(depth, L) deep. Sibling nodes may carry the same
            token: all of them match, and any accepted path names the same tokens.
 
-Up to ExecutionConfig.spec_chain iterations run back to back in one program (each starting from
-the last one's bonus at the position after its path) and are read back once; up to
-ExecutionConfig.spec_pipeline programs run in one engine step, each launched from the last one's
-state on the device as soon as the host has read that one back and seen the sequence go on
-(rltlab.engine.spec.tree_program). The candidates live on the device between programs; they stay
-valid while the sequence's pending token is the one they were drafted for. Otherwise the first
-iteration accepts none of the heads' nodes: it verifies the root alone, or the root and the
-lookup chain, which needs no earlier draft (with TreeProposer(first_drafts=True) its program
-drafts them from the state that sampled the pending token). With
+Each program runs one iteration and is read back once; up to ExecutionConfig.spec_pipeline
+programs run in one engine step, each launched from the last one's state on the device (its
+bonus at the position after its path) as soon as the host has read that one back and seen the
+sequence go on (rltlab.engine.spec.tree_program). The candidates live on the device between
+programs; they stay valid while the sequence's pending token is the one they were drafted for.
+Otherwise the first iteration accepts none of the heads' nodes: it verifies the root alone, or
+the root and the lookup chain, which needs no earlier draft (with TreeProposer(first_drafts=True)
+its program drafts them from the state that sampled the pending token). With
 TreeProposer(adaptive_lookup=...) a program without the lookup chain's rows runs except in a
 request's first iteration and where the proposer's rule calls for them. With
 ExecutionConfig.launch_behind_prompt a request's first program is launched behind its prompt step,
@@ -142,30 +141,30 @@ class TreeGraph:
         self.lookup_next = True   # with adaptive_lookup: the drafts' rows at drafted_for
         self._early = None        # launch_first's (_early_key, _start's result)
 
-    def _program_of(self, static, chain: int, follow: bool, lookup_rows: bool = True,
+    def _program_of(self, static, follow: bool, lookup_rows: bool = True,
                     first: bool = False) -> TreeProgram:
-        """The program of (chain, follow, lookup_rows, first); the others share their inputs
-        and outputs with (chain, follow, True, False), which stages them all."""
-        key = (chain, follow, lookup_rows, first)
+        """The program of (follow, lookup_rows, first); the others share their inputs and
+        outputs with (follow, True, False), which stages them all."""
+        key = (follow, lookup_rows, first)
         if key not in self._programs:
-            lead = None if lookup_rows and not first else self._program_of(static, chain, follow)
-            program = TreeProgram(self, static, chain, follow, lookup_rows, lead, first)
+            lead = None if lookup_rows and not first else self._program_of(static, follow)
+            program = TreeProgram(self, static, follow, lookup_rows, lead, first)
             self._programs[key] = program
         return self._programs[key]
 
-    def run(self, seq, chain: int, launches: int = 1, stops: frozenset = frozenset()):
-        """Up to `launches` programs of `chain` iterations for `seq` (greedy, pending token at
-        num_tokens - 1) -> yields per iteration (accepted path tokens, bonus token, finite
-        flag, nodes verified: those within the cap), or None where the sequence had no token
-        left to emit. With launches > 1 each next program starts from the last one's bonus
-        and position on the device, launched as soon as the host has read the last one back
-        and seen that the sequence goes on (tokens left, no token in `stops`, finite logits);
-        the caller handles the yielded results while it runs. The first program is the one launch_first launched, where it was launched for this sequence at
-        this token."""
+    def run(self, seq, launches: int = 1, stops: frozenset = frozenset()):
+        """Up to `launches` programs for `seq` (greedy, pending token at num_tokens - 1) ->
+        yields per program (accepted path tokens, bonus token, finite flag, nodes verified:
+        those within the cap). With launches > 1 each next program starts from the last one's
+        bonus and position on the device, launched as soon as the host has read the last one
+        back and seen that the sequence goes on (tokens left, no token in `stops`, finite
+        logits); the caller handles the yielded results while it runs. The first program is
+        the one launch_first launched, where it was launched for this sequence at this
+        token."""
         follow = launches > 1
         start, left = seq.num_tokens - 1, seq.max_output_tokens - seq.num_output_tokens
         early, self._early = self._early, None
-        if early is not None and early[0] == self._early_key(seq, start, chain, follow):
+        if early is not None and early[0] == self._early_key(seq, start, follow):
             programs, program, cap, valid, lookup = early[1]
         else:
             fresh = self.drafted_for != (seq.seq_id, start)   # no candidates drafted for it
@@ -173,52 +172,43 @@ class TreeGraph:
             first = fresh and self.proposer.first_drafts and emitted is not None and \
                 emitted[0] == seq.num_output_tokens - 1
             programs, program, cap, valid, lookup = self._start(
-                seq, chain, follow, start, left, fresh, emitted[1] if first else None,
+                seq, follow, start, left, fresh, emitted[1] if first else None,
                 seq.output_token_ids[-1])
         current = [program]
 
         def relaunch(rows: bool) -> None:          # its inputs are on the device already
             current[0] = programs[rows]
             current[0].launch()
-        yield from self._results(seq, chain, program.width, cap, valid, lookup, launches, stops,
+        yield from self._results(seq, cap, valid, lookup, launches, stops,
                                  lambda _: current[0].read(), relaunch)
 
-    def _results(self, seq, chain, width, cap, valid, lookup, launches, stops, read, relaunch):
-        """run()'s handling of the programs' outputs (`width` values an iteration): read(i) ->
-        program i's (waiting for it); relaunch(lookup rows) launches the next program."""
+    def _results(self, seq, cap, valid, lookup, launches, stops, read, relaunch):
+        """run()'s handling of the programs' outputs: read(i) -> program i's (waiting for
+        it); relaunch(lookup rows) launches the next program."""
         depth, adaptive = self.proposer.span, self.proposer.adaptive_lookup
         position, left = seq.num_tokens - 1, seq.max_output_tokens - seq.num_output_tokens
         for launch in range(launches):
-            flat = read(launch)
-            results, goes_on = [], launch + 1 < launches
-            for m in range(chain):
-                n, *path, bonus, finite, live, hits = flat[m * width: (m + 1) * width]
-                if not live:
-                    results.append(None)
-                    goes_on = False
-                    continue
-                verified = self._heads_within[cap] * valid + \
-                    min(self.proposer.lookup, cap) * lookup
-                results.append((path[:n], bonus, bool(finite), verified))
-                position, left = position + n + 1, left - n - 1
-                cap = max(0, min(depth, left - 1))     # the program's cap for the next iteration
-                valid = True                           # and its candidates, drafted by this one
-                goes_on = goes_on and bool(finite) and left > 0 and \
-                    stops.isdisjoint(path[:n] + [bonus])
+            n, *path, bonus, finite, hits = read(launch)
+            verified = self._heads_within[cap] * valid + min(self.proposer.lookup, cap) * lookup
+            position, left = position + n + 1, left - n - 1
+            cap = max(0, min(depth, left - 1))     # the next program's cap
+            valid = True                           # and its candidates, drafted by this one
+            goes_on = launch + 1 < launches and bool(finite) and left > 0 and \
+                stops.isdisjoint(path[:n] + [bonus])
             # adaptive: the next program verifies the lookup chain's drafts only where this one
             # found that the proposer's rule holds (TreeProposer.lookup_rule)
             self.drafted_for, self.lookup_next = (seq.seq_id, position), hits > 0
             if goes_on:
                 lookup = not adaptive or self.lookup_next
                 relaunch(lookup)
-            yield from results
+            yield path[:n], bonus, bool(finite), verified
             if not goes_on:
                 return
 
-    def launch_first(self, seq, token: torch.Tensor, hidden: torch.Tensor, chain: int,
+    def launch_first(self, seq, token: torch.Tensor, hidden: torch.Tensor,
                      launches: int) -> None:
-        """Launch the program run(seq, chain, launches) starts with before the host has read
-        back the request's token 0 (ExecutionConfig.launch_behind_prompt): `token` [1] is on the
+        """Launch the program run(seq, launches) starts with before the host has read back
+        the request's token 0 (ExecutionConfig.launch_behind_prompt): `token` [1] is on the
         device, sampled from `hidden` (the state first drafts read); seq is as it was before
         the token, so its position is seq.num_tokens. run() takes the program over where the
         sequence went on from that token; otherwise it is dropped unread (its writes land in
@@ -226,17 +216,17 @@ class TreeGraph:
         Not after a weight update (its key, _early_key)."""
         start = seq.num_tokens
         first = hidden if self.proposer.first_drafts else None
-        self._early = (self._early_key(seq, start, chain, launches > 1), self._start(
-            seq, chain, launches > 1, start, seq.max_output_tokens - 1, True, first, token))
+        self._early = (self._early_key(seq, start, launches > 1), self._start(
+            seq, launches > 1, start, seq.max_output_tokens - 1, True, first, token))
 
-    def _early_key(self, seq, start: int, chain: int, follow: bool) -> tuple:
+    def _early_key(self, seq, start: int, follow: bool) -> tuple:
         """What a launch_first program was made for: the sequence at a position, the program's
         shape and the weights' version (a weight update recomputes the sequence at the same
         position). Its blocks stay its own: a lone sequence is never preempted."""
-        return seq.seq_id, start, chain, follow, self._weights.version
+        return seq.seq_id, start, follow, self._weights.version
 
-    def _start(self, seq, chain: int, follow: bool, start: int, left: int, fresh: bool,
-               first_hidden, token) -> tuple:
+    def _start(self, seq, follow: bool, start: int, left: int, fresh: bool, first_hidden,
+               token) -> tuple:
         """Stage and launch a request's first program of a run at position `start` with
         `left` tokens to emit -> (programs by lookup rows, the program, cap, candidates
         valid, lookup rows). first_hidden: the state to draft first candidates from (None:
@@ -246,7 +236,7 @@ class TreeGraph:
         if static is not self._static:            # a new (grown) decoder: new buffers, graphs
             self._static, self._programs = static, {}
         adaptive = self.proposer.adaptive_lookup
-        programs = {rows: self._program_of(static, chain, follow, rows)
+        programs = {rows: self._program_of(static, follow, rows)
                     for rows in ((True, False) if adaptive else (True,))}
         first = first_hidden is not None
         if first:
@@ -259,8 +249,7 @@ class TreeGraph:
         if on_device:
             programs[True].stage_token(token, start)
         lookup = not adaptive or fresh or self.lookup_next   # the lookup chain's rows
-        program = self._program_of(static, chain, follow, first=True) if first else \
+        program = self._program_of(static, follow, first=True) if first else \
             programs[lookup]
         program.launch()
         return programs, program, cap, valid, lookup
-

@@ -1,5 +1,5 @@
-"""The device program of a TreeGraph (rltlab.engine.spec.tree_graph): `chain` tree iterations on
-the engine's static decoder, staged from the host or following the last program on the device
+"""The device program of a TreeGraph (rltlab.engine.spec.tree_graph): one tree iteration on the
+engine's static decoder, staged from the host or following the last program on the device
 (ExecutionConfig.spec_pipeline), over all of the tree's rows or the heads' alone
 (TreeProposer(adaptive_lookup=True)), its first candidates read from the last program or
 drafted from the state that sampled the pending token (TreeProposer(first_drafts=True)); one
@@ -16,9 +16,9 @@ from rltlab.engine.spec.draft_program import GraphProgram
 
 
 class TreeProgram(GraphProgram):
-    """Buffers and (on CUDA) the captured graph of `chain` iterations."""
+    """Buffers and (on CUDA) the captured graph of one iteration."""
 
-    def __init__(self, tree, static, chain: int, follow: bool = False,
+    def __init__(self, tree, static, follow: bool = False,
                  lookup_rows: bool = True, lead: TreeProgram | None = None,
                  first: bool = False):
         """tree: the TreeGraph it runs for (its shape, proposer, private blocks, candidates).
@@ -28,9 +28,9 @@ class TreeProgram(GraphProgram):
         staging.
         lookup_rows=False: the rounds skip the lookup chain's rows (its leaf's, which come
         last) and its nodes accept nothing; `lead`, the program with them, lends its buffers.
-        first: the first iteration's candidates are drafted from tree.first_hidden (the
-        state that sampled the pending token), not read from cand_in."""
-        self.tree, self.static, self.chain, self.follow = tree, static, chain, follow
+        first: its candidates are drafted from tree.first_hidden (the state that sampled
+        the pending token), not read from cand_in."""
+        self.tree, self.static, self.follow = tree, static, follow
         self.first_drafts = first
         shape = tree.shape
         self.lookup_rows, self.rows = lookup_rows, shape.num_rows if lookup_rows else \
@@ -44,10 +44,6 @@ class TreeProgram(GraphProgram):
         # table | with a lookup chain, the sequence's tokens by position (nb * block_size) and
         # a slot that takes the writes no position needs]
         self._history_at = 5 + nb
-        # per iteration: [n | path tokens (span) | bonus | finite | live | lookup next:
-        # whether the next iteration verifies the lookup chain (adaptive_lookup only; "hits":
-        # how many of the chain's drafts begin the emitted tokens)]
-        self.width = tree.proposer.span + 5
         self._copied = torch.cuda.Event() if pin else None
         if lead is not None:   # its inputs and outputs are the lead's (which stages them)
             self.index, self._staging, self.out, self._out_host = (
@@ -57,12 +53,15 @@ class TreeProgram(GraphProgram):
             self.index = torch.zeros(size, dtype=torch.long, device=dev)
             self._staging = torch.zeros(size, dtype=torch.long, pin_memory=pin)
             self._staged: tuple[int | None, int] = (None, 0)   # (seq_id, its tokens staged)
-            self.out = torch.zeros(chain * self.width, dtype=torch.long, device=dev)
+            # out: [n | path tokens (span) | bonus | finite | lookup next: whether the next
+            # iteration verifies the lookup chain (adaptive_lookup only; "hits": how many of
+            # the chain's drafts begin the emitted tokens)]
+            self.out = torch.zeros(tree.proposer.span + 4, dtype=torch.long, device=dev)
             # the output's copy on the host, queued right behind the program (pinned on CUDA)
             self._out_host = torch.zeros(self.out.shape, dtype=torch.long, pin_memory=pin)
         # With ExecutionConfig.compile, torch.compile fuses the ~70 small ops around the rounds
-        # (indices, block copies, the walk, the commit, the heads, the step to the next
-        # iteration) as it fuses the rounds' own.
+        # (indices, block copies, the walk, the commit, the heads, the next program's inputs)
+        # as it fuses the rounds' own.
         glue = ("_prepare", "_conclude", "_advance", "_draft")
         for name in glue:
             setattr(self, name, getattr(self, name + "_eager"))
@@ -108,32 +107,34 @@ class TreeProgram(GraphProgram):
 
     @torch.no_grad()
     def _program(self) -> None:
-        """Reads only the staged inputs and cand_in (or first_hidden) and rewrites cand_in (a
-        following program its other inputs too), so a warm-up run that restores them
-        (_warmup) rewrites the same K/V and candidates."""
+        """One iteration (tree_graph's module docstring) -> out. Reads only the staged inputs
+        and cand_in (or first_hidden) and rewrites cand_in (a following program its other
+        inputs too), so a warm-up run that restores them (_warmup) rewrites the same K/V and
+        candidates."""
         token, base, left, cap, valid = (self.index[i: i + 1] for i in range(5))
         table = self.index[5: self._history_at]
         history = self.index[self._history_at:] if self.tree.proposer.lookup else None
-        cand, width = self.tree.cand_in, self.width
+        cand = self.tree.cand_in
         if self.first_drafts:
             cand = self._draft(self.tree.first_hidden, token)
-        for m in range(self.chain):
-            n, bonus, cand, out = self._iteration(token, base, left, cap, valid, table, cand,
-                                                  history)
-            self.out[m * width: (m + 1) * width].copy_(out)
-            if m + 1 < self.chain or self.follow:          # an iteration follows this one
-                state = self._advance(n, bonus, base, left, valid)
-                token, base, left, cap, valid = (state[i: i + 1] for i in range(5))
-        if self.follow:
-            self.index[:5].copy_(state)
+        st, rows = self.static, self.rows
+        x, tokens, first, index, rope = self._prepare(token, base, cap, table, cand, history)
+        x = x[:rows]
+        for r in range(st.config.num_rounds):
+            st._round(rows, plane=r, rows=index, x=x, rope=rope)
+            x = st.hidden_out[:rows]
+        x = st.hidden_out[:self.tree.shape.num_rows]   # rows past self.rows: not read
+        n, bonus, cand, out = self._conclude(x, tokens, base, first, cap, valid, table, history)
+        self.out.copy_(out)
+        if self.follow:                                    # the next program's inputs
+            self.index[:5].copy_(self._advance(n, bonus, base, left, valid))
         self.tree.cand_in.copy_(cand)
 
     def _advance_eager(self, n, bonus, base, left, valid) -> torch.Tensor:
-        """The next iteration's [pending token, P, tokens left, cap, candidates valid] after
-        one that accepted n (_conclude has put its tokens into the lookup history)."""
+        """The next program's [pending token, P, tokens left, cap, candidates valid] after
+        this one accepted n (_conclude has put its tokens into the lookup history)."""
         span = self.tree.proposer.span
-        emitted = torch.where(left > 0, n + 1, 0)
-        base, left = base + emitted, left - emitted
+        base, left = base + n + 1, left - n - 1
         return torch.cat([bonus, base, left, (left - 1).clamp(0, span), torch.ones_like(valid)])
 
     def _warmup(self) -> None:
@@ -144,28 +145,14 @@ class TreeProgram(GraphProgram):
         self.index[:5].copy_(inputs)
         self.tree.cand_in.copy_(cand)
 
-    def _iteration(self, token, base, left, cap, valid, table, cand, history):
-        """One iteration -> (accepted count [1], bonus [1], next candidates, output row)."""
-        st, rows = self.static, self.rows
-        x, tokens, pos_p, first, live, index, rope = self._prepare(token, base, left, cap, table,
-                                                                   cand, history)
-        x = x[:rows]
-        for r in range(st.config.num_rounds):
-            st._round(rows, plane=r, rows=index, x=x, rope=rope)
-            x = st.hidden_out[:rows]
-        x = st.hidden_out[:self.tree.shape.num_rows]   # rows past self.rows: not read
-        return self._conclude(x, tokens, pos_p, first, live, cap, valid, table, history)
-
-    def _prepare_eager(self, token, base, left, cap, table, cand, history):
+    def _prepare_eager(self, token, pos_p, cap, table, cand, history):
         """The rows' inputs and indices, and the block holding P copied into every leaf's
-        first private block -> (embeddings, node tokens, P, P's table column, live, the rows'
+        first private block -> (embeddings, node tokens, P's table column, the rows'
         (positions, slots, context lengths, block tables), their RoPE (cos, sin): every round
         sits at the same positions)."""
         st, sh, bs = self.static, self.tree.shape, self.tree.block_size
         proposer = self.tree.proposer
         private = self.tree.private
-        live = left > 0
-        pos_p = torch.where(live, base, 0)                                    # [1]
         depths = torch.minimum(sh.row_depth, cap)            # rows past the cap: no write
         positions = pos_p + depths                                            # [rows]
         first = pos_p // bs                                  # the table column of P's block
@@ -182,17 +169,16 @@ class TreeProgram(GraphProgram):
             sources = table.index_select(0, first.expand(leaves.numel()))
             by_block.index_copy_(3, leaves, by_block.index_select(3, sources))
         blocks = tables.gather(1, (positions // bs)[:, None])[:, 0]
-        writes = live & (sh.row_depth <= cap)
-        slots = torch.where(writes, blocks * bs + positions % bs, -1)
+        slots = torch.where(sh.row_depth <= cap, blocks * bs + positions % bs, -1)
         if proposer.lookup:   # the lookup chain's column, rank `ranks`
             drafts = prompt_lookup(history, pos_p, proposer.span, proposer.ngram)
             cand = torch.cat([cand, drafts[:, None]], 1)
         tokens = torch.cat([token, cand[sh.node_depth[1:] - 1, sh.node_rank[1:]]])   # [nodes]
         index = (positions.int(), slots.int(), positions.int() + 1, tables.int())
-        return (st.model.model.embed_tokens(tokens[sh.row_node]), tokens, pos_p, first, live,
-                index, st.rope(positions))
+        return (st.model.model.embed_tokens(tokens[sh.row_node]), tokens, first, index,
+                st.rope(positions))
 
-    def _conclude_eager(self, x, tokens, pos_p, first, live, cap, valid, table, history):
+    def _conclude_eager(self, x, tokens, pos_p, first, cap, valid, table, history):
         """h_R of the rows -> the acceptance walk, the commit, the next candidates and, with a
         lookup chain, the emitted tokens in the history: (accepted count [1], bonus [1], next
         candidates, output row)."""
@@ -211,7 +197,7 @@ class TreeProgram(GraphProgram):
         path = torch.where(levels <= n, path, last)
         if not self.in_place:   # the first leaf's accepted K/V is in place already
             self._commit(pos_p, first, table, sh.node_leaf.index_select(0, last), levels,
-                         live & (levels <= n))
+                         levels <= n)
         bonus = best.index_select(0, last)
         h_last = x.index_select(0, sh.node_row.index_select(0, last))
         if proposer.tree:
@@ -222,7 +208,7 @@ class TreeProgram(GraphProgram):
         emitted = tokens[path[1:]]
         if history is not None:   # the next lookup reads positions up to its P (a re-run,
             # the capture's warm-up, writes them again, identically)
-            _extend(history, pos_p, n, emitted, bonus, live)
+            _extend(history, pos_p, n, emitted, bonus)
         if proposer.adaptive_lookup:
             lookup_levels = levels[1: 1 + proposer.lookup]
             level_token = torch.where(lookup_levels <= n, emitted[:proposer.lookup], bonus)
@@ -234,7 +220,7 @@ class TreeProgram(GraphProgram):
                 hits = ((drafts == cand[0, :1]) | (hits > 0) & (matched >= 2)).long()
         else:
             hits = torch.zeros_like(n)
-        out = torch.cat([n, emitted, bonus, finite.all().view(1), live, hits])
+        out = torch.cat([n, emitted, bonus, finite.all().view(1), hits])
         return n, bonus, cand, out
 
     def _draft_eager(self, h_last, token) -> torch.Tensor:
@@ -269,8 +255,8 @@ _glue_programs = 0
 
 def _allow_recompiles(functions: int) -> None:
     """Dynamo keeps one cache per code object, shared by every TreeProgram's glue, whose shapes
-    differ by tree, chain and decoder; past config.recompile_limit entries it runs the glue
-    eagerly without a word (the 9th program of a bench on, docs/benchmarks/2026-12-04-s17-h200.md).
+    differ by tree and decoder; past config.recompile_limit entries it runs the glue eagerly
+    without a word (the 9th program of a bench on, docs/benchmarks/2026-12-04-s17-h200.md).
     So the limit grows with each compiled program (`functions` new cache entries)."""
     global _glue_programs
     _glue_programs += functions
@@ -279,12 +265,12 @@ def _allow_recompiles(functions: int) -> None:
     setattr(config, name, max(getattr(config, name), _glue_programs))
 
 
-def _extend(history, base, n, path, bonus, live) -> None:
+def _extend(history, base, n, path, bonus) -> None:
     """Write an iteration's accepted tokens (path [span]: levels 1..span, valid to n) and its
     bonus at positions base + 1..base + n + 1 of history; the other levels go to its last slot,
     which no position reads."""
     span = path.numel()
     levels = torch.arange(1, span + 2, device=path.device)
     values = torch.where(levels == n + 1, bonus, torch.cat([path, bonus]))
-    at = torch.where(live & (levels <= n + 1), base + levels, history.numel() - 1)
+    at = torch.where(levels <= n + 1, base + levels, history.numel() - 1)
     history.index_copy_(0, at, values)
