@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rltlab.engine import LLM, AsyncLLM, SamplingParams
-from rltlab.engine.inputs import check_prompt, check_prompts, check_sampling_params
+from rltlab.engine.inputs import check_prompts, check_sampling_params
 from tiny_models import tiny_engine_model
 
 P = [3, 14, 15, 9]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rltlab.engine import LLM, SamplingParams
-from rltlab.engine.config import EngineConfig, ExecutionConfig
+from rltlab.engine.config import ExecutionConfig
 from test_engine_exactness import (MIXED, TOL, check_against_recompute, random_prompts,
                                    record_finished)
 from tiny_models import tiny_engine_model
