@@ -71,7 +71,7 @@ def engine_costs(model, args, ks, ds) -> dict:
         return lm_head(eng.runner.run_token([seq], R)).argmax(-1).tolist()
 
     def iteration(graph, k):   # the whole greedy iteration as one device program
-        return graph.run([seq], [start], [k], k, [k])
+        return graph.run([seq], [start], [k], k)
 
     t_target = timed(lambda: one_token(R), device, args.warmup, args.repeats)
     static = getattr(eng.runner, "static", None) is not None
