@@ -38,6 +38,7 @@ def test_thread_plan_equal_total_on_cuda_per_rank_on_cpu():
         scale.thread_plan(1, None, 2, "cuda", 32)
 
 
+@pytest.mark.slow
 def test_cpu_smoke_identity_and_timings(capsys):
     result = scale.main(["--device", "cpu", "--num-processes", "2", "--repeats", "1",
                          "--num-prompts", "8", "--max-tokens", "4", "--skip-train"])

@@ -8,6 +8,7 @@ from rltlab.bench.spec import main
 torch.set_num_threads(1)
 
 
+@pytest.mark.slow
 def test_spec_benchmark_reports_costs_tau_and_identity():
     res = main(["--preset", "tiny", "--device", "cpu", "--max-k", "2", "--repeats", "1",
                 "--warmup", "0", "--train-steps", "2", "--train-rows", "16", "--prompts", "2",

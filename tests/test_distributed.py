@@ -164,6 +164,7 @@ def draft_runs(tmp_path_factory):
     return root, one, two
 
 
+@pytest.mark.slow
 def test_draft_head_training_on_two_ranks_matches_one_process(draft_runs):
     root, one, two = draft_runs
     assert (one["num_processes"], two["num_processes"]) == (1, 2)

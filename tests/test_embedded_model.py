@@ -70,6 +70,7 @@ def test_tokenizer_adds_bos_and_splits_digits():
     assert all(len(E.decode(tok, [i]).strip()) <= 1 for i in E.encode(tok, "1234567890"))
 
 
+@pytest.mark.slow
 def test_metrics_reproduce_on_cpu(recomputed):
     assert recomputed["settings"] == METRICS["settings"]
     n = METRICS["settings"]["n_problems"]

@@ -41,6 +41,7 @@ def triton_engine(model, shared: bool, **extra):
 
 @pytest.mark.skipif(not kernels.triton_available("cpu"), reason="needs TRITON_INTERPRET=1")
 @pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.slow
 def test_grouped_samples_equal_the_plain_kernels(path):
     extra, policies = PATHS[path]
     model = tiny_engine_model(8)

@@ -122,6 +122,7 @@ def test_engine_benchmark_reports_every_mode_and_the_w4_gain():
 @pytest.mark.skipif(not kernels.triton_available("cpu"), reason="needs TRITON_INTERPRET=1")
 @pytest.mark.parametrize("fused_qkv_rope", [True, False])
 @pytest.mark.parametrize("gemv_rows", [3])
+@pytest.mark.slow
 def test_triton_small_batch_rounds_equal_the_reference_rounds(fused_qkv_rope, gemv_rows,
                                                               monkeypatch):
     """The small-batch kernels (Triton GEMVs, RoPE + K/V write in the q/k/v GEMV or after it,

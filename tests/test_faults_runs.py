@@ -97,6 +97,7 @@ def _record(run_dir):
 
 # ----------------------------------------------------------------------------- C1
 
+@pytest.mark.slow
 def test_collect_notebook_rerun_reuses_the_traces(tiny_model_dir, tmp_path):
     """C1: re-running notebook 01 into its run dir appended a second copy of every trace."""
     from rltlab.traces import load_traces, verify_traces

@@ -61,6 +61,7 @@ def _constant_gate(current, exit_probability=0.3):
             GATE_BIAS: torch.full_like(current[GATE_BIAS], float(logit))}
 
 
+@pytest.mark.slow
 def test_same_gate_passes_and_a_blind_gate_is_rejected(embedded):
     model, tok, problems = embedded
     current = gate_state_of(model.model.early_exit_gate)

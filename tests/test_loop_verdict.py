@@ -204,6 +204,7 @@ def _run(params, run_dir):
     return json.loads((Path(run_dir) / "metrics.json").read_text()), Path(run_dir)
 
 
+@pytest.mark.slow
 def test_bad_gate_is_caught_on_the_embedded_model(tmp_path):
     """Embedded model (k-hop exact match rises with rounds): the injected gate that exits every
     token at round 1 is rejected by validation (the gate stays, verdict UNCHANGED); pushed anyway

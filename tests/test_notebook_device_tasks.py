@@ -122,6 +122,7 @@ def test_embedded_task_files_come_from_the_embedded_artifact(tmp_path):
     assert task_file(other, "heldout_text.txt") == other / "eval" / "heldout_text.txt"
 
 
+@pytest.mark.slow
 def test_gsm8k_notebooks_run_end_to_end_on_the_embedded_model(tmp_path):
     """TASKS gsm8k: 01 traces a rollout of the training split, 04 evaluates the held-out split
     (few-shot prompt, stop strings, strict-match), both with DEVICE cpu."""

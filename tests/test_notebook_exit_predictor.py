@@ -13,6 +13,7 @@ SMALL = {"ARITH_PROMPTS": 12, "TEXT_PROMPTS": 4, "MAX_TOKENS": 12, "TEXT_TOKENS"
          "LOOKAHEAD_THRESHOLDS": [0.5], "CONCURRENCY": [], "THREADS": 1}
 
 
+@pytest.mark.slow
 def test_exit_predictor_notebook(tmp_path):
     params = SMALL
     run_dir = runs.execute_notebook(REPO_ROOT / "notebooks" / "02_train_exit_predictor.ipynb",
@@ -56,6 +57,7 @@ def test_exit_predictor_notebook(tmp_path):
     assert manifest["hidden_dtype"] == "bfloat16"   # HIDDEN_DTYPE's default
 
 
+@pytest.mark.slow
 def test_exit_predictor_notebook_with_the_downstream_label(tmp_path):
     run_dir = runs.execute_notebook(REPO_ROOT / "notebooks" / "02_train_exit_predictor.ipynb",
                                     {**SMALL, "LABEL": "downstream", "EVAL_PROBLEMS": 2,

@@ -103,6 +103,7 @@ def test_evaluate_notebook(tiny_model_dir, tmp_path):
     _plots_exist(m)
 
 
+@pytest.mark.slow
 def test_loop_notebook_crash_and_resume(tiny_model_dir, tmp_path):
     from papermill.exceptions import PapermillExecutionError
     from rltlab.loop import GATE_BIAS, GATE_WEIGHT, load_gate

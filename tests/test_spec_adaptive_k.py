@@ -75,6 +75,7 @@ def _exact_pair(model, prompt, vocab, first: int):
 
 
 @pytest.mark.parametrize("path", ["gather", "static"])
+@pytest.mark.slow
 def test_adaptive_k_samples_the_target_distribution(path):
     """Tokens 3 and 4 come from steps whose K the earlier steps chose (K alternates with a
     mostly wrong head): their joint is full-depth sampling's (chi-square p > 1e-3, TV < 0.06)."""

@@ -139,6 +139,7 @@ def test_stop_tokens_and_length_limits_inside_an_iteration(model, d, k, conc, he
 
 
 @pytest.mark.skipif(not kernels.triton_available("cpu"), reason="needs TRITON_INTERPRET=1")
+@pytest.mark.slow
 def test_device_program_through_the_triton_kernels(model):
     """The program's own row tensors (positions, slots, repeated block tables) fed to the
     Triton GEMV, fused RoPE + K/V write and paged attention kernels, interpreted on CPU."""

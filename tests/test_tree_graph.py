@@ -301,6 +301,7 @@ def test_bad_proposers_are_refused(model):
 
 @pytest.mark.skipif(not kernels.triton_available("cpu"), reason="needs TRITON_INTERPRET=1")
 @pytest.mark.parametrize("gemv_rows", [1, 64])
+@pytest.mark.slow
 def test_device_program_through_the_triton_kernels(model, prompts, gemv_rows, monkeypatch):
     """The program's per-row block tables and slots fed to the Triton RoPE + K/V write and
     paged attention kernels, interpreted on CPU; with gemv_rows = 64 the tree's rows go through

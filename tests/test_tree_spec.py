@@ -237,6 +237,7 @@ def test_shipped_heads_with_a_lookup_chain_through_load_proposer():
     assert taus[8] > taus[0] + 0.5, taus
 
 
+@pytest.mark.slow
 def test_bench_keeps_only_the_named_trees_and_adds_a_config_per_gemv_rows_and_lookup():
     """--only, --gemv-rows, --pipelines, --lookup, --adaptive-lookup and --first-drafts rows,
     and --round-step-prompts' target-only row."""
