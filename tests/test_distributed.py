@@ -122,6 +122,7 @@ def two_runs(tmp_path_factory):
     return root, one, two
 
 
+@pytest.mark.slow
 def test_two_ranks_reproduce_one_process(two_runs):
     root, one, two = two_runs
     assert (one["num_processes"], two["num_processes"]) == (1, 2)
@@ -136,6 +137,7 @@ def test_two_ranks_reproduce_one_process(two_runs):
         sorted(load_traces(root / "t2", fields=["prompt_id"])["prompt_id"].tolist())
 
 
+@pytest.mark.slow
 def test_predictor_training_on_two_ranks_then_resume(two_runs, tmp_path):
     root = two_runs[0]
     out = tmp_path / "p"
@@ -193,6 +195,7 @@ def test_draft_head_training_on_two_ranks_matches_one_process(draft_runs):
     assert json.loads((out / "metrics.json").read_text())["params_sha256"] == two["params_sha256"]
 
 
+@pytest.mark.slow
 def test_draft_head_resume_loads_instead_of_retraining(draft_runs):
     root, _, two = draft_runs
     out = root / "two"

@@ -83,6 +83,7 @@ def test_metrics_reproduce_on_cpu(recomputed):
 
 
 @pytest.mark.parametrize("source", ["metrics.json", "recomputed"])
+@pytest.mark.slow
 def test_deeper_rounds_matter(source, recomputed):
     r1, r2, r3, r4 = (METRICS if source == "metrics.json" else recomputed)["rounds"]
     for key in ("text_loss", "code_loss"):     # held-out stdlib text, code from outside training

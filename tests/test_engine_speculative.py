@@ -169,6 +169,7 @@ def test_rejects_bad_proposers(model):
 
 @pytest.mark.parametrize("d,k,with_head,path", [(1, 2, False, "gather"), (2, 2, True, "gather"),
                                                 (1, 2, False, "static"), (2, 2, True, "static")])
+@pytest.mark.slow
 def test_sampling_matches_target_distribution(d, k, with_head, path):
     """path "static": the iteration runs as one device program (rltlab.engine.spec.draft_program),
     drafts, acceptance tests and residual draws on the device."""

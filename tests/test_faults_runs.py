@@ -244,6 +244,7 @@ def test_run_dir_that_cannot_be_a_directory_is_refused_in_one_line(tmp_path, cap
 
 # ----------------------------------------------------------------------------- C3
 
+@pytest.mark.slow
 def test_second_execution_on_a_run_dir_is_refused(probe_notebook, tmp_path, capsys):
     """C3: two `rltlab run --run-dir D` at once: the second deleted the first's temporary
     iteration dirs and marked the finished run failed. Now it is refused, changing nothing."""
@@ -279,6 +280,7 @@ def test_second_execution_on_a_run_dir_is_refused(probe_notebook, tmp_path, caps
 
 # ----------------------------------------------------------------------------- C5
 
+@pytest.mark.slow
 def test_kill_and_interrupt_are_recorded(probe_notebook, tmp_path):
     """C5: SIGKILL left "running" for as long as the pid looked alive (here: a zombie nobody
     reaped); SIGINT left a raw traceback and recorded "failed"."""
@@ -311,6 +313,7 @@ def test_kill_and_interrupt_are_recorded(probe_notebook, tmp_path):
     assert [r["status"] for r in runs.list_runs(tmp_path)] == ["interrupted"]
 
 
+@pytest.mark.slow
 def test_failed_rerun_marks_the_headline_stale_and_keeps_the_error_tail(
         probe_notebook, tmp_path, capsys, monkeypatch):
     """C5: after a failed re-run `rltlab runs` showed the old headline beside "failed", and

@@ -16,6 +16,7 @@ torch.set_num_threads(1)
 
 
 @pytest.mark.skipif(not kernels.triton_available("cpu"), reason="needs TRITON_INTERPRET=1")
+@pytest.mark.slow
 def test_triton_fused_prefill_equals_gather_prefill():
     """Prefill chunks through the fused layer with the Triton kernels (RoPE + K/V write, fused
     norms, causal paged prefill attention), interpreted on CPU in fp32, against the same

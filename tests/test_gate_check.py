@@ -78,6 +78,7 @@ def test_same_gate_passes_and_a_blind_gate_is_rejected(embedded):
     assert torch.equal(gate_state_of(model.model.early_exit_gate)[GATE_BIAS], current[GATE_BIAS])
 
 
+@pytest.mark.slow
 def test_judge_rejects_and_keeps_the_current_gate_unless_told_otherwise(embedded, monkeypatch):
     model, tok, problems = embedded
     current = gate_state_of(model.model.early_exit_gate)

@@ -196,6 +196,7 @@ def test_the_setting_must_be_a_bool(model):
         make_engine(model, launch_behind_prompt="yes")
 
 
+@pytest.mark.slow
 def test_bench_pairs_early_launches_in_the_same_run(counts, monkeypatch):
     """python -m rltlab.bench.tree_spec --launch-early: an " early" row beside every engine
     row and a "target only early" baseline, identical tokens, the same tau; its engines

@@ -160,6 +160,7 @@ def test_resume_reads_a_missing_field_as_what_the_iteration_ran_with(tmp_path):
     check_resume(tmp_path, LoopConfig(gate_label="stage2", deploy_components=False), res)
 
 
+@pytest.mark.slow
 def test_default_gate_label_passes_where_the_papers_fails(tmp_path):
     """On the embedded model's k-hop rollout (teacher mode, version 0), the paper's Stage II
     candidate fails the validation curve check (it sends the answer digit out at round 2) and

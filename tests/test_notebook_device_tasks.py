@@ -41,6 +41,7 @@ def test_every_notebook_has_device_and_dtype_parameters(name):
     assert "W.load_model(MODEL_DIR, device=DEVICE, dtype=DTYPE, threads=THREADS)" in source
 
 
+@pytest.mark.slow
 def test_bad_device_is_one_error_line_before_the_notebook_starts(tmp_path):
     res = _cli("run", "04_evaluate", "-p", "DEVICE", "tpu", "--run-dir", str(tmp_path / "r"))
     assert res.returncode == 2

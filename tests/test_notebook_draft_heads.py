@@ -8,6 +8,7 @@ from rltlab.common.paths import REPO_ROOT
 
 
 @pytest.mark.parametrize("kind", ["residual_mlp", "lora_lm_head"])
+@pytest.mark.slow
 def test_draft_heads_notebook(kind, tmp_path):
     params = {"KIND": kind, "TRAIN_ROWS": 8, "HELDOUT_ROWS": 4, "SEQ_LEN": 96, "STEPS": 3,
               "NUM_PROMPTS": 2, "MAX_TOKENS": 6, "K": 2, "THREADS": 1}

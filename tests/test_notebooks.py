@@ -55,6 +55,7 @@ def test_notebooks_are_committed_without_outputs():
         assert all(name.isupper() for name in params)
 
 
+@pytest.mark.slow
 def test_collect_traces_notebook(tiny_model_dir, tmp_path):
     from rltlab.traces import TraceDataset, verify_traces
     run_dir = _run("01_collect_traces", {
@@ -74,6 +75,7 @@ def test_collect_traces_notebook(tiny_model_dir, tmp_path):
     _plots_exist(m)
 
 
+@pytest.mark.slow
 def test_evaluate_notebook(tiny_model_dir, tmp_path):
     gsm = tmp_path / "gsm8k.jsonl"
     gsm.write_text("".join(json.dumps({"question": f"What is {i} + 1?",
@@ -314,6 +316,7 @@ def _check_deployment(run_dir, m, its):
     assert head["speed_device"] == m["speed"]["device"] == "cpu (1 threads)"
 
 
+@pytest.mark.slow
 def test_loop_notebook_neutral_candidate_accepted(tiny_model_dir, tmp_path):
     """A candidate no worse than the current gate (here: the current gate itself) passes
     validation, is pushed, and the held-out verdict is "no worse"; the bad-gate half of this
@@ -418,6 +421,7 @@ def test_loop_notebook_bad_device_is_one_line(tmp_path, monkeypatch, capsys):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_loop_notebook_in_bfloat16(tiny_model_dir, tmp_path):
     """DTYPE bfloat16 (a GPU's "auto"), here on the CPU: the model and the engine run in bf16,
     the gate, the N+2 predictor and the draft head train in fp32 beside it, the deployed

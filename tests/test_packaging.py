@@ -29,6 +29,7 @@ def test_kernels_and_patches_have_unique_import_paths():
     assert Path(rltlab.kernels.__file__).parent.resolve() == (ROOT / "kernels").resolve()
 
 
+@pytest.mark.slow
 def test_the_checkout_root_on_sys_path_does_not_shadow_hugging_faces_kernels():
     """`python -c` / `python -m` from the checkout put its root first on sys.path, where
     kernels/ would pass for Hugging Face's `kernels` package; transformers (>= 5) imports that

@@ -108,6 +108,7 @@ def _log(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_smoke_cli_trains_saves_and_loads(tmp_path):
     """The smoke preset through the CLI with half its Stage I and Stage II steps (a field given
     on the command line overrides the preset's; the loss still falls by more than 0.3)."""

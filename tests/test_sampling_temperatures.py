@@ -140,6 +140,7 @@ def _engine_samples(model, n: int, proposer=None, **engine):
 
 
 @pytest.mark.parametrize("path", ["host_loop", "one_program", "plain"])
+@pytest.mark.slow
 def test_engine_matches_target(model, path):
     """host_loop: spec_decode on the gather path; one_program: spec_graph on the static path
     (drafts, acceptance tests and residual draws on the device); plain: no proposer, every

@@ -26,6 +26,7 @@ def test_draft_length_schedule():
 
 
 @pytest.mark.parametrize("path,conc", [("gather", 6), ("static", 6), ("static", 1)])
+@pytest.mark.slow
 def test_adaptive_k_greedy_identical_and_drafts_less_when_rejected(path, conc):
     """Against the engine without a proposer: the same tokens and log-probs. With a head that
     is mostly wrong, adaptive K drafts fewer tokens than fixed K; with the model's own round 3

@@ -78,6 +78,7 @@ def test_bad_stop_values_are_refused(bad):
         SamplingParams(stop=bad)
 
 
+@pytest.mark.slow
 def test_stop_strings_without_a_tokenizer_are_refused(embedded):
     llm, _ = embedded
     bare = LLM(llm.llm_engine.model)

@@ -163,6 +163,7 @@ def test_real_heads_with_eos_and_max_tokens_caps(model, prompts):
     assert token_lists(tree.generate(prompts, greedy(24))) == ref
 
 
+@pytest.mark.slow
 def test_compiled_program_makes_the_same_iterations(model, prompts):
     """ExecutionConfig.compile: torch.compile'd glue around the rounds (the lookup's drafts and
     the next program's inputs too); the tokens of target-only and the uncompiled
@@ -184,6 +185,7 @@ def test_compiled_program_makes_the_same_iterations(model, prompts):
         assert outs[True][0].outputs[0].spec_stats["accepted"] > 0
 
 
+@pytest.mark.slow
 def test_compiled_programs_past_the_recompile_limit_stay_compiled(model, prompts, monkeypatch):
     """Every program's glue shares two code objects; with dynamo's recompile limit at 1, two
     programs of different shapes must still compile every graph they compile under a limit of

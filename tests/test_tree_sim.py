@@ -50,6 +50,7 @@ def test_replay_gives_the_engines_spec_stats(model, lookup, rule, first):
         assert decisions == {True, False}
 
 
+@pytest.mark.slow
 def test_replay_gives_the_engines_spec_stats_with_the_shipped_heads():
     """The embedded model, its lookahead heads and four held-out prompts (two arithmetic, two
     text): chain K = 4 with lookup 10 by the agreement rule and first drafts, the artifact's

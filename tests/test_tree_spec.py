@@ -186,6 +186,7 @@ def test_save_load_round_trip_and_hash_check(model, tmp_path):
         torch.testing.assert_close(got, want.bfloat16().float(), rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_bench_on_the_embedded_model_and_its_shipped_heads(tmp_path):
     """The e2e bench on the embedded model with artifacts/.../lookahead_h4, both paths: every
     config gives the target's own tokens, and the shipped heads' tree accepts drafts (tau > 1.3
@@ -204,6 +205,7 @@ def test_bench_on_the_embedded_model_and_its_shipped_heads(tmp_path):
     assert not res["failed"] and out.is_file()
 
 
+@pytest.mark.slow
 def test_shipped_heads_with_a_lookup_chain_through_load_proposer():
     """lookahead.load_proposer(..., lookup=8, adaptive_lookup=True) on the embedded model: the
     artifact's tree plus 8 lookup nodes, the engine's target-only tokens, and more tokens per
@@ -262,6 +264,7 @@ def test_bench_keeps_only_the_named_trees_and_adds_a_config_per_gemv_rows_and_lo
             tree_spec.main(["--device", "cpu", "--paths", "engine", *bad])
 
 
+@pytest.mark.slow
 def test_bench_runs_each_named_lookup_rule():
     """--adaptive-lookup hits agree: one row per rule, as TreeProposer(adaptive_lookup=rule);
     the agreement rule's verified nodes are its own (tree_sim's replay of the same rule)."""
@@ -290,6 +293,7 @@ def test_bench_runs_each_named_lookup_rule():
                                            sum(map(len, replayed)))
 
 
+@pytest.mark.slow
 def test_bench_pairs_other_heads_in_the_same_run(tmp_path):
     """--also-heads: every engine config again with those heads, named after their folder, in
     the same run (lossless too); untrained heads accept fewer drafts than the shipped ones."""
@@ -357,6 +361,7 @@ def test_bench_pairs_against_the_faster_baseline_and_the_primary_heads():
     assert "vs_faster" not in _pairings(seconds, "engine x", labels)
 
 
+@pytest.mark.slow
 def test_training_cli_writes_heads_the_generator_loads(tmp_path):
     """python -m rltlab.draft_heads.lookahead_train, tiny: rollouts of the embedded model,
     a few steps, a tree of the asked size; the saved heads load and decode losslessly, and
