@@ -14,6 +14,9 @@ def test_prompt_lengths_cover_each_length_bucket_once():
     assert prompt_lengths(16) == [16]
     assert prompt_lengths(200) == [16, 32, 64, 128, 200]
     assert prompt_lengths(300) == [16, 32, 64, 128, 256, 300]
+    # a list: only its lengths' buckets, each at the longest length given in it
+    assert prompt_lengths([1024]) == [1024]
+    assert prompt_lengths([20, 30, 1000, 5, 1024]) == [5, 30, 1024]
 
 
 def test_decode_phases_cover_every_depth_mixed_depths_and_the_gate():
@@ -35,14 +38,20 @@ def test_warm_up_leaves_the_engine_idle_and_outputs_unchanged():
     assert result["loops"] == 6 + 2 * 2 and not engine.has_unfinished_requests()
     assert engine.block_manager.num_free_blocks == free
     assert [o.token_ids for o in llm.generate(prompts, params)] == before
+    # the prompts' own lengths (3-9 tokens: one bucket, warmed at the longest of them)
+    result = warm_up(engine, concurrency=2, prompt_len=[len(p) for p in prompts], max_tokens=3,
+                     progress=False, off_cuda=True)
+    assert result["loops"] == 6 + 1 * 2 * 2 and not engine.has_unfinished_requests()
+    assert [o.token_ids for o in llm.generate(prompts, params)] == before
 
 
 def test_bad_sizes_and_a_busy_engine_are_refused():
     llm = LLM(tiny_engine_model(3), max_num_seqs=4)
     with pytest.raises(ValueError, match="concurrency must lie in 1..max_num_seqs=4"):
         warm_up(llm.llm_engine, concurrency=5, off_cuda=True)
-    with pytest.raises(ValueError, match="prompt_len must lie"):
-        warm_up(llm.llm_engine, prompt_len=10 ** 6, off_cuda=True)
+    for bad in (10 ** 6, [8, 10 ** 6], [], [True], 0):
+        with pytest.raises(ValueError, match="prompt_len must lie"):
+            warm_up(llm.llm_engine, prompt_len=bad, off_cuda=True)
     llm.llm_engine.add_request(None, [1, 2, 3], SamplingParams(max_tokens=2))
     with pytest.raises(RuntimeError, match="idle engine"):
         llm.warm_up()

@@ -3,7 +3,7 @@
     python -m rltlab.bench.first_loop --preset ouro-1.4b --device cuda --workload W3 W4
 
 Per workload (rltlab.bench.engine's W1-W7) two engines on the same model, one after the other:
-  - warmed: LLM(...), llm.warm_up(concurrency=c, prompt_len=the workload's longest prompt),
+  - warmed: LLM(...), llm.warm_up(concurrency=c, prompt_len=the workload's prompt lengths),
     then two closed loops of the workload;
   - cold: LLM(...), then the same two closed loops (what a user without warm_up() gets).
 It reports each loop's wall time, `first_over_second` (1.0 = no one-off cost left in the first
@@ -49,7 +49,8 @@ def run_workload(model, name: str, scale: float, kv_gib: float) -> dict:
         try:
             result = {}
             if warm:
-                result["warm_up"] = llm.warm_up(concurrency=c, prompt_len=spec["prompt_len"],
+                result["warm_up"] = llm.warm_up(concurrency=c,
+                                                prompt_len=sorted({len(p) for p in prompts}),
                                                 progress=True)
             result.update(two_loops(llm, prompts, params, c, costs))
             out[label] = result

@@ -53,11 +53,12 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
-    def warm_up(self, *, concurrency: int | None = None, prompt_len: int = 128,
+    def warm_up(self, *, concurrency: int | None = None, prompt_len: int | Seq[int] = 128,
                 max_tokens: int = 32, progress: bool = True) -> dict:
         """Pay a closed loop's one-off costs now (graph captures, kernel specialisations) by
         running synthetic loops of up to `concurrency` requests (default max_num_seqs) and
-        prompts of up to `prompt_len` tokens (rltlab.engine.warm_up); prints the time it took.
+        prompts of up to `prompt_len` tokens, or of the given list of prompt lengths (fewer
+        shapes: faster; rltlab.engine.warm_up); prints the time it took.
         On the CPU there is nothing to warm: returns at once. -> {"seconds", "loops",
         "graphs"}."""
         from rltlab.engine.warm_up import warm_up

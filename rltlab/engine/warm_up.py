@@ -12,8 +12,8 @@ every shape a loop of the given size reaches:
     steps down through every batch bucket, once per exit regime: each fixed depth 1..R
     (whole-token windows), a replayed mix of depths (round windows) and the stock Q-exit
     (per-round steps reading the gate);
-  - prefill: whole prompts of each length bucket up to `prompt_len`, admitted 1, 2, 4 and 8
-    at a time, each shape twice (graphs are captured at a bucket's second step) and, past
+  - prefill: whole prompts of each length bucket up to `prompt_len` (or, given a list of
+    lengths, of the buckets those lengths fall in), admitted 1, 2, 4 and 8 at a time, each shape twice (graphs are captured at a bucket's second step) and, past
     ExecutionConfig.cudnn_prefill_after, as often as it takes cuDNN to take over.
 Nothing it does changes a later request's output: its requests finish and free their blocks.
 Off CUDA there is nothing to capture; it returns at once.
@@ -21,6 +21,7 @@ Off CUDA there is nothing to capture; it returns at once.
 from __future__ import annotations
 
 import time
+from typing import Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -40,8 +41,15 @@ def decode_phases(num_rounds: int) -> list[tuple[str, dict]]:
     return phases
 
 
-def prompt_lengths(prompt_len: int) -> list[int]:
-    """One prompt length per length bucket up to prompt_len's (fused_prefill.length_bucket)."""
+def prompt_lengths(prompt_len: int | Sequence[int]) -> list[int]:
+    """One prompt length per length bucket (fused_prefill.length_bucket): every bucket up to
+    prompt_len's for an int (the loop's prompts are unknown), only the buckets of the given
+    lengths for a list (the longest given length of each)."""
+    if not isinstance(prompt_len, int):
+        longest: dict[int, int] = {}
+        for n in prompt_len:
+            longest[length_bucket(n)] = max(n, longest.get(length_bucket(n), 0))
+        return sorted(longest.values())
     lengths, n = [], 1
     while True:
         top = length_bucket(n)
@@ -51,12 +59,12 @@ def prompt_lengths(prompt_len: int) -> list[int]:
         n = top + 1
 
 
-def warm_up(engine, *, concurrency: int | None = None, prompt_len: int = 128,
+def warm_up(engine, *, concurrency: int | None = None, prompt_len: int | Sequence[int] = 128,
             max_tokens: int = 32, progress: bool = True, off_cuda: bool = False) -> dict:
     """Run the synthetic loops (module docstring) on an idle engine -> {"seconds", "loops",
     "graphs"} (graphs: the static decoder's captured graphs after it). concurrency: the most
     requests a loop will hold (default: max_num_seqs); prompt_len: the longest prompt a loop
-    will see; max_tokens: decode tokens per warm-up request (the windows need a few).
+    will see, or the list of its prompts' lengths (fewer buckets to warm); max_tokens: decode tokens per warm-up request (the windows need a few).
     off_cuda: run the loops off CUDA too (they capture nothing there: for tests)."""
     if engine.has_unfinished_requests():
         raise RuntimeError("warm_up() needs an idle engine: finish or abort the running "
@@ -69,9 +77,12 @@ def warm_up(engine, *, concurrency: int | None = None, prompt_len: int = 128,
     if not 1 <= concurrency <= limit:
         raise ValueError(f"concurrency must lie in 1..max_num_seqs={limit}, got {concurrency}")
     longest = engine.max_model_len - max_tokens
-    if not 1 <= prompt_len <= longest:
+    given = [prompt_len] if isinstance(prompt_len, int) else list(prompt_len)
+    bad = next((n for n in given if isinstance(n, bool) or not isinstance(n, int)
+                or not 1 <= n <= longest), None) if given else "an empty list"
+    if bad is not None:
         raise ValueError(f"prompt_len must lie in 1..{longest} (max_model_len - max_tokens), "
-                         f"got {prompt_len}")
+                         f"got {bad!r}")
     R, vocab = engine.num_rounds, engine.model_config.vocab_size
     gen = torch.Generator().manual_seed(0)
     phases = decode_phases(R)
