@@ -120,6 +120,7 @@ class LookaheadExitPolicy(ExitPolicy):
                              f"decision round {self.decision_round}")
         self.lm_head_weight = lm_head_weight.detach().float().clone()
         self._scored, self._fired = 0, torch.zeros((), dtype=torch.int64)
+        self._device: torch.device | None = None
         self.asks_before_round1 = self.decision_round == 0
         if self.asks_before_round1:
             self.blocks = check_round0_blocks(manifest["features"]["blocks"])
@@ -142,10 +143,13 @@ class LookaheadExitPolicy(ExitPolicy):
         self.then = other
 
     def _on(self, device: torch.device) -> None:
-        if self.lm_head_weight.device != device:
+        # The three move together, once per device: the lm_head copy starts on the model's
+        # device, the predictor where its checkpoint was loaded (often the CPU).
+        if self._device != device:
             self.lm_head_weight = self.lm_head_weight.to(device)
             self.predictor = self.predictor.to(device)
             self._fired = self._fired.to(device)
+            self._device = device
 
     def _threshold(self, params) -> float:
         return params.exit_policy_args.get(self.threshold_key, self.threshold)

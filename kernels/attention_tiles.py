@@ -23,6 +23,13 @@ def dot_config(dtype):
     return dot_dtype, "ieee" if dot_dtype == tl.float32 else "tf32"
 
 
+def dot_block_d(head_dim: int) -> int:
+    """BLOCK_D of a head dimension in the attention tiles: a power of two, and at least the
+    K of 16 that a compiled tl.dot needs (the interpreter takes any; the d < HEAD_DIM masks
+    zero the padding)."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
 @triton.jit
 def attend_tile(
     q, m, l, acc, k_base, v_base, bt_ptr, n, n_mask, visible, block_size,

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_tiles import LOG2E, attend_range, attend_tile, dot_config
+from .attention_tiles import LOG2E, attend_range, attend_tile, dot_block_d, dot_config
 from .l2_prefetch import prefetch_args, prefetch_l2
 from .pdl import await_previous_kernel, launch_options
 from .shared_prefix import SharedPrefix, launch_shared_prefix, prefix_splits
@@ -239,7 +239,7 @@ def paged_decode_attention(q, k_cache, v_cache, planes, block_tables, context_le
         block_tables.stride(0),
         part.stride(0), part.stride(1), part.stride(2), *pf_args,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        HEAD_DIM=head_dim, BLOCK_D=dot_block_d(head_dim),
         DOT_DTYPE=dot_dtype, INPUT_PRECISION=precision,
         num_warps=DECODE_CONFIG["num_warps"], num_stages=DECODE_CONFIG["num_stages"], **pf_meta,
         HAS_START=shared is not None, **launch,
@@ -332,7 +332,7 @@ def paged_prefill_attention(q, k_cache, v_cache, plane, block_table, start_pos, 
         *k_plane.stride()[:3], *v_plane.stride()[:3],
         out.stride(0), out.stride(1),
         GROUP=num_heads // num_kv_heads, BLOCK_M=block_m, BLOCK_N=block_n,
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        HEAD_DIM=head_dim, BLOCK_D=dot_block_d(head_dim),
         DOT_DTYPE=dot_dtype, INPUT_PRECISION=precision,
         num_warps=PREFILL_CONFIG["num_warps"], num_stages=PREFILL_CONFIG["num_stages"],
     )

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_tiles import attend_range
+from .attention_tiles import attend_range, dot_block_d
 
 # Rows per group program: members x GQA heads fill the M side of tl.dot (16 = its minimum);
 # a larger set of rows sharing a prefix is split into several groups.
@@ -164,6 +164,6 @@ def launch_shared_prefix(q, k_cache, v_cache, planes, block_tables, shared: Shar
         block_tables.stride(0), shared.members.stride(0),
         part.stride(0), part.stride(1), part.stride(2),
         GROUP=group, MEMBERS=MAX_MEMBERS, BLOCK_M=block_m, BLOCK_N=block_n,
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        HEAD_DIM=head_dim, BLOCK_D=dot_block_d(head_dim),
         DOT_DTYPE=dot[0], INPUT_PRECISION=dot[1], num_warps=num_warps, num_stages=num_stages,
     )

@@ -78,3 +78,23 @@ def test_auto_loads_a_checkpoint_on_the_gpu_in_bf16():
     assert param.device.type == "cuda" and param.dtype == torch.bfloat16
     out = llm.generate("Q: a=3; b=a+4; b=?\nA:", SamplingParams(max_tokens=8, temperature=0.0))
     assert out[0].outputs[0].text
+
+
+def test_lookahead_exit_patch_on_cuda_equals_the_cpu(tmp_path):
+    """The N+2 exit patch on a model on the GPU, its predictor loaded from the checkpoint on the
+    CPU (notebook 02's route): fp32 tokens and exit rounds equal the CPU engine's."""
+    from test_lookahead_patch import PROMPTS, _checkpoint, _model
+
+    from rltlab.engine_patches.lookahead_exit import install
+
+    outputs = {}
+    for device in ("cpu", "cuda"):
+        model = _model().to(device)
+        name = install(model, _checkpoint(tmp_path / device, model),
+                       name=f"n_plus_2_{device}_test")
+        params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                                exit_policy=name, exit_policy_args={"threshold": 0.5})
+        llm = LLM(model, device=device, dtype="float32", max_num_seqs=3)
+        outputs[device] = [(o.outputs[0].token_ids, o.outputs[0].exit_depths)
+                           for o in llm.generate(PROMPTS, params)]
+    assert outputs["cuda"] == outputs["cpu"]

@@ -69,6 +69,7 @@ DECODE_CASES = [
     (4, 2, 32, 4, [1, 7, 13, 33], [0, 2, 1, 2]),   # GQA group 2
     (2, 2, 32, 8, [9, 16, 40], [1, 0, 2]),          # MHA (Ouro), bigger blocks
     (6, 2, 24, 5, [23, 3], [2, 1]),                 # group 3, head_dim and block size not pow2
+    (4, 2, 8, 4, [11, 2], [1, 2]),                  # head_dim 8: padded to tl.dot's K of 16
 ]
 
 
@@ -134,7 +135,8 @@ def test_decode_triton_bf16_default_tiling():
 
 
 # (Hq, Hkv, D, block_size, start_pos, num_queries)
-PREFILL_CASES = [(4, 2, 32, 4, 0, 21), (2, 2, 32, 8, 13, 19), (6, 2, 24, 5, 7, 9)]
+PREFILL_CASES = [(4, 2, 32, 4, 0, 21), (2, 2, 32, 8, 13, 19), (6, 2, 24, 5, 7, 9),
+                 (4, 2, 8, 4, 3, 10)]
 
 
 @pytest.mark.parametrize("hq,hkv,dim,block_size,start,num_q", PREFILL_CASES)

@@ -25,6 +25,9 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 CPU_KV_CACHE_GIB = 2.0        # the KV pool off CUDA when kv_cache_memory_gib is None
 ACTIVATION_RESERVE_GIB = 2.0  # kept free on a GPU for activations, graphs and the allocator
+# Blocks beyond max_num_seqs full sequences, for a draft tree's private KV (two per leaf but
+# the first: the shipped 12-leaf tree takes 22), so set_proposer fits a pool sized by default.
+SPECULATION_RESERVE_BLOCKS = 32
 
 
 def parse_dtype(value: torch.dtype | str | None) -> torch.dtype | None:
@@ -175,7 +178,7 @@ class EngineConfig:
     prefill_chunk: most prompt tokens one sequence puts in one chunk.
     block_size: tokens per KV block.
     num_blocks: KV blocks in the pool; None sizes it from kv_cache_memory_gib, capped at what
-    max_num_seqs sequences of max_model_len tokens can use.
+    max_num_seqs sequences of max_model_len tokens can use plus a draft tree's private blocks.
     kv_cache_memory_gib: memory for the KV pool; None = on CUDA, gpu_memory_utilization of the
     device's memory less what is in use once the model is loaded and an activation reserve
     (vLLM's rule), CPU_KV_CACHE_GIB on the CPU.
@@ -318,7 +321,8 @@ class EngineConfig:
         per_block = (cfg.num_hidden_layers * 2 * cfg.num_rounds * self.block_size
                      * cfg.num_key_value_heads * cfg.head_dim * elem_size)
         from_memory = int(self.resolve_kv_cache_gib(device) * 2 ** 30) // per_block
-        useful = self.max_num_seqs * -(-max_model_len // self.block_size)
+        useful = (self.max_num_seqs * -(-max_model_len // self.block_size)
+                  + SPECULATION_RESERVE_BLOCKS)
         return max(1, min(from_memory, useful))
 
 
