@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rltlab.engine import (LLM, AsyncLLM, CapacityError, ExitPolicy, RoundInfo, SamplingParams,
-                           register_exit_policy)
+                           raise_on_errors, register_exit_policy)
 from rltlab.model.architecture import OuroForCausalLM
 from test_engine_exactness import record_finished
 from tiny_models import tiny_engine_model
@@ -164,6 +164,22 @@ def test_failing_request_ends_with_error_and_does_not_disturb_others():
     for a, b in zip([outs[0]] + outs[2:], alone):
         assert a.finish_reason == "length" and a.token_ids == b.token_ids
         assert a.exit_depths == b.exit_depths == [R] + [1] * 5
+    assert raise_on_errors(alone, "rollout") is alone
+    with pytest.raises(RuntimeError, match=r"rollout: 1 of 4 requests ended in an error; the "
+                                           r"first \(.+\): exit policy 'flaky_test'.*boom"):
+        raise_on_errors(outs, "rollout")
+
+
+def test_an_evaluation_stops_at_a_failed_request():
+    """The workbench's generation steps (evaluation here) raise instead of scoring a request
+    that an exit policy ended after one token."""
+    from rltlab.eval.tasks import engine_generate_fn
+
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True,
+                            exit_policy="flaky_test", exit_policy_args={"explode": True})
+    generate = engine_generate_fn(LLM(tiny_model(2), block_size=4), params)
+    with pytest.raises(RuntimeError, match="evaluation: 2 of 2 requests ended in an error"):
+        generate([prompt(6, 1), prompt(7, 2)])
 
 
 def test_stop_conditions_and_n_samples():

@@ -8,7 +8,7 @@ from rltlab.engine.hooks import RoundEvent
 from rltlab.engine.spec.proposers import DraftProposer, TreeProposer
 from rltlab.engine.llm import LLM
 from rltlab.engine.llm_engine import LLMEngine
-from rltlab.engine.outputs import CompletionOutput, RequestOutput
+from rltlab.engine.outputs import CompletionOutput, RequestOutput, raise_on_errors
 from rltlab.engine.sampling import SamplingParams
 from rltlab.engine.weights import WeightUpdateError
 
@@ -16,5 +16,5 @@ __all__ = [
     "AsyncLLM", "CapacityError", "CompletionOutput", "DraftProposer", "EngineConfig",
     "EngineShutdown", "ExecutionConfig", "ExitPolicy", "LLM", "LLMEngine", "RequestOutput",
     "RoundEvent", "RoundInfo", "SamplingParams", "TreeProposer", "WeightUpdateError",
-    "available_exit_policies", "create_exit_policy", "register_exit_policy",
+    "available_exit_policies", "create_exit_policy", "raise_on_errors", "register_exit_policy",
 ]

@@ -70,6 +70,20 @@ class RequestOutput:
     text = property(lambda self: self._single().text)
 
 
+def raise_on_errors(outputs: list[RequestOutput], what: str) -> list[RequestOutput]:
+    """outputs, unless a request ended in an error (an exit policy or proposer that raised,
+    non-finite logits): then a RuntimeError naming `what`, how many failed and the first error.
+    A serving caller may read finish_reason "error" per request; the workbench's rollouts,
+    evaluations and traces stop instead of training or scoring on requests that ended early."""
+    failed = [(out.request_id, comp.error) for out in outputs for comp in out.outputs
+              if comp.finish_reason == "error"]
+    if failed:
+        request_id, error = failed[0]
+        raise RuntimeError(f"{what}: {len(failed)} of {len(outputs)} requests ended in an error; "
+                           f"the first ({request_id}): {error}")
+    return outputs
+
+
 def _completion(seq: Sequence, tokenizer) -> CompletionOutput:
     want = seq.params.logprobs is not None
     text = tokenizer.decode(seq.output_token_ids) if tokenizer is not None else None

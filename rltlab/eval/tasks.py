@@ -87,9 +87,11 @@ def engine_generate_fn(llm, sampling_params, *, stop: Sequence[str] | None = Non
             raise ValueError("engine_generate_fn(stop=...) needs the tokenizer")
         return _engine_stop_fn(llm, sampling_params, list(stop), tokenizer, tail_tokens)
 
+    from rltlab.engine.outputs import raise_on_errors
+
     def generate(prompts: list[list[int]]) -> list[GenOutput]:
         outs = llm.generate([list(p) for p in prompts], sampling_params)
-        return _gen_outputs(outs)
+        return _gen_outputs(raise_on_errors(outs, "evaluation"))
     return generate
 
 

@@ -166,6 +166,7 @@ def throughput(model, prompts: Sequence[Sequence[int]], policies: dict[str, dict
     max_num_seqs = C (an engine sized for them: rltlab.eval.engines, released after), the
     whole batch once untimed first (CUDA graphs are captured on first use); tokens/s, median
     TTFT/TPOT (ms), mean executed rounds. Same run for every policy (interleaved per C)."""
+    from rltlab.engine.outputs import raise_on_errors
     from rltlab.eval.engines import release_memory, sized_llm
     from rltlab.eval.metrics import depth_stats, timing_records, timing_stats
 
@@ -183,7 +184,7 @@ def throughput(model, prompts: Sequence[Sequence[int]], policies: dict[str, dict
             llm.generate(batch, params)           # warm-up
             _sync(device)
             t0 = time.perf_counter()
-            outs = llm.generate(batch, params)
+            outs = raise_on_errors(llm.generate(batch, params), f"policy {spec['name']}")
             _sync(device)
             wall = time.perf_counter() - t0
             st = timing_stats(timing_records(outs))

@@ -80,12 +80,14 @@ def on_policy_rollout(state: LoopState, k: int, prompts: Sequence[Sequence[int]]
     """Iteration k's rollout with the deployed policy acting (LAST_EXITED), then its on-policy
     traces in out_dir (rltlab.loop.relabel) -> (outputs, manifest, rollout figures: tok/s of
     the generation alone, mean executed rounds of its decode tokens, relabel seconds)."""
+    from rltlab.engine.outputs import raise_on_errors
     from rltlab.loop.relabel import write_on_policy_traces
 
     cfg, llm = state.cfg, state.llm
     started = time.perf_counter()
-    outs = llm.generate([list(p) for p in prompts], _params(state, policy, cfg.max_tokens,
-                                                            cfg.seed + k))
+    outs = raise_on_errors(llm.generate([list(p) for p in prompts],
+                                        _params(state, policy, cfg.max_tokens, cfg.seed + k)),
+                           f"iteration {k}'s rollout with {policy}")
     seconds = time.perf_counter() - started
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     depths = [d for o in outs for d in o.outputs[0].executed_depths[1:]]
@@ -140,6 +142,7 @@ def draft_engine_row(state: LoopState, k: int, component: str) -> dict[str, Any]
     problems at full depth (threshold 1.0, greedy), cfg.draft_concurrency at a time, with and
     without the proposer on the same engine -> tok/s of both, speedup, identical tokens, and the
     engine's spec_stats (steps, drafted, accepted, tau, acceptance)."""
+    from rltlab.engine.outputs import raise_on_errors
     from rltlab.engine_patches.loop_draft import load_proposer
     from rltlab.eval.problems import encode, eval_problems
     from rltlab.pretrain.data import EOT_ID
@@ -155,7 +158,7 @@ def draft_engine_row(state: LoopState, k: int, component: str) -> dict[str, Any]
     def run():
         started, outs = time.perf_counter(), []
         for group in groups:
-            outs += llm.generate(group, params)
+            outs += raise_on_errors(llm.generate(group, params), "the draft-head speed row")
         return outs, time.perf_counter() - started
     # the gate does not enter drafting: a head trained at version k - 1 fits version k's model
     proposer = load_proposer(component, state.model, num_draft_tokens=cfg.draft_k,

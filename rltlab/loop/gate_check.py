@@ -34,6 +34,7 @@ def generation_curve(llm, tokenizer, problems: Sequence[dict], thresholds: Seque
     sends (q_exit_params, greedy, stop at EOT), scored by rltlab.eval.tasks.evaluate_arithmetic."""
     import math
 
+    from rltlab.engine.outputs import raise_on_errors
     from rltlab.engine.sampling import q_exit_params
     from rltlab.eval.tasks import arithmetic_prompt, evaluate_arithmetic
     from rltlab.pretrain.data import EOT_ID
@@ -42,8 +43,9 @@ def generation_curve(llm, tokenizer, problems: Sequence[dict], thresholds: Seque
     prompts = [arithmetic_prompt(tokenizer, q) for q in questions]
     params = [q_exit_params(t, cfg.max_tokens, min_loops=cfg.min_loops, eos_token_id=EOT_ID)
               for t in thresholds]
-    outs = llm.generate([p for _ in thresholds for p in prompts],
-                        [sp for sp in params for _ in prompts])
+    outs = raise_on_errors(llm.generate([p for _ in thresholds for p in prompts],
+                                        [sp for sp in params for _ in prompts]),
+                           "the gate's generation check")
     n, R = len(prompts), llm.llm_engine.num_rounds
     curve = []
     for j in range(len(thresholds)):

@@ -186,7 +186,8 @@ def collect_rollout_traces(llm, prompts: Sequence[Sequence[int]], out_dir: str |
                            **collector_kwargs) -> tuple[list, dict[str, Any]]:
     """rltlab.traces.rollout.collect_rollout_traces, on N ranks loading `model_dir` when
     scale.num_processes() > 1 (rltlab.workbench.scale.delegate_collect; per-prompt seeds,
-    merged manifest; no stop strings there)."""
+    merged manifest; no stop strings there). A request that ended in an error stops the
+    collection (rltlab.engine.outputs.raise_on_errors)."""
     kwargs = dict(threshold=threshold, max_tokens=max_tokens, teacher=teacher,
                   temperature=temperature, seed=seed, min_loops=min_loops, **collector_kwargs)
     if not kwargs.get("stop"):
@@ -196,7 +197,10 @@ def collect_rollout_traces(llm, prompts: Sequence[Sequence[int]], out_dir: str |
             raise ValueError("stop strings (TASKS gsm8k) run in one process: drop "
                              "--num-processes")
         return scale.delegate_collect(llm, prompts, out_dir, model_dir=model_dir, **kwargs)
-    return rollout.collect_rollout_traces(llm, prompts, out_dir, **kwargs)
+    from rltlab.engine.outputs import raise_on_errors
+
+    outs, manifest = rollout.collect_rollout_traces(llm, prompts, out_dir, **kwargs)
+    return raise_on_errors(outs, "trace collection"), manifest
 
 
 COLLECTION_FILE = "collection.json"
