@@ -89,7 +89,8 @@ def evaluate_policies(llm, tokenizer, problems: Sequence[dict], *, thresholds: S
                      "executed_hist": res.get("executed_hist", {}),
                      "seconds": round(seconds, 3),
                      "tokens_per_s": res["output_tokens"] / max(seconds, 1e-9),
-                     "output_tokens": res["output_tokens"], "device": str(device),
+                     "output_tokens": res["output_tokens"],
+                     "tokens_sha256": res.get("tokens_sha256"), "device": str(device),
                      "batch": min(batch_size or len(problems), llm.llm_engine.config.max_num_seqs),
                      "key": key})
     return rows, scores

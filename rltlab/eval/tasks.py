@@ -11,6 +11,8 @@ GSM8K (lm-eval's gsm8k_cot protocol) lives in rltlab.eval.gsm8k and uses these h
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -171,7 +173,17 @@ def _summary(scores: list[float], outs: list[GenOutput], num_rounds: int) -> dic
                         [o.executed_depths or o.exit_depths for o in outs], num_rounds) \
         if all(o.exit_depths for o in outs) else {}
     return {"n": len(scores), "exact_match": acc, "exact_match_se": se,
-            "output_tokens": sum(len(o.token_ids) for o in outs), **stats}
+            "output_tokens": sum(len(o.token_ids) for o in outs),
+            "tokens_sha256": tokens_sha256([o.token_ids for o in outs]), **stats}
+
+
+def tokens_sha256(token_ids: Sequence[Sequence[int]]) -> str:
+    """One digest of every generated token, in order: two runs (the CPU and a GPU, say) that
+    generated the same tokens have the same digest (rltlab.bench.device_parity)."""
+    digest = hashlib.sha256()
+    for ids in token_ids:
+        digest.update(json.dumps(list(map(int, ids))).encode() + b"\n")
+    return digest.hexdigest()
 
 
 # ----------------------------------------------------------------------------- arithmetic
