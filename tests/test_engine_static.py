@@ -177,7 +177,8 @@ def round_and_whole_token_runs(model, prompts, params, engine_args):
     llm = LLM(model, decode_path="static", **{"token_window": 0, **engine_args})
     runner, calls = llm.llm_engine.runner, []
     run_token = runner.run_token
-    runner.run_token = lambda seqs, d: calls.append((len(seqs), d)) or run_token(seqs, d)
+    runner.run_token = lambda seqs, d, **kw: (calls.append((len(seqs), d))
+                                              or run_token(seqs, d, **kw))
     return rounds, llm.generate(prompts, params), calls
 
 
@@ -267,7 +268,7 @@ def test_whole_token_steps_wait_for_observers_and_gate_policies():
     llm = LLM(model, decode_path="static", max_num_seqs=2)
     engine = llm.llm_engine
     run_token, calls = engine.runner.run_token, []
-    engine.runner.run_token = lambda seqs, d: calls.append(d) or run_token(seqs, d)
+    engine.runner.run_token = lambda seqs, d, **kw: calls.append(d) or run_token(seqs, d, **kw)
     prompts = random_prompts(2, seed=3)
     handle = engine.add_round_observer(lambda event: None)
     llm.generate(prompts, SamplingParams(max_tokens=5, exit_policy="fixed",

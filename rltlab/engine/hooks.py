@@ -1,12 +1,21 @@
-"""Engine hooks: per-round observers (trace collection).
+"""Engine hooks: per-round observers and the decode capture (trace collection).
 
 Observers cost nothing when none is registered: the engine builds a RoundEvent only if at least
-one observer is attached, and computes per-round logits only if one asked for them.
+one observer is attached, and computes per-round logits only if one asked for them. An observer
+sees every round as it happens, so the engine steps round by round while one is attached.
+
+The decode capture (LLMEngine.set_decode_capture) hands over what an observer would see of the
+decode tokens, h_r and the gate logit of every round, without stopping whole-token steps and
+token windows (rltlab.engine.token_step, token_window): their launch also writes each round's
+h_r and gate logit into a device buffer inside the same graph (StaticDecoder's round capture),
+and the engine passes copies of the launched rows on after the launch, without reading the
+device. Decode tokens stepped round by round (beside a prefill, or at mixed depths) reach it
+one round at a time. Prompt positions are never captured.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -49,3 +58,20 @@ RoundObserver = Callable[[RoundEvent], None]
 class ObserverHandle:
     fn: RoundObserver
     with_logits: bool
+
+
+class DecodeCapture(Protocol):
+    """What LLMEngine.set_decode_capture hands every decode token's rounds to. Tensors are on
+    the engine's device and owned by the callee (copies, never overwritten later); hidden
+    states are h_r after model.norm in the model's dtype, gate logits fp32. Nothing is read
+    back to the host on the way."""
+
+    def tokens(self, seqs: list, positions: list[int], hidden: torch.Tensor,
+               gate_logits: torch.Tensor, weight_version: int) -> None:
+        """Whole tokens: row i of hidden [n, D, H] and gate_logits [n, D] holds rounds 1..D
+        of seqs[i]'s token at input position positions[i] (D: their depth)."""
+
+    def round(self, seqs: list, positions: list[int], rounds: list[int], hidden: torch.Tensor,
+              gate_logits: torch.Tensor, weight_version: int) -> None:
+        """One round step's decode tokens: row i of hidden [n, H] and gate_logits [n] is round
+        rounds[i] (1-based) of seqs[i]'s token at input position positions[i]."""

@@ -6,7 +6,8 @@
              [rows that are all fresh whole prompts: their R rounds and token 0 in one step
              (prompt_step.py); otherwise:]
              -> ask round-0 policies (decode tokens about to run round 1) -> run one round
-             -> decide exits -> tell observers -> advance spans (LAST_EXITED copies)
+             -> decide exits -> tell observers / the decode capture -> advance spans
+             (LAST_EXITED copies)
              -> samples waiting for a prompt computed now take it over (groups.py)
              -> sample exiting rows -> finished outputs
 
@@ -23,12 +24,13 @@ from typing import Iterable
 import numpy as np
 import torch
 
+from rltlab.common.device import to_device
 from rltlab.engine.block_manager import BlockManager
 from rltlab.engine.config import EngineConfig
 from rltlab.engine.exit_decider import ExitDecider
 from rltlab.engine.exit_policies import ExitPolicy, create_exit_policy
 from rltlab.engine.groups import fork_followers
-from rltlab.engine.hooks import ObserverHandle, RoundEvent, RoundObserver
+from rltlab.engine.hooks import DecodeCapture, ObserverHandle, RoundEvent, RoundObserver
 from rltlab.engine.model_runner import ModelRunner, StepRows, place_model
 from rltlab.engine.outputs import RequestOutput, build_output
 from rltlab.engine.sampling import SamplingParams, sample_finite
@@ -118,6 +120,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.paused = False
         self.observers: list[ObserverHandle] = []
+        self.capture: DecodeCapture | None = None   # set_decode_capture
         self.proposer: DraftProposer | TreeProposer | None = None
         self.spec_graphs: dict = {}   # id(proposer) -> its SpecGraph (spec_decode)
         # select_only needs every round's state of a token: no whole-token launches
@@ -142,17 +145,7 @@ class LLMEngine:
         if not isinstance(request_id, str) or request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is not a str or is already running")
         prompt = self._check_prompt(prompt_token_ids)
-        params = SamplingParams() if params is None else params
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
-        if params.stop and self.tokenizer is None:
-            raise ValueError("SamplingParams.stop needs a tokenizer to read the output text: "
-                             "build the engine with one (or use stop_token_ids)")
-        params = params.resolve(
-            num_rounds=self.num_rounds, vocab_size=self.model_config.vocab_size,
-            default_min_loops=self.config.resolve_default_min_loops(),
-            default_threshold=self.model_config.early_exit_threshold,
-            default_policy=self.config.exit_policy)
+        params = self.resolve_params(SamplingParams() if params is None else params)
         policy = self.policy(params.exit_policy)
         policy.check_arg_names(params)
         policy.validate(params, self.num_rounds)
@@ -171,6 +164,20 @@ class LLMEngine:
             self.scheduler.add(seq)
         self.requests[request_id] = request
         return request_id
+
+    def resolve_params(self, params: SamplingParams) -> SamplingParams:
+        """The effective params a request with `params` runs under (SamplingParams.resolve with
+        this engine's model and defaults; a seed is drawn where none is given)."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("SamplingParams.stop needs a tokenizer to read the output text: "
+                             "build the engine with one (or use stop_token_ids)")
+        return params.resolve(
+            num_rounds=self.num_rounds, vocab_size=self.model_config.vocab_size,
+            default_min_loops=self.config.resolve_default_min_loops(),
+            default_threshold=self.model_config.early_exit_threshold,
+            default_policy=self.config.exit_policy)
 
     def _check_prompt(self, tokens) -> list[int]:
         """Plain int ids in [0, vocab): a float, str or bool is refused, not coerced."""
@@ -248,6 +255,8 @@ class LLMEngine:
             exits = self.exit_decider.decide(seqs, rows, hidden, gate_logits)
             if self.observers:
                 self._notify_observers(seqs, rows, hidden, gate_logits, exits)
+            if self.capture is not None:
+                self._capture_round(seqs, rows, hidden, gate_logits)
             emitting = self._advance_spans(seqs, rows, hidden, gate_logits, exits)
             forked = fork_followers(self.runner, seqs, emitting)   # n > 1: one prefill
             self._sample(emitting + forked)
@@ -267,6 +276,33 @@ class LLMEngine:
                                  self.runner.logits(hidden) if want_logits else None)
         for observer in list(self.observers):
             observer.fn(event)
+
+    def _capture_round(self, seqs, batch: StepRows, hidden, gate_logits) -> None:
+        """The step's decode rows (one token each) to the decode capture."""
+        decode = [(seq, lo) for seq, lo in zip(seqs, batch.offsets)
+                  if seq.span.exit_rounds is None]
+        if not decode:
+            return
+        starts = [lo for _, lo in decode]
+        rows = to_device(starts, torch.int64, hidden.device)
+        self.capture.round([seq for seq, _ in decode],
+                           [batch.position_list[lo] for lo in starts],
+                           [batch.round_list[lo] for lo in starts],
+                           hidden.index_select(0, rows), gate_logits.index_select(0, rows),
+                           self.weights.version)
+
+    def _capture_tokens(self, seqs: list[Sequence], positions: list[int], depth: int,
+                        rows: torch.Tensor | None = None) -> None:
+        """After a capturing whole-token launch (StaticDecoder.launch_token): hand the decode
+        capture rounds 1..depth of the launch's rows `rows` (device int64; default 0..n-1),
+        seqs[i]'s token at positions[i] in row rows[i]."""
+        static = self.runner.static
+        hidden, gates = static.captured_hidden[:, :depth], static.captured_gates[:, :depth]
+        if rows is None:   # copies: the next launch overwrites the buffers
+            hidden, gates = hidden[: len(seqs)].clone(), gates[: len(seqs)].clone()
+        else:
+            hidden, gates = hidden.index_select(0, rows), gates.index_select(0, rows)
+        self.capture.tokens(seqs, positions, hidden, gates, self.weights.version)
 
     def _advance_spans(self, seqs, batch: StepRows, hidden, gate_logits, exits) -> list:
         """Move every row one round on; LAST_EXITED copies for tokens leaving before R.
@@ -410,6 +446,23 @@ class LLMEngine:
 
     def remove_round_observer(self, handle: ObserverHandle) -> None:
         self.observers.remove(handle)
+
+    @property
+    def decode_capture_available(self) -> bool:
+        """Whether this engine runs whole-token steps, the decode capture's fast path (the
+        static decode path, ExecutionConfig.fused_tokens, not select_only)."""
+        return self._whole_tokens is not None
+
+    def set_decode_capture(self, capture: DecodeCapture | None) -> None:
+        """Hand every decode token's per-round h_r and gate logit to `capture` (a
+        hooks.DecodeCapture) from now on, None: stop. Unlike a round observer it leaves
+        whole-token steps and token windows running (hooks.py); round windows, and whole
+        tokens of mixed depths, step round by round meanwhile. Needs
+        decode_capture_available."""
+        if capture is not None and not self.decode_capture_available:
+            raise ValueError("the decode capture needs whole-token steps: the static decode "
+                             "path with ExecutionConfig.fused_tokens, not select_only")
+        self.capture = capture
 
     def set_proposer(self, proposer) -> None:
         """Speculative decoding (rltlab.engine.spec.decoder; docs/engine.md section 7), lossless:

@@ -186,13 +186,18 @@ class ModelRunner:
             self.static = StaticDecoder(self.model, max_batch=rows, **self._static_args)
         return self.static
 
-    def run_token(self, seqs: list[Sequence], depth: int | list[int]) -> torch.Tensor:
+    def run_token(self, seqs: list[Sequence], depth: int | list[int],
+                  capture: bool = False) -> torch.Tensor:
         """Rounds 1..depth of every sequence's pending token (its last, at position
         num_tokens - 1) in one static-path launch, LAST_EXITED copies into the deeper planes
         included -> h_depth [n, H]. `depth` may also be one depth per sequence: then the rows
         run deepest first, each round over the rows still going (StaticDecoder.run_token_ragged),
-        and every row gets the LAST_EXITED copies of its own depth."""
+        and every row gets the LAST_EXITED copies of its own depth. capture (one depth only):
+        row i of the static decoder's round capture is seqs[i]'s token
+        (StaticDecoder.launch_token)."""
         depths = [depth] * len(seqs) if isinstance(depth, int) else list(depth)
+        if capture and len(set(depths)) > 1:
+            raise ValueError("round capture needs one depth for every row")
         order = sorted(range(len(seqs)), key=lambda i: -depths[i])
         ordered = [seqs[i] for i in order]
         slots = self._stage([(seq, seq.num_tokens - 1, 0) for seq in ordered])
@@ -200,7 +205,7 @@ class ModelRunner:
         embedded = self.model.model.embed_tokens(ids)
         sorted_depths = [depths[i] for i in order]
         if len(set(depths)) == 1:
-            hidden = self.static.run_token(embedded, depths[0])
+            hidden = self.static.run_token(embedded, depths[0], capture)
         else:
             hidden = self.static.run_token_ragged(embedded, sorted_depths)
         short = [(slot, d) for slot, d in zip(slots, sorted_depths)

@@ -97,6 +97,8 @@ class RoundWindow:
                 return None
         elif self._admit_now():
             return None
+        if eng.capture is not None:   # no round capture here: the decode capture takes round steps
+            return None
         state = []
         for seq in seqs:   # runs every step the engine takes: stop at the first misfit
             row = self._row_state(seq)

@@ -9,6 +9,11 @@ layer (run_token chains all rounds of a fixed-depth token into one graph, with o
 for all of them, see rltlab/engine/token_step.py). The host packs the rows' indices into a
 pinned staging buffer and issues one copy; nothing in a round reads the device back.
 
+Round capture (launch_token / run_token with capture=True, the engine's decode capture,
+rltlab/engine/hooks.py): the whole-token launch also copies each round's h_r and gate logit of
+every row into captured_hidden [max_batch, R, H] / captured_gates [max_batch, R], inside the
+same graph (its own graph per bucket and depth; the graphs without capture are unchanged).
+
 Math: the reference layer (rltlab.model.architecture), with the sandwich norms fused pairwise
 (kernels.add_rmsnorm: h + norm(x) * w_post, then the next norm) and q/k/v resp. gate/up as one
 matmul each. fuse_projections() makes the model's q/k/v (gate/up) weights views into one fused
@@ -173,6 +178,10 @@ class StaticDecoder:
         self._plane_rows = torch.arange(rounds, dtype=torch.int32, device=self.device)[:, None] \
             .expand(rounds, max_batch).contiguous()
         self.token_in = torch.zeros_like(self.hidden_in)
+        # Round capture buffers, allocated on the first capturing launch and kept (captured
+        # graphs write into them).
+        self.captured_hidden: torch.Tensor | None = None
+        self.captured_gates: torch.Tensor | None = None
         self._graphs: dict = {}   # bucket -> one round; (bucket, depth) -> a whole token
         self._pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
 
@@ -237,23 +246,38 @@ class StaticDecoder:
         bucket = self._bucket(n)
         self._launch(bucket, lambda: self._round(bucket))
 
-    def run_token(self, hidden: torch.Tensor, depth: int) -> torch.Tensor:
+    def run_token(self, hidden: torch.Tensor, depth: int, capture: bool = False) -> torch.Tensor:
         """Rounds 1..depth of the staged rows' tokens in one go (one graph replay on CUDA):
         round r reads and writes plane r - 1 for every row, whatever stage() put in planes.
         hidden [n, H]: the embeddings. -> h_depth [n, H] (whole tokens run host-fixed depths:
-        no gate logits)."""
+        no gate logits). capture: see launch_token."""
         n = hidden.shape[0]
-        self.launch_token(n, depth, hidden)
+        self.launch_token(n, depth, hidden, capture)
         return self.hidden_out[:n].clone()
 
-    def launch_token(self, n: int, depth: int, hidden: torch.Tensor) -> None:
+    def launch_token(self, n: int, depth: int, hidden: torch.Tensor,
+                     capture: bool = False) -> None:
         """run_token for the first n staged rows, its h_depth left in hidden_out (the caller
-        reads it before the next launch: rltlab.engine.token_window)."""
+        reads it before the next launch: rltlab.engine.token_window). capture: also leave
+        round r's h_r (after model.norm) and gate logit of row i in captured_hidden[i, r - 1]
+        and captured_gates[i, r - 1], r <= depth, until the next capturing launch."""
         if not 1 <= depth <= self.config.num_rounds:
             raise ValueError(f"depth must lie in 1..{self.config.num_rounds}, got {depth}")
         self.token_in[:n].copy_(hidden)
         bucket = self._bucket(n)
-        self._launch((bucket, depth), lambda: self._token(bucket, depth))
+        if capture:
+            self._capture_buffers()
+            self._launch((bucket, depth, "capture"), lambda: self._token(bucket, depth, True))
+        else:
+            self._launch((bucket, depth), lambda: self._token(bucket, depth))
+
+    def _capture_buffers(self) -> None:
+        if self.captured_hidden is None:
+            rounds = self.config.num_rounds
+            self.captured_hidden = torch.zeros(self.max_batch, rounds, self.config.hidden_size,
+                                               dtype=self.dtype, device=self.device)
+            self.captured_gates = torch.zeros(self.max_batch, rounds, dtype=torch.float32,
+                                              device=self.device)
 
     def run_token_ragged(self, hidden: torch.Tensor, depths: list[int]) -> torch.Tensor:
         """Rounds 1..depths[i] of staged row i's token, rows ordered deepest first: round r
@@ -278,14 +302,17 @@ class StaticDecoder:
             out[done:going].copy_(self.hidden_out[done:going])
         return out
 
-    def _token(self, n: int, depth: int) -> None:
+    def _token(self, n: int, depth: int, capture: bool = False) -> None:
         # Reads only token_in and the staged indices: running it again (the capture's warm-up
         # does) recomputes the same values and rewrites the same K/V. Every round sits at the
         # token's position: one RoPE table for all of them.
         rope = self.rope(self._views(self.index)[0][:n])
         for r in range(depth):
             self._round(n, plane=r, x=self.token_in[:n] if r == 0 else self.hidden_out[:n],
-                        rope=rope)
+                        rope=rope, gates=capture)
+            if capture:
+                self.captured_hidden[:n, r].copy_(self.hidden_out[:n])
+                self.captured_gates[:n, r].copy_(self.gate_out[:n])
 
     def _grouped(self) -> bool:
         return self.groups is not None and self.groups.active
@@ -323,7 +350,7 @@ class StaticDecoder:
         speculative graphs of rltlab.engine.spec.draft_program build their own); x: the round's input
         [n, H] instead of hidden_in (it may be hidden_out: read before it is written); rope:
         self.rope(positions) where the caller has it; gates: also write the exit gate's logits
-        into gate_out (only run() returns them)."""
+        into gate_out (run() returns them, a capturing whole token keeps them)."""
         cfg, model = self.config, self.model.model
         positions, planes, slots, ctx, tables = self._views(self.index)
         if plane is not None:

@@ -15,6 +15,10 @@ of this output token). Then the result is the round-per-step result by construct
 rounds through the same decoder, the same LAST_EXITED copies, the same sampler; tests compare
 both token for token. Anything else steps one round at a time.
 
+The decode capture (LLMEngine.set_decode_capture, hooks.py) keeps whole tokens of one depth:
+their launch also captures every round's h_r and gate logit, handed over after the launch.
+Whole tokens of mixed depths capture nothing, so while it is set they step round by round.
+
 Mixed depths: when the rows' depths differ (exit replay, or requests at different fixed depths),
 the step runs them deepest first and each round only over the rows still going
 (ModelRunner.run_token with one depth per row): a row at depth 2 costs two rounds, and the batch
@@ -63,7 +67,9 @@ class FusedTokenStep:
         depths = self._depths(seqs)
         if depths is None:
             return None
-        return depths[0] if len(set(depths)) == 1 else depths
+        if len(set(depths)) == 1:
+            return depths[0]
+        return None if self.engine.capture is not None else depths
 
     def hold(self) -> frozenset[int]:
         """Sequences at a boundary to keep waiting this round step: every running sequence is
@@ -100,7 +106,10 @@ class FusedTokenStep:
         eng = self.engine
         seqs = list(eng.scheduler.running)
         eng._failed = {}
-        hidden = eng.runner.run_token(seqs, depth)
+        capture = eng.capture is not None   # ready(): then one depth for all
+        hidden = eng.runner.run_token(seqs, depth, capture=capture)
+        if capture:
+            eng._capture_tokens(seqs, [seq.num_tokens - 1 for seq in seqs], depth)
         for seq in seqs:
             seq.num_computed = seq.num_tokens
         depths = [depth] * len(seqs) if isinstance(depth, int) else depth

@@ -17,7 +17,8 @@ tests compare them token for token.
 A row that reaches its length limit sits out the window's remaining tokens as a padding row
 (slot -1: no K/V write, nothing sampled); a row that stops at EOS or a stop token computes on to
 the window's end and its later tokens are dropped, so a freed slot is refilled when the window
-ends. Rows asking for top log-probs (logprobs > 0) take one-token steps.
+ends. Rows asking for top log-probs (logprobs > 0) take one-token steps. With the decode
+capture set (hooks.py) each token's launch also captures its rounds, handed over per token.
 
 Planned ahead: while the device runs window k, before reading it back, the host plans and
 uploads window k + 1 for the rows that will still run, at the positions window k leaves them
@@ -228,10 +229,14 @@ class TokenWindow:
         embed = runner.model.model.embed_tokens
         if static.groups is not None:   # the window's rows sharing a prompt (prefix_groups.py)
             static.groups.use(plan.groups)
+        capture = eng.capture is not None
         outs = []
         for s, going in enumerate(live):
             static.index.copy_(index[s])
-            static.launch_token(n, depth, embed(pending))
+            static.launch_token(n, depth, embed(pending), capture)
+            if capture:   # plan.key[i][1]: row i's num_tokens at the window's start
+                eng._capture_tokens([seqs[i] for i in going],
+                                    [plan.key[i][1] - 1 + s for i in going], depth, rows[s])
             if depth < eng.num_rounds:   # LAST_EXITED: planes depth..R-1 get round depth's K/V
                 runner.copy_exited(slots[s].index_select(0, rows[s]), planes[: len(going)])
             outs.append(sample_rows(eng, static.hidden_out, pending, rows[s],
