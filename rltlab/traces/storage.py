@@ -106,7 +106,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 class TraceWriter:
     """Accumulates per-token records and writes a shard every `shard_tokens` tokens.
 
-    records: dicts holding every field of ALL_FIELDS for one token (tensors or numbers).
+    records: dicts holding every field of ALL_FIELDS for one token (tensors or numbers), or
+    columns: every field of ALL_FIELDS as one tensor over tokens (add_columns; the same bytes).
     An existing directory with a manifest is appended to when its settings match.
     manifest_name: the manifest's file name; data-parallel ranks share one directory, each with
     its own manifest (rltlab.traces.sharded merges them into manifest.json).
@@ -131,7 +132,8 @@ class TraceWriter:
 
     def _open(self, num_rounds, hidden_dim, shard_tokens, projection, projection_seed, info):
         self.shard_tokens = shard_tokens
-        self.pending: list[dict[str, Any]] = []
+        self._pending: list[dict[str, torch.Tensor]] = []   # columns, in order
+        self._pending_tokens = 0
         old = read_manifest_file(self.manifest_path) if self.manifest_path.exists() else None
         settings = {"num_rounds": num_rounds, "hidden_dim": hidden_dim,
                     "hidden_dtype": dtype_name(self.dtype)}
@@ -158,13 +160,27 @@ class TraceWriter:
 
     @property
     def num_tokens(self) -> int:
-        return self.manifest["num_tokens"] + len(self.pending)
+        return self.manifest["num_tokens"] + self._pending_tokens
 
     def add(self, records: Sequence[dict[str, Any]]) -> None:
-        self.pending.extend(records)
-        while len(self.pending) >= self.shard_tokens:
-            self._write(self.pending[:self.shard_tokens])
-            self.pending = self.pending[self.shard_tokens:]
+        if records:
+            self.add_columns(stack_records(list(records), self.dtype))
+
+    def add_columns(self, columns: dict[str, torch.Tensor]) -> None:
+        """Append tokens given as columns (field -> tensor, first axis = token)."""
+        columns = typed_columns(columns, self.dtype)
+        self._pending.append(columns)
+        self._pending_tokens += len(columns["token"])
+        while self._pending_tokens >= self.shard_tokens:
+            self._write(self._take(self.shard_tokens))
+
+    def _take(self, count: int) -> dict[str, torch.Tensor]:
+        """The first `count` pending tokens as one set of columns (removed from pending)."""
+        merged = concat_columns(self._pending)
+        self._pending = [{k: v[count:] for k, v in merged.items()}] \
+            if self._pending_tokens > count else []
+        self._pending_tokens -= count
+        return {k: v[:count] for k, v in merged.items()}
 
     def update_info(self, **info: Any) -> None:
         self._check_open()
@@ -175,9 +191,8 @@ class TraceWriter:
         """Write the pending records and release the directory (a second close does nothing)."""
         if self._lock is not None:
             try:
-                if self.pending:
-                    self._write(self.pending)
-                    self.pending = []
+                if self._pending_tokens:
+                    self._write(self._take(self._pending_tokens))
             finally:
                 self._release()
         return self.manifest
@@ -195,21 +210,27 @@ class TraceWriter:
         if self._lock is None:
             raise RuntimeError(f"the TraceWriter of {self.manifest_path} is closed")
 
-    def write_group(self, records: Sequence[dict[str, Any]], group: str) -> None:
-        """Write `records` (in the given order) as their own shards `shard-<group>-<part>`, of
-        at most shard_tokens tokens, apart from the pending ones. A shard's bytes then depend
-        only on the group's records, not on what else this writer saw (data-parallel ranks
-        reproduce a single process's shards exactly)."""
+    def write_group(self, records: Sequence[dict[str, Any]] | dict[str, torch.Tensor],
+                    group: str) -> None:
+        """Write `records` (in the given order; or columns) as their own shards
+        `shard-<group>-<part>`, of at most shard_tokens tokens, apart from the pending ones. A
+        shard's bytes then depend only on the group's records, not on what else this writer
+        saw (data-parallel ranks reproduce a single process's shards exactly)."""
         if not group or "/" in group or group != group.strip():
             raise ValueError(f"bad shard group name {group!r}")
-        records = list(records)
-        for part, start in enumerate(range(0, len(records), self.shard_tokens)):
-            self._write(records[start:start + self.shard_tokens],
+        if isinstance(records, dict):
+            columns = typed_columns(records, self.dtype)
+        else:
+            records = list(records)
+            columns = stack_records(records, self.dtype) if records else None
+        count = len(columns["token"]) if columns is not None else 0
+        for part, start in enumerate(range(0, count, self.shard_tokens)):
+            self._write({k: v[start:start + self.shard_tokens] for k, v in columns.items()},
                         f"shard-{group}-{part:03d}.safetensors")
 
-    def _write(self, records: list[dict[str, Any]], name: str | None = None) -> None:
+    def _write(self, tensors: dict[str, torch.Tensor], name: str | None = None) -> None:
         self._check_open()
-        tensors = stack_records(records, self.dtype)
+        count = len(tensors["token"])
         name = name or f"shard-{len(self.manifest['shards']):05d}.safetensors"
         if any(entry["file"] == name for entry in self.manifest["shards"]):
             raise ValueError(f"{self.dir} already has a shard {name}")
@@ -221,10 +242,36 @@ class TraceWriter:
                     "model_hashes", {}).get(str(v)) for v in versions})}
         _atomic_save(tensors, path, meta)
         self.manifest["shards"].append({
-            "file": name, "num_tokens": len(records), "bytes": path.stat().st_size,
+            "file": name, "num_tokens": count, "bytes": path.stat().st_size,
             "sha256": sha256_file(path), "weight_versions": versions})
-        self.manifest["num_tokens"] += len(records)
+        self.manifest["num_tokens"] += count
         write_json_atomic(self.manifest_path, self.manifest)
+
+
+def typed_columns(columns: dict[str, Any], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Columns (field -> values over tokens) as the shard tensors: every field of ALL_FIELDS
+    in its storage dtype, on the CPU (a missing field or a token count that differs between
+    fields raises ValueError)."""
+    missing = [k for k in ALL_FIELDS if k not in columns]
+    if missing:
+        raise ValueError(f"trace columns lack the fields {missing}")
+    out = {"hidden": torch.as_tensor(columns["hidden"]).cpu().to(dtype),
+           "round_mask": torch.as_tensor(columns["round_mask"]).cpu().bool(),
+           "top1_id": torch.as_tensor(columns["top1_id"]).cpu().int()}
+    out.update({k: torch.as_tensor(columns[k]).cpu().float() for k in ROUND_FIELDS_F32})
+    out.update({k: torch.as_tensor(columns[k]).cpu().to(torch.int32) for k in TOKEN_FIELDS_I32})
+    out.update({k: torch.as_tensor(columns[k]).cpu().to(torch.int64) for k in TOKEN_FIELDS_I64})
+    counts = {k: v.shape[0] if v.dim() else None for k, v in out.items()}
+    if len(set(counts.values())) != 1:
+        raise ValueError(f"trace columns hold different token counts: {counts}")
+    return out
+
+
+def concat_columns(parts: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Columns of several batches of tokens, in order, as one."""
+    if len(parts) == 1:
+        return dict(parts[0])
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
 def stack_records(records: list[dict[str, Any]], dtype: torch.dtype) -> dict[str, torch.Tensor]:
