@@ -1,4 +1,5 @@
-"""Trace collection during real generations, through the engine's per-round observer hook.
+"""Trace collection during real generations: the engine's per-round observer, or in teacher mode
+its decode capture.
 
     collector = TraceCollector(llm, out_dir, teacher=True, hidden_dtype="bfloat16")
     outputs = collector.generate(prompts, SamplingParams(temperature=0, max_tokens=64,
@@ -18,6 +19,18 @@ text is then the full-depth rollout (its tokens come from round R). Without teac
 policy acts for real (LAST_EXITED); tokens have `executed` = selected rounds and the reference
 statistics refer to the exit round.
 
+Fast path (capture.py): in teacher mode, when the engine runs whole-token steps (the static
+decode path), has no other observer and no proposer, and every request's policy is one whose
+choice follows from the gate logits (capture.REPLAYABLE_POLICIES: q_exit, q_exit_delayed, fixed,
+with max_loops = R), no observer is attached. The requests run at fixed depth R, which generates
+the same text, on the engine's whole-token steps and token windows, whose launches capture each
+round's h_r and gate logit on the device (LLMEngine.set_decode_capture); the statistics are
+computed afterwards in batches on the device and `selected` by replaying the policy on the gate
+logits. The records are the observer path's (same fields, tokens and selected rounds; floats
+up to the batching of the arithmetic); only the order of requests inside the running shards
+may differ, as requests finish in another order. TraceCollector.fast_path_applies says which
+path a call takes; everything else takes the observer path.
+
 A directory's manifest maps each weight version to one model hash (info.model_hashes): a
 collector refuses to add traces of weights whose hash differs from the one recorded for the
 engine's weight version (another model appended "at version 0" would otherwise be recorded
@@ -36,8 +49,9 @@ from typing import Any, Sequence
 import torch
 
 from rltlab.engine.exit_policies import ExitPolicy, create_exit_policy, register_exit_policy
+from rltlab.traces.capture import FLUSH_TOKENS, REPLAYABLE_POLICIES, TeacherCapture
 from rltlab.traces.stats import stats_from_logprobs_batch
-from rltlab.traces.storage import MANIFEST, TraceWriter, dtype_name
+from rltlab.traces.storage import MANIFEST, TraceWriter, concat_columns, dtype_name
 
 _COLLECTOR_IDS = itertools.count()
 
@@ -151,7 +165,6 @@ class TraceCollector:
                                                   cfg.exit_policy_args, self._selected)
             policy = self._teacher_policy
             register_exit_policy(policy.name, lambda _cfg, **_kw: policy)
-        self._handle = self.engine.add_round_observer(self._observe, with_logits=True)
         self._tag = f"t{next(_COLLECTOR_IDS)}-{uuid.uuid4().hex[:6]}"
         self.stats = {"tokens": 0, "requests": 0, "observe_s": 0.0, "generate_s": 0.0}
 
@@ -175,6 +188,9 @@ class TraceCollector:
             raise ValueError(f"{len(params_list)} sampling params for {len(prompts)} prompts")
         prompt_ids = list(range(len(prompts))) if prompt_ids is None else list(prompt_ids)
         start = time.perf_counter()
+        capture = None
+        if self.fast_path_applies(params_list):
+            capture = TeacherCapture(engine, self._stored_hidden, self._teacher_policy._inner)
         self._group = [] if shard_group is not None else None
         ids = []
         for prompt, param, pid in zip(prompts, params_list, prompt_ids):
@@ -185,26 +201,75 @@ class TraceCollector:
                     exit_policy_args={**param.exit_policy_args, "teacher_of": inner})
             rid = f"{self._tag}-{pid}-{len(self._requests)}"
             self._requests[rid] = {"prompt_id": int(pid), "prompt_len": len(prompt)}
+            if capture is not None:
+                # what the observer path's request runs under (seed drawn, defaults filled
+                # in), checked as add_request checks it; the engine runs it at fixed depth R
+                param = engine.resolve_params(param)
+                self._teacher_policy.validate(param, self.num_rounds)
+                capture.track(rid, int(pid), len(prompt), param, inner)
+                param = dataclasses.replace(param, exit_policy="fixed",
+                                            exit_policy_args={"depth": self.num_rounds})
             ids.append(engine.add_request(rid, list(prompt), param))
-        results = {}
-        while len(results) < len(ids):
-            for out in engine.step():
-                if out.finished:
-                    results[out.request_id] = out
-                    self._finish_request(out)
+        if capture is not None:
+            engine.set_decode_capture(capture)
+        else:
+            handle = engine.add_round_observer(self._observe, with_logits=True)
+        try:
+            results = self._run(ids, capture)
+        finally:
+            if capture is not None:
+                engine.set_decode_capture(None)
+                self.stats["observe_s"] += capture.seconds
+            else:
+                engine.remove_round_observer(handle)
         if shard_group is not None:
-            self._group.sort(key=lambda r: (r["prompt_id"], r["sample_index"], r["position"]))
-            self.writer.write_group(self._group, shard_group)
+            if capture is not None:
+                self.writer.write_group(_sorted_columns(self._group), shard_group)
+            else:
+                self._group.sort(key=lambda r: (r["prompt_id"], r["sample_index"],
+                                                r["position"]))
+                self.writer.write_group(self._group, shard_group)
             self._group = None
         self.stats["generate_s"] += time.perf_counter() - start
         return [results[rid] for rid in ids]
 
+    def fast_path_applies(self, params: Sequence) -> bool:
+        """Whether generate() with these SamplingParams takes the fast path (module docstring):
+        teacher mode, an engine with whole-token steps and neither a round observer nor a
+        proposer, and every request's policy replayable with max_loops = R."""
+        engine = self.engine
+        if not (self.teacher and engine.decode_capture_available and not engine.observers
+                and engine.proposer is None):
+            return False
+        return all(type(self._teacher_policy._inner(p.exit_policy or engine.config.exit_policy))
+                   in REPLAYABLE_POLICIES and p.max_loops in (None, self.num_rounds)
+                   for p in params)
+
+    def _run(self, ids: list[str], capture: TeacherCapture | None) -> dict[str, Any]:
+        """Step the engine until the requests `ids` finish; their records go to the writer
+        (the fast path's at each flush, in the order the requests finished)."""
+        engine, results = self.engine, {}
+        while len(results) < len(ids):
+            for out in engine.step():
+                if not out.finished:
+                    continue
+                results[out.request_id] = out
+                if capture is None:
+                    self._finish_request(out)
+                    continue
+                # the output names the params the observer path's request runs under
+                out.sampling_params = capture.requests[out.request_id].params
+                capture.finish(out)
+                self.stats["requests"] += 1
+            if capture is not None and capture.captured_tokens >= FLUSH_TOKENS:
+                self._add_columns(capture.flush())
+        if capture is not None:
+            self._add_columns(capture.flush())
+        return results
+
     def close(self) -> dict[str, Any]:
-        """Flush the last shard, detach from the engine, release the directory; returns the
-        manifest (again, without writing, on a second call)."""
-        if self._handle is not None:
-            self.engine.remove_round_observer(self._handle)
-            self._handle = None
+        """Flush the last shard, release the directory; returns the manifest (again, without
+        writing, on a second call)."""
         if self.writer.closed:
             return self.writer.manifest
         self.writer.update_info(model_hashes=self.model_hashes,
@@ -245,6 +310,27 @@ class TraceCollector:
             self.model_hashes[str(version)] = model_hash(self.engine.model)
             self.writer.update_info(model_hashes=self.model_hashes)
 
+    def _stored_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """h_r [..., H] as stored: through the projection (in fp32) if any, in the storage
+        dtype; [..., 0] without hidden states."""
+        if self.projection is not None:
+            if self._projection_on is None or self._projection_on.device != hidden.device:
+                self._projection_on = self.projection.to(hidden.device)
+            hidden = hidden.float() @ self._projection_on
+        return hidden.to(self.writer.dtype) if self.store_hidden else hidden[..., :0]
+
+    def _add_columns(self, columns: dict[str, torch.Tensor] | None) -> None:
+        """Fast-path records (capture.py) to the running shards, or to this call's group."""
+        if columns is None:
+            return
+        if self._group is not None:
+            self._group.append(columns)
+        else:
+            self.writer.add_columns(columns)
+        self.stats["tokens"] += len(columns["token"])
+        for version in set(columns["weight_version"].tolist()):
+            self._ensure_hash(version)
+
     def _observe(self, event) -> None:
         """Per round: this collector's decode rows, their log-softmax, hidden state (projected,
         in the storage dtype) and gate logit, kept on the engine's device until the token's
@@ -261,12 +347,7 @@ class TraceCollector:
         host_idx = torch.tensor(rows)
         idx = host_idx.to(device, non_blocking=True)
         logp = torch.log_softmax(event.logits[idx].float(), dim=-1)
-        hidden = event.hidden[idx]
-        if self.projection is not None:
-            if self._projection_on is None or self._projection_on.device != device:
-                self._projection_on = self.projection.to(device)
-            hidden = hidden.float() @ self._projection_on
-        hidden = hidden.to(self.writer.dtype) if self.store_hidden else hidden[:, :0]
+        hidden = self._stored_hidden(event.hidden[idx])
         gate = event.gate_logits[idx].float()
         rounds, positions = torch.stack([event.rounds[idx], event.positions[idx]]).tolist()
         exits = event.exits[host_idx.to(event.exits.device)].tolist()
@@ -345,6 +426,16 @@ class TraceCollector:
             self._ensure_hash(version)
 
 
+def _sorted_columns(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor] | list:
+    """Fast-path columns of one shard group, by (prompt id, sample, position); [] if none."""
+    if not parts:
+        return []
+    columns = concat_columns(parts)
+    keys = list(zip(*(columns[k].tolist() for k in ("prompt_id", "sample_index", "position"))))
+    order = torch.tensor(sorted(range(len(keys)), key=keys.__getitem__), dtype=torch.int64)
+    return {k: v.index_select(0, order) for k, v in columns.items()}
+
+
 def collect_traces(llm, prompts: Sequence[Sequence[int]], params, out_dir: str | Path, *,
                    prompt_ids: Sequence[int] | None = None, batch_size: int | None = None,
                    **collector_kwargs) -> tuple[list, dict[str, Any]]:
@@ -376,9 +467,10 @@ def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: 
 
     Returns plain_s / traced_s (median of repeats), tokens/s of each, throughput_ratio =
     traced / plain tokens per second (1.0: collection is free; the acceptance bar at the 1.4B
-    shape is >= 0.8), overhead_x = traced_s / plain_s, the time inside the observer, output
-    tokens, the device and dtypes. The temporary traces are checked against the free disk
-    space first (rltlab.traces.size)."""
+    shape is >= 0.8), overhead_x = traced_s / plain_s, fast_path (whether the collector took
+    the decode capture, see the module docstring), observer_s (host time in the observer, or
+    in the decode capture and its statistics), output tokens, the device and dtypes. The
+    temporary traces are checked against the free disk space first (rltlab.traces.size)."""
     import shutil
     import statistics
 
@@ -408,9 +500,12 @@ def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: 
     def plain():
         return llm.generate(prompts, plain_params)
 
+    fast_path = []
+
     def traced(target: Path):
         shutil.rmtree(target, ignore_errors=True)
         collector = TraceCollector(engine, target, **collector_kwargs)
+        fast_path.append(collector.fast_path_applies([params]))
         try:
             outs = collector.generate(prompts, params)
         finally:
@@ -454,7 +549,7 @@ def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: 
             == [o.outputs[0].token_ids for o in traced_outs],
             "baseline": (f"the same prompts at fixed depth {R} (the teacher rollout's tokens), "
                          "no observer" if teacher else "the same prompts and params, no observer"),
-            "teacher": teacher,
+            "teacher": teacher, "fast_path": all(fast_path),
             "hidden_dtype": collector_kwargs.get("hidden_dtype", "float32"),
             "engine_dtype": dtype_name(next(engine.model.parameters()).dtype),
             "device": str(engine.runner.device)}
