@@ -34,6 +34,16 @@ def test_on_policy_records_reproduce_the_rollout_and_its_counterfactual_rounds(t
     assert min(depths) < R and max(depths) == R, depths     # the rollout does exit early
     recs = on_policy_records(model, outs, list(range(len(prompts))))
     assert len(recs) == len(depths)
+    # statistics in chunks of 3 tokens' logits (the 1.4B shape's bound on memory) change nothing
+    chunked = on_policy_records(model, outs, list(range(len(prompts))),
+                                stats_chunk_bytes=3 * R * model.config.vocab_size * 4)
+    for a, b in zip(recs, chunked):
+        assert a.keys() == b.keys()
+        for key, value in a.items():
+            if isinstance(value, torch.Tensor):
+                torch.testing.assert_close(b[key], value, atol=1e-6, rtol=1e-6)
+            else:
+                assert b[key] == value
     # the engine's own (non-teacher) trace of the same rollout: its executed rounds
     with TraceCollector(llm, tmp_path / "engine", teacher=False) as col:
         again = col.generate(prompts, params)

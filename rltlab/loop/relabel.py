@@ -155,12 +155,17 @@ def _sequences(outputs) -> list[tuple[list[int], list[int], list[int], int, int]
 
 @torch.no_grad()
 def on_policy_records(model, outputs, prompt_ids: Sequence[int], *, seed: int = 0,
-                      max_batch_tokens: int = 4096) -> list[dict[str, Any]]:
+                      max_batch_tokens: int = 4096,
+                      stats_chunk_bytes: int | None = None) -> list[dict[str, Any]]:
     """Trace records (rltlab.traces.storage format, every round) of the decode tokens of a
     deployed-policy rollout: `outputs` are its RequestOutputs (n = 1, LAST_EXITED), in the
     order of `prompt_ids`. Sequences are recomputed in batches of at most max_batch_tokens
-    padded positions, on the model's device; only the records' small tensors (and h_r) come
-    back to the host."""
+    padded positions, on the model's device, their statistics from at most stats_chunk_bytes
+    of fp32 logits at a time (default: rltlab.traces.capture.STATS_CHUNK_BYTES); only the
+    records' small tensors (and h_r) come back to the host."""
+    from rltlab.traces.capture import STATS_CHUNK_BYTES
+
+    chunk_bytes = stats_chunk_bytes or STATS_CHUNK_BYTES
     R, device = model.config.num_rounds, next(model.parameters()).device
     seqs = _sequences(outputs)
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))
@@ -189,10 +194,14 @@ def on_policy_records(model, outputs, prompt_ids: Sequence[int], *, seed: int = 
             rows += [row] * len(depths)
             cols += list(range(plen, plen + len(depths)))
         if rows:
-            hs = h[rows, cols]                                    # [m, R, H]
-            logits = model.lm_head(hs).float()
-            stats = batched_stats(torch.log_softmax(logits, -1), g[rows, cols])
-            stats = {k: v.cpu() for k, v in stats.items()}
+            hs, gs = h[rows, cols], g[rows, cols]                 # [m, R, H], [m, R]
+            # [m, R, vocab] fp32 logits in bounded chunks: at the 1.4B shape a 4096-token
+            # batch's are ~6 GB before the softmax's temporaries.
+            step = max(1, chunk_bytes // (R * model.config.vocab_size * 4))
+            parts = [batched_stats(torch.log_softmax(model.lm_head(hs[lo:lo + step]).float(),
+                                                     -1), gs[lo:lo + step])
+                     for lo in range(0, len(rows), step)]
+            stats = {k: torch.cat([p[k] for p in parts]).cpu() for k in parts[0]}
             hs = hs.float().cpu()
             j = 0
             for row, i in enumerate(batch):
