@@ -11,7 +11,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 
 def process_umask() -> int:
@@ -33,13 +33,17 @@ def default_permissions(path: str | os.PathLike) -> None:
             os.chmod(os.path.join(root, name), 0o666 & ~umask)
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+def write_bytes_atomic(path: str | os.PathLike, data: bytes | Sequence[bytes | memoryview]
+                       ) -> Path:
+    """data (or its parts, written in order: no joined copy) to a temporary sibling, fsynced,
+    then os.replace'd into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            for part in ([data] if isinstance(data, (bytes, bytearray, memoryview)) else data):
+                handle.write(part)
             handle.flush()
             os.fsync(handle.fileno())
         default_permissions(tmp)

@@ -73,22 +73,31 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
-def _atomic_save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
+def _atomic_save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]
+                 ) -> tuple[str, int]:
+    """Write the canonical safetensors file -> (its sha256, its size), from the bytes in
+    memory (no second read of the file)."""
     data = safetensors.torch.save({k: v.contiguous() for k, v in tensors.items()},
                                   metadata=metadata)
-    write_bytes_atomic(path, _canonical_header(data))
+    parts = _canonical_header(data)
+    write_bytes_atomic(path, parts)
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part)
+    return digest.hexdigest(), sum(len(part) for part in parts)
 
 
-def _canonical_header(data: bytes) -> bytes:
+def _canonical_header(data: bytes) -> tuple[bytes, memoryview]:
     """The same safetensors file with its JSON header keys sorted. safetensors writes the
     metadata from a Rust HashMap, whose order changes from process to process, so equal shards
     would get different sha256s in different runs or ranks; data offsets are relative to the
-    end of the header, so re-serializing it leaves the tensor bytes valid."""
+    end of the header, so re-serializing it leaves the tensor bytes valid. -> (the new size
+    and header, the tensor bytes as a view of data: no copy of them)."""
     size = struct.unpack("<Q", data[:8])[0]
     header = json.loads(data[8:8 + size])
     text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)   # safetensors pads the header to 8 bytes with spaces
-    return struct.pack("<Q", len(text)) + text + data[8 + size:]
+    return struct.pack("<Q", len(text)) + text, memoryview(data)[8 + size:]
 
 
 def hidden_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -150,11 +159,12 @@ class TraceWriter:
                              "info": {}}
         if projection is not None and self.manifest["projection"] is None:
             path = self.dir / PROJECTION_FILE
-            _atomic_save({"projection": projection.float().cpu()}, path, {"format": "pt"})
+            digest, size = _atomic_save({"projection": projection.float().cpu()}, path,
+                                        {"format": "pt"})
             self.manifest["projection"] = {
                 "file": PROJECTION_FILE, "in_dim": int(projection.shape[0]),
                 "out_dim": int(projection.shape[1]), "seed": projection_seed,
-                "sha256": sha256_file(path), "bytes": path.stat().st_size}
+                "sha256": digest, "bytes": size}
         self.manifest["info"].update(info or {})
         write_json_atomic(self.manifest_path, self.manifest)
 
@@ -240,10 +250,10 @@ class TraceWriter:
                 "weight_versions": json.dumps(versions),
                 "model_hashes": json.dumps({str(v): self.manifest["info"].get(
                     "model_hashes", {}).get(str(v)) for v in versions})}
-        _atomic_save(tensors, path, meta)
+        digest, size = _atomic_save(tensors, path, meta)
         self.manifest["shards"].append({
-            "file": name, "num_tokens": count, "bytes": path.stat().st_size,
-            "sha256": sha256_file(path), "weight_versions": versions})
+            "file": name, "num_tokens": count, "bytes": size, "sha256": digest,
+            "weight_versions": versions})
         self.manifest["num_tokens"] += count
         write_json_atomic(self.manifest_path, self.manifest)
 
