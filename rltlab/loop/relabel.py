@@ -33,6 +33,8 @@ from typing import Any, Sequence
 
 import torch
 
+from rltlab.traces.stats import STATS_CHUNK_BYTES, stats_of_hidden
+
 
 class _Plane:
     """The K/V a counterfactual round reads: for query q (at position p_q), the rollout's
@@ -110,29 +112,6 @@ def all_round_states(model, ids: torch.Tensor, exit_rounds: torch.Tensor,
     return states, gates
 
 
-def batched_stats(logp: torch.Tensor, gate_logits: torch.Tensor) -> dict[str, torch.Tensor]:
-    """rltlab.traces.stats.stats_from_logprobs for m tokens at once, on their device:
-    logp [m, R, V] (log-softmax rows), gate_logits [m, R] -> [m, R] fields and ref_token [m]
-    (the ref round is the last; a test checks the two agree)."""
-    from rltlab.model import gates
-
-    probs = logp.exp()
-    top2 = probs.topk(min(2, probs.shape[-1]), dim=-1)
-    top1_prob, top1_id = top2.values[..., 0], top2.indices[..., 0]
-    second = top2.values[..., 1] if probs.shape[-1] > 1 else torch.zeros_like(top1_prob)
-    entropy = -(probs * logp).sum(-1)
-    ref = logp[:, -1]
-    ref_token = ref.argmax(-1)
-    kl = (ref.exp()[:, None, :] * (ref[:, None, :] - logp)).sum(-1).clamp_min(0.0)
-    g = gates.at_least_fp32(gate_logits)
-    return {"top1_id": top1_id, "top1_prob": top1_prob.float(),
-            "margin": (top1_prob - second).float(), "entropy": entropy.float(),
-            "logprob_ref": logp.gather(-1, ref_token[:, None, None].expand(
-                -1, logp.shape[1], 1))[..., 0].float(),
-            "kl_ref": kl.float(), "gate_logit": g.float(), "hazard": gates.hazards(g).float(),
-            "cdf": gates.exit_cdf(g).float(), "ref_token": ref_token}
-
-
 def _sequences(outputs) -> list[tuple[list[int], list[int], list[int], int, int]]:
     """(input ids, exit rounds of the traced positions, emitted tokens, prompt length,
     weight version) per rollout output (RequestOutput, n = 1): the inputs are the prompt and
@@ -156,16 +135,13 @@ def _sequences(outputs) -> list[tuple[list[int], list[int], list[int], int, int]
 @torch.no_grad()
 def on_policy_records(model, outputs, prompt_ids: Sequence[int], *, seed: int = 0,
                       max_batch_tokens: int = 4096,
-                      stats_chunk_bytes: int | None = None) -> list[dict[str, Any]]:
+                      stats_chunk_bytes: int = STATS_CHUNK_BYTES) -> list[dict[str, Any]]:
     """Trace records (rltlab.traces.storage format, every round) of the decode tokens of a
     deployed-policy rollout: `outputs` are its RequestOutputs (n = 1, LAST_EXITED), in the
     order of `prompt_ids`. Sequences are recomputed in batches of at most max_batch_tokens
     padded positions, on the model's device, their statistics from at most stats_chunk_bytes
-    of fp32 logits at a time (default: rltlab.traces.capture.STATS_CHUNK_BYTES); only the
-    records' small tensors (and h_r) come back to the host."""
-    from rltlab.traces.capture import STATS_CHUNK_BYTES
-
-    chunk_bytes = stats_chunk_bytes or STATS_CHUNK_BYTES
+    of fp32 logits at a time (rltlab.traces.stats.stats_of_hidden); only the records' small
+    tensors (and h_r) come back to the host."""
     R, device = model.config.num_rounds, next(model.parameters()).device
     seqs = _sequences(outputs)
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))
@@ -194,14 +170,10 @@ def on_policy_records(model, outputs, prompt_ids: Sequence[int], *, seed: int = 
             rows += [row] * len(depths)
             cols += list(range(plen, plen + len(depths)))
         if rows:
-            hs, gs = h[rows, cols], g[rows, cols]                 # [m, R, H], [m, R]
-            # [m, R, vocab] fp32 logits in bounded chunks: at the 1.4B shape a 4096-token
-            # batch's are ~6 GB before the softmax's temporaries.
-            step = max(1, chunk_bytes // (R * model.config.vocab_size * 4))
-            parts = [batched_stats(torch.log_softmax(model.lm_head(hs[lo:lo + step]).float(),
-                                                     -1), gs[lo:lo + step])
-                     for lo in range(0, len(rows), step)]
-            stats = {k: torch.cat([p[k] for p in parts]).cpu() for k in parts[0]}
+            hs = h[rows, cols]                                    # [m, R, H]
+            stats = stats_of_hidden(hs, g[rows, cols], model.lm_head, model.config.vocab_size,
+                                    stats_chunk_bytes)
+            stats = {k: v.cpu() for k, v in stats.items()}
             hs = hs.float().cpu()
             j = 0
             for row, i in enumerate(batch):

@@ -10,7 +10,7 @@ depth R on the engine's whole-token steps and token windows with the decode capt
 its rows in a device buffer, and TeacherCapture keeps copies of the collector's rows on the
 device. Every FLUSH_TOKENS captured tokens, and when the collector's generate call ends, flush()
 computes their statistics on the device in batches (the LM head applied to the stored h_r,
-STATS_CHUNK_BYTES of fp32 logits at a time), replays the policy on the gate logits for
+rltlab.traces.stats.stats_of_hidden), replays the policy on the gate logits for
 `selected`, moves the results to the host in one go and returns the columns of the requests
 that finished meanwhile, in the order they finished, each by (sample, position): the records the
 observer path writes, field for field.
@@ -26,7 +26,7 @@ import torch
 from rltlab.common.device import to_device
 from rltlab.engine.exit_policies import (DelayedQExit, ExitPolicy, FixedDepth, QExit,
                                          RoundInfo)
-from rltlab.traces.stats import stats_from_logprobs_batch
+from rltlab.traces.stats import stats_of_hidden
 from rltlab.traces.storage import concat_columns
 
 # Policies whose decision after round r reads only the request's params and the gate logits
@@ -37,8 +37,6 @@ REPLAYABLE_POLICIES = (QExit, DelayedQExit, FixedDepth)
 # Captured tokens kept on the device before their statistics are computed (~130 MB of bf16
 # h_r at the Ouro-1.4B shape).
 FLUSH_TOKENS = 8192
-# fp32 logits [tokens, R, V] computed at once by a flush (its other temporaries are of that size).
-STATS_CHUNK_BYTES = 2 ** 28
 
 Key = tuple[str, int, int]   # (request id, sample index, input position)
 
@@ -152,16 +150,9 @@ class TeacherCapture:
         keys = [key for c in captured for key in c.keys]
         hidden = torch.cat([c.hidden for c in captured])
         gates = torch.cat([c.gates for c in captured])
-        R, vocab = self.num_rounds, self.engine.model_config.vocab_size
-        step = max(1, STATS_CHUNK_BYTES // (R * vocab * 4))
-        parts = []
-        for lo in range(0, len(keys), step):
-            h, g = hidden[lo: lo + step], gates[lo: lo + step]
-            logits = self.engine.runner.logits(h.flatten(0, 1)).view(*h.shape[:2], -1)
-            stats = stats_from_logprobs_batch(torch.log_softmax(logits.float(), dim=-1), g)
-            stats["hidden"] = self.stored_hidden(h)
-            parts.append(stats)
-        columns = concat_columns(parts)
+        columns = stats_of_hidden(hidden, gates, self.engine.runner.logits,
+                                  self.engine.model_config.vocab_size)
+        columns["hidden"] = self.stored_hidden(hidden)
         columns["selected"] = self._selected(keys, hidden, gates)
         columns = {k: v.cpu() for k, v in columns.items()}
         columns["weight_version"] = torch.tensor([c.version for c in captured for _ in c.keys])

@@ -54,3 +54,22 @@ def stats_from_logprobs_batch(logp: torch.Tensor, gate_logits: torch.Tensor
             "logprob_ref": logprob_ref.float(), "kl_ref": kl.float(),
             "gate_logit": g.float(), "hazard": gates.hazards(g).float(),
             "cdf": gates.exit_cdf(g).float(), "ref_token": ref_token}
+
+
+# fp32 logits [tokens, R, V] computed at once by stats_of_hidden (the softmax's temporaries are
+# of that size too): ~340 tokens a chunk at the Ouro-1.4B shape.
+STATS_CHUNK_BYTES = 2 ** 28
+
+
+def stats_of_hidden(hidden: torch.Tensor, gate_logits: torch.Tensor, lm_head, vocab_size: int,
+                    chunk_bytes: int = STATS_CHUNK_BYTES) -> dict[str, torch.Tensor]:
+    """stats_from_logprobs_batch of h_r [m, R, H] (after the final norm) and gate logits
+    [m, R], with logits = lm_head(h_r) [.., vocab_size] computed for at most chunk_bytes of
+    fp32 logits at a time, on hidden's device: a whole batch's [m, R, vocab] block does not fit
+    beside an engine's KV pool at the 1.4B shape."""
+    m, rounds = hidden.shape[:2]
+    step = max(1, chunk_bytes // (rounds * vocab_size * 4))
+    parts = [stats_from_logprobs_batch(
+        torch.log_softmax(lm_head(hidden[lo: lo + step]).float(), dim=-1),
+        gate_logits[lo: lo + step]) for lo in range(0, m, step)]
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]} if parts else {}
