@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from rltlab.common.atomic import write_json_atomic
-from rltlab.eval.metrics import mean_with_se
+from rltlab.eval.metrics import paired_difference
 
 Z = 2.0   # "within their paired SE": |difference| <= Z paired SE
 
@@ -47,20 +47,13 @@ def _evaluations(results: list[dict]) -> dict[str, tuple[dict, list[float]]]:
     return found
 
 
-def paired(a: list[float], b: list[float]) -> tuple[float, float]:
-    """(mean of b - a in pp, its SE in pp) over problems paired by position."""
-    if len(a) != len(b):
-        raise ValueError(f"the runs scored different problem counts ({len(a)} vs {len(b)})")
-    diff, se = mean_with_se([100 * (y - x) for x, y in zip(a, b)])
-    return diff, se
-
-
 def compare(base_dir: Path, other_dir: Path) -> dict:
     base, other = _evaluations(_results(base_dir)), _evaluations(_results(other_dir))
     rows = []
     for key in sorted(set(base) & set(other)):
         (row_a, scores_a), (row_b, scores_b) = base[key], other[key]
-        diff, se = paired(scores_a, scores_b)
+        paired = paired_difference(scores_b, scores_a)   # the other run minus the base run
+        diff, se = 100 * paired.diff, 100 * paired.se
         same_tokens = (row_a.get("tokens_sha256") is not None
                        and row_a.get("tokens_sha256") == row_b.get("tokens_sha256"))
         rows.append({"key": key, "weight_version": row_a.get("weight_version"),
