@@ -1,5 +1,5 @@
 """The real Ouro-1.4B shape on the meta device: 269 tensors, their names / shapes / dtype and the
-parameter count match shared/ouro-1.4b (copied into tests/data/ouro-1.4b)."""
+parameter count match shared/ouro-1.4b (copied into tests/ouro-1.4b)."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ from rltlab.model.config import OuroConfig
 from rltlab.model.architecture import OuroForCausalLM
 
 REPO = Path(__file__).resolve().parents[1]
-OURO_DATA = REPO / "tests" / "data" / "ouro-1.4b"  # copy of shared/ouro-1.4b: source of truth
+OURO_DATA = REPO / "tests" / "ouro-1.4b"  # copy of shared/ouro-1.4b: source of truth
 
 
 def test_ouro_1p4b_manifest_on_meta_device():
