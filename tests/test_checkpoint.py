@@ -19,7 +19,7 @@ from rltlab.model.architecture import OuroForCausalLM
 from file_modes import assert_umask_permissions
 
 REPO = Path(__file__).resolve().parents[1]
-OURO_DATA = REPO / "tests" / "data" / "ouro-1.4b"  # copy of shared/ouro-1.4b: source of truth
+OURO_DATA = REPO / "tests" / "ouro-1.4b"  # copy of shared/ouro-1.4b: source of truth
 TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, total_ut_steps=4,
             max_position_embeddings=128)

@@ -156,7 +156,7 @@ def test_sliding_window_keys_that_leave_attention_full_load(saved, changes):
 
 
 def test_ouro_1_4b_config_keys_load():
-    path = Path(__file__).parent / "data" / "ouro-1.4b" / "config.json"
+    path = Path(__file__).parent / "ouro-1.4b" / "config.json"
     config = OuroConfig.from_json_file(path)
     assert config.extra["hidden_act"] == "silu" and config.extra["use_sliding_window"] is False
 

@@ -16,7 +16,7 @@ from rltlab.workbench import runs
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 GSM8K = REPO_ROOT / "tests" / "data" / "gsm8k_mini.jsonl"
-OURO_14B = REPO_ROOT / "tests" / "data" / "ouro-1.4b" / "config.json"
+OURO_14B = REPO_ROOT / "tests" / "ouro-1.4b" / "config.json"
 DEVICE_NOTEBOOKS = ["01_collect_traces", "02_train_exit_predictor", "03_train_draft_heads",
                     "04_evaluate"]
 

@@ -11,7 +11,7 @@ from rltlab.model.checkpoint import load_model
 from rltlab.model.standin import is_standin, main, padded_tokenizer, write_standin
 from rltlab.common.paths import REPO_ROOT as REPO
 
-REAL = REPO / "tests" / "data" / "ouro-1.4b" / "config.json"
+REAL = REPO / "tests" / "ouro-1.4b" / "config.json"
 
 
 def small_real_config(tmp_path):
