@@ -118,19 +118,28 @@ def round_profile(decoder, repeats: int = 50, top: int = 8) -> dict:
     out = {"gpu_ms_per_round": round(1e3 * (time.perf_counter() - t0) / repeats / rounds, 4),
            "timed": timed}
     if torch.cuda.is_available():
-        from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                decoder._round(1)
-            sync()
-        events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
-        total = sum(e.self_device_time_total for e in events) / 5
-        out["eager_kernel_us_per_round"] = round(total, 1)
-        out["eager_kernels_per_round"] = sum(e.count for e in events) // 5
-        events.sort(key=lambda e: -e.self_device_time_total)
-        out["top_kernels"] = [(e.key[:60], round(e.self_device_time_total / 5, 1), e.count // 5)
-                              for e in events[:top]]
+        kernels = kernel_profile(lambda: decoder._round(1), top=top)
+        out["eager_kernel_us_per_round"] = kernels["kernel_us"]
+        out["eager_kernels_per_round"] = kernels["kernels"]
+        out["top_kernels"] = kernels["top_kernels"]
     return out
+
+
+def kernel_profile(fn, calls: int = 5, top: int = 8) -> dict:
+    """The GPU kernels of one fn() call (torch.profiler over `calls` calls, averaged):
+    kernel_us (their total time), kernels (how many launches) and top_kernels, the heaviest as
+    (name, us, launches). Only meaningful on CUDA."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        sync()
+    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    events.sort(key=lambda e: -e.self_device_time_total)
+    return {"kernel_us": round(sum(e.self_device_time_total for e in events) / calls, 1),
+            "kernels": sum(e.count for e in events) // calls,
+            "top_kernels": [(e.key[:60], round(e.self_device_time_total / calls, 1),
+                             e.count // calls) for e in events[:top]]}
 
 
 def weight_update(model, kv_gib: float, mode_kwargs=None) -> dict:

@@ -24,7 +24,8 @@ model is too small to show what the 1.4B shape costs. So:
     generic verifier's whole step, its device launch alone (R rounds over the rows), and the
     TreeProposer's device program (greedy, c = 1); beside each, what its bytes (the shared
     weights read once per round, the LM head, K/V) and FLOPs allow at the device's measured
-    copy bandwidth and matmul rate (rltlab.bench.ceilings).
+    copy bandwidth and matmul rate (rltlab.bench.ceilings); on CUDA, the program's heaviest
+    kernels run eagerly (torch.profiler), to name where its cost above the roofline goes.
 
 The speedups are labelled "replayed acceptance": they measure the system's cost at the shape
 with acceptance recorded on the embedded model, not a drafter's quality on Ouro-1.4B.
@@ -48,6 +49,7 @@ from collections import deque
 import torch
 
 from rltlab.bench.ceilings import ModelCosts, copy_bandwidth, matmul_tflop_s
+from rltlab.bench.engine_checks import kernel_profile
 from rltlab.common.atomic import write_json_atomic
 from rltlab.common.device import add_device_argument
 from rltlab.common.environment import environment, git_commit
@@ -440,12 +442,14 @@ def program_costs(args, model) -> dict:
                                             exit_policy="fixed"))
         graph = engine._spec._tree
         program = next(iter(graph._programs.values()), None)
-        program_ms = None
+        program_ms, program_kernels = None, None
         if program is not None:
             if program._graph is not None:
                 program_ms = _device_ms(program._graph.replay, device, args.replays)
             else:
                 program_ms = _device_ms(program._program, device, args.replays)
+            if torch.device(device).type == "cuda":   # where its time goes, kernel by kernel
+                program_kernels = kernel_profile(program._program, top=10)
         engine.set_proposer(None)
         floor = floor_ms(rows, depth_sum)
         bound = max(floor.values())
@@ -456,10 +460,15 @@ def program_costs(args, model) -> dict:
             "generic_launch": _tokens(launch_ms, token_ms),
             "roofline": round(bound / token_ms, 4),
             "roofline_vs_one_row": round(bound / max(target_floor.values()), 4),
+            "tree_program_eager_kernels": program_kernels,
             "ms": {"tree_program": program_ms, "generic_step": step_ms,
                    "generic_launch": launch_ms, **floor}}
-        print(f"{rows} rows: " + ", ".join(f"{k} {v}" for k, v in out[str(rows)].items()
-                                           if k not in ("tree", "ms")), flush=True)
+        shown = {k: v for k, v in out[str(rows)].items()
+                 if k not in ("tree", "ms", "tree_program_eager_kernels")}
+        print(f"{rows} rows: " + ", ".join(f"{k} {v}" for k, v in shown.items()), flush=True)
+        if program_kernels:
+            print(f"  {rows}-row tree program, eager kernels: {json.dumps(program_kernels)}",
+                  flush=True)
     return {"target_token_ms": token_ms, "context": context, "copy_bandwidth_gb_s": bw,
             "matmul_tflop_s": tflops, "target_token_roofline_ms": max(target_floor.values()),
             "rows": out}

@@ -1,0 +1,146 @@
+"""Tree speculation end to end on a real checkpoint (default: the embedded model): its
+TreeProposer (the lookahead heads' chain and a prompt-lookup chain, as spec_replay records)
+against target-only decoding of the same prompts, per temperature, in one run.
+
+    python -m rltlab.bench.spec_e2e --device cuda --out e2e.json          # 128 prompts, T = 0 and 1
+    python -m rltlab.bench.spec_e2e --device cpu --prompts 4 --max-tokens 8 --repeats 2   # smoke
+
+Both sides decode every prompt with the same per-prompt seeds at `--concurrency` requests in
+flight (default 1), fixed full depth, stopping at EOS, on one engine whose proposer is switched
+on and off. After one untimed run of each side (graph captures), `--repeats` paired repeats
+alternate which side goes first. Per temperature: each side's output tok/s, the paired
+speedup (spec tok/s / target tok/s per repeat: median, mean, se), tau (tokens emitted per
+speculative step) and, at T = 0, whether both sides generated identical tokens (losslessness
+at T > 0 is a distribution property: tests/test_spec_protocol.py, tests/test_spec_tree_sampling.py).
+Last line: JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+
+import torch
+
+from rltlab.common.atomic import write_json_atomic
+from rltlab.common.device import add_device_argument
+from rltlab.common.environment import environment, git_commit
+
+GOAL_T1_C1 = 1.5    # issue 60: >= 1.5x at c = 1, T = 1, on the full 128-prompt set
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def paired_speedup(target_tps: list[float], spec_tps: list[float]) -> dict:
+    """Per repeat spec / target tok/s -> median, mean, se (sample sd / sqrt n), the ratios."""
+    if len(target_tps) != len(spec_tps) or not target_tps:
+        raise ValueError("paired_speedup needs equally many (>= 1) timings of both sides")
+    ratios = [s / t for t, s in zip(target_tps, spec_tps)]
+    se = statistics.stdev(ratios) / math.sqrt(len(ratios)) if len(ratios) > 1 else 0.0
+    return {"median": statistics.median(ratios), "mean": statistics.mean(ratios), "se": se,
+            "ratios": ratios}
+
+
+def run(args) -> dict:
+    from rltlab.draft_heads import lookahead
+    from rltlab.draft_heads.evaluate import eval_prompts
+    from rltlab.engine import LLM, SamplingParams, TreeProposer
+    from rltlab.model.checkpoint import load_model
+    model, tok, md = load_model(args.model, dtype=args.dtype, device=args.device)
+    heads, shipped_tree, _ = lookahead.load(args.heads, model)
+    tree = shipped_tree if args.tree == "shipped" else [(0,) * j for j in
+                                                         range(1, heads.depth + 1)]
+    proposer = TreeProposer(heads, tree, lookup=args.lookup)
+    prompts = eval_prompts(tok, md, args.prompts)
+    max_len = max(map(len, prompts)) + args.max_tokens + 1
+    leaves = sum(1 for p in tree if not any(q[:-1] == p for q in tree)) + bool(args.lookup)
+    llm = LLM(model, max_num_seqs=args.concurrency, block_size=16, max_model_len=max_len,
+              num_blocks=args.concurrency * (-(-max_len // 16) + 2 * leaves) + 16,
+              decode_path="static", spec_max_concurrency=args.concurrency)
+
+    def side(temperature: float, spec: bool) -> tuple[float, list]:
+        llm.set_proposer(proposer if spec else None)
+        params = [SamplingParams(temperature=temperature, max_tokens=args.max_tokens, seed=i,
+                                 exit_policy="fixed") for i in range(len(prompts))]
+        _sync(args.device)
+        started = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        _sync(args.device)
+        elapsed = time.perf_counter() - started
+        llm.set_proposer(None)
+        return elapsed, outs
+
+    result = {}
+    for temperature in args.temperatures:
+        side(temperature, False), side(temperature, True)      # warm-up: captures, compiles
+        tps = {False: [], True: []}
+        identical, taus = [], []
+        for rep in range(args.repeats):
+            outs = {}
+            for spec in ((False, True) if rep % 2 == 0 else (True, False)):
+                elapsed, outs[spec] = side(temperature, spec)
+                tokens = sum(len(o.outputs[0].token_ids) for o in outs[spec])
+                tps[spec].append(tokens / elapsed)
+            stats = [o.outputs[0].spec_stats for o in outs[True] if o.outputs[0].spec_stats]
+            taus.append(sum(s["emitted"] for s in stats) / max(sum(s["steps"] for s in stats), 1))
+            identical.append([o.outputs[0].token_ids for o in outs[False]]
+                             == [o.outputs[0].token_ids for o in outs[True]])
+            print(f"T={temperature} repeat {rep + 1}/{args.repeats}: target "
+                  f"{tps[False][-1]:.1f} tok/s, spec {tps[True][-1]:.1f} tok/s "
+                  f"({tps[True][-1] / tps[False][-1]:.2f}x), tau {taus[-1]:.2f}", flush=True)
+        cell = {"target_tok_s": statistics.median(tps[False]),
+                "spec_tok_s": statistics.median(tps[True]),
+                "speedup": paired_speedup(tps[False], tps[True]),
+                "tau": statistics.mean(taus)}
+        if temperature == 0:
+            cell["identical_tokens"] = all(identical)
+        result[f"T={temperature:g}"] = cell
+    return result
+
+
+def main(argv=None) -> dict:
+    from rltlab.bench.tree_spec import HEADS
+    ap = argparse.ArgumentParser(prog="python -m rltlab.bench.spec_e2e",
+                                 description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_device_argument(ap)
+    ap.add_argument("--model", default=None,
+                    help="checkpoint directory (default: the embedded artifacts/ouro-tiny)")
+    ap.add_argument("--heads", default=HEADS, help="its lookahead heads (default: the shipped)")
+    ap.add_argument("--tree", choices=("chain", "shipped"), default="chain",
+                    help="the heads' rank-0 chain or the shipped tree")
+    ap.add_argument("--lookup", type=int, default=10, help="prompt-lookup chain beside it")
+    ap.add_argument("--prompts", type=int, default=128,
+                    help="held-out prompts, half arithmetic, half text (eval_prompts)")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    ap.add_argument("--repeats", type=int, default=3, help="paired repeats per temperature")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--out", default=None, help="also write the JSON here")
+    args = ap.parse_args(argv)
+    for name in ("prompts", "max_tokens", "concurrency", "repeats"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.lookup < 0 or any(t < 0 for t in args.temperatures):
+        ap.error("--lookup and --temperatures must be >= 0")
+    started = time.perf_counter()
+    result = {"bench": "spec_e2e", "commit": git_commit(), "hardware": environment(),
+              "device": str(args.device), "dtype": args.dtype, "model": args.model or "embedded",
+              "args": {k: v for k, v in vars(args).items()}, "goal_t1_c1": GOAL_T1_C1}
+    result["temperatures"] = run(args)
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    if args.out:
+        write_json_atomic(args.out, result)
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
