@@ -2,6 +2,7 @@
 test_ouro_manifest.py)."""
 from __future__ import annotations
 
+import copy
 import json
 import os
 from pathlib import Path
@@ -390,3 +391,24 @@ def test_saved_checkpoints_and_atomic_files_get_the_umask_permissions(tmp_path, 
         assert_umask_permissions(write_json_atomic(tmp_path / "metrics.json", {"a": 1}))
     finally:
         os.umask(old)
+
+
+def test_model_hash_is_reused_until_any_weight_changes(monkeypatch):
+    """The sha256 runs once per model and weights (a trace collector hashes its engine's model
+    each time it opens); a change to one element, even through .data (which torch's version
+    counters miss), or an in-place optimizer-style update, makes it hash again."""
+    from rltlab.model import checkpoint
+    model = tiny_model(seed=3)
+    calls = []
+    real = checkpoint.hashlib.sha256
+    monkeypatch.setattr(checkpoint.hashlib, "sha256", lambda: calls.append(1) or real())
+    first = model_hash(model)
+    assert model_hash(model) == first and len(calls) == 1
+    weight = model.model.layers[0].mlp.down_proj.weight
+    weight.data[1, 2] += 0.5                          # bypasses the version counter
+    changed = model_hash(model)
+    assert len(calls) == 2 and changed != first
+    assert changed == model_hash(copy.deepcopy(model))    # what a fresh hash gives
+    with torch.no_grad():
+        weight.add_(torch.randn_like(weight))
+    assert model_hash(model) not in (first, changed) and len(calls) == 4
