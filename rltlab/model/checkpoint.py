@@ -318,17 +318,17 @@ def _fingerprint(state: dict[str, torch.Tensor], names: list[str]) -> tuple:
     bytes where the size is not a multiple of 4), summed on the tensor's own device and read
     back once: any change to one word of any tensor changes it, whether made through an
     optimizer, copy_, update_weights or .data (which bypasses torch's version counters)."""
-    layout, sums = [], []
+    layout, sums = [], {}
     for name in names:
         tensor = state[name].detach()
         layout.append((name, tuple(tensor.shape), str(tensor.dtype), str(tensor.device)))
         words = tensor.contiguous().reshape(-1).view(torch.uint8)
         if words.numel() % 4 == 0:
             words = words.view(torch.int32)
-        sums.append(words.sum(dtype=torch.int64).to("cpu", non_blocking=True))
-    if sums and any(t.device.type == "cuda" for t in state.values()):
-        torch.cuda.synchronize()
-    return tuple(layout), tuple(int(s) for s in sums)
+        sums.setdefault(tensor.device, []).append(words.sum(dtype=torch.int64))
+    # one read-back per device
+    return tuple(layout), tuple((str(device), tuple(torch.stack(parts).tolist()))
+                                for device, parts in sums.items())
 
 
 def _materialized_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
