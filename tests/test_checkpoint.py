@@ -412,3 +412,13 @@ def test_model_hash_is_reused_until_any_weight_changes(monkeypatch):
     with torch.no_grad():
         weight.add_(torch.randn_like(weight))
     assert model_hash(model) not in (first, changed) and len(calls) == 4
+
+
+def test_weight_fingerprint_sees_one_changed_element_of_any_size():
+    from rltlab.model.checkpoint import _fingerprint
+    for tensor in (torch.randn(3).to(torch.bfloat16), torch.randn(4, 2), torch.randn(5)):
+        state = {"w": tensor}
+        before = _fingerprint(state, ["w"])
+        tensor.view(-1)[1] += 1
+        assert _fingerprint(state, ["w"]) != before, tensor.dtype
+        assert _fingerprint(state, ["w"]) == _fingerprint({"w": tensor.clone()}, ["w"])

@@ -216,3 +216,6 @@ def test_collection_overhead_times_the_fast_path(model, tmp_path):
     report = collection_overhead(llm, prompts, params[0], tmp_path / "ovh", teacher=True)
     assert report["fast_path"] is True and report["same_tokens"] is True
     assert report["traced_output_tokens"] == report["output_tokens"] > 0
+    split = report["traced_split_s"]
+    assert split["observe"] > 0 and split["write"] > 0
+    assert split["observe"] + split["write"] <= split["generate"] <= report["traced_s"]

@@ -184,5 +184,9 @@ def test_collection_overhead_report(model, tmp_path):
     report = collection_overhead(llm, PROMPTS[:2], params(max_tokens=4), tmp_path / "ovh")
     assert report["output_tokens"] == 8 and report["plain_s"] > 0 and report["traced_s"] > 0
     assert report["overhead_x"] == pytest.approx(report["traced_s"] / report["plain_s"])
+    split = report["traced_split_s"]   # where the traced run's host time went
+    assert set(split) == {"open", "generate", "observe", "write", "close"}
+    assert all(v >= 0 for v in split.values()) and split["write"] > 0 and split["observe"] > 0
+    assert split["observe"] + split["write"] <= split["generate"] <= report["traced_s"]
     assert not any(tmp_path.iterdir())   # nothing left behind
     assert read_manifest  # exported

@@ -166,7 +166,9 @@ class TraceCollector:
             policy = self._teacher_policy
             register_exit_policy(policy.name, lambda _cfg, **_kw: policy)
         self._tag = f"t{next(_COLLECTOR_IDS)}-{uuid.uuid4().hex[:6]}"
-        self.stats = {"tokens": 0, "requests": 0, "observe_s": 0.0, "generate_s": 0.0}
+        # host seconds: generate() in all, of it the observer / capture and the shard writes
+        self.stats = {"tokens": 0, "requests": 0, "observe_s": 0.0, "generate_s": 0.0,
+                      "write_s": 0.0}
 
     # --------------------------------------------------------------------------- generation
     def generate(self, prompts: Sequence[Sequence[int]], params, prompt_ids: Sequence[int]
@@ -223,6 +225,7 @@ class TraceCollector:
             else:
                 engine.remove_round_observer(handle)
         if shard_group is not None:
+            written = time.perf_counter()
             if capture is not None:
                 self.writer.write_group(_sorted_columns(self._group), shard_group)
             else:
@@ -230,6 +233,7 @@ class TraceCollector:
                                                 r["position"]))
                 self.writer.write_group(self._group, shard_group)
             self._group = None
+            self.stats["write_s"] += time.perf_counter() - written
         self.stats["generate_s"] += time.perf_counter() - start
         return [results[rid] for rid in ids]
 
@@ -326,7 +330,9 @@ class TraceCollector:
         if self._group is not None:
             self._group.append(columns)
         else:
+            written = time.perf_counter()
             self.writer.add_columns(columns)
+            self.stats["write_s"] += time.perf_counter() - written
         self.stats["tokens"] += len(columns["token"])
         for version in set(columns["weight_version"].tolist()):
             self._ensure_hash(version)
@@ -419,7 +425,9 @@ class TraceCollector:
         if self._group is not None:
             self._group.extend(records)
         else:
+            written = time.perf_counter()
             self.writer.add(records)
+            self.stats["write_s"] += time.perf_counter() - written
         self.stats["tokens"] += len(records)
         self.stats["requests"] += 1
         for version in {r["weight_version"] for r in records}:
@@ -469,7 +477,10 @@ def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: 
     traced / plain tokens per second (1.0: collection is free; the acceptance bar at the 1.4B
     shape is >= 0.8), overhead_x = traced_s / plain_s, fast_path (whether the collector took
     the decode capture, see the module docstring), observer_s (host time in the observer, or
-    in the decode capture and its statistics), output tokens, the device and dtypes. The
+    in the decode capture and its statistics), traced_split_s (where a traced run's host time
+    went: open = the collector's construction, its model hash included; generate = generate()
+    in all, of it observe = observer_s and write = records into shards; close = the last
+    shard and the manifest), output tokens, the device and dtypes. The
     temporary traces are checked against the free disk space first (rltlab.traces.size)."""
     import shutil
     import statistics
@@ -504,14 +515,20 @@ def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: 
 
     def traced(target: Path):
         shutil.rmtree(target, ignore_errors=True)
+        opened = time.perf_counter()
         collector = TraceCollector(engine, target, **collector_kwargs)
+        split = {"open": time.perf_counter() - opened}
         fast_path.append(collector.fast_path_applies([params]))
         try:
             outs = collector.generate(prompts, params)
         finally:
+            closing = time.perf_counter()
             collector.close()
+            split["close"] = time.perf_counter() - closing
             shutil.rmtree(target, ignore_errors=True)
-        return outs, collector.stats["observe_s"]
+        split.update(generate=collector.stats["generate_s"], observe=collector.stats["observe_s"],
+                     write=collector.stats["write_s"])
+        return outs, split
 
     def timed(fn, *args):
         _sync(engine)
@@ -522,14 +539,14 @@ def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: 
 
     plain()                                   # warm-ups: graphs, kernels, allocator
     traced(out_dir / "overhead-warmup")
-    plain_s, traced_s, observe_s = [], [], []
+    plain_s, traced_s, splits = [], [], []
     plain_outs = traced_outs = None
     for k in range(repeats):
         plain_outs, secs = timed(plain)
         plain_s.append(secs)
-        (traced_outs, observed), secs = timed(traced, out_dir / f"overhead-{k}")
+        (traced_outs, split), secs = timed(traced, out_dir / f"overhead-{k}")
         traced_s.append(secs)
-        observe_s.append(observed)
+        splits.append(split)
     try:
         out_dir.rmdir()   # only if empty (it was created for the temporary traces)
     except OSError:
@@ -542,7 +559,10 @@ def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: 
     return {"plain_s": p, "traced_s": t, "overhead_x": t / p if p > 0 else float("nan"),
             "plain_tokens_per_s": plain_tps, "traced_tokens_per_s": traced_tps,
             "throughput_ratio": traced_tps / plain_tps if plain_tps > 0 else float("nan"),
-            "observer_s": statistics.median(observe_s), "output_tokens": tokens,
+            "observer_s": statistics.median(s["observe"] for s in splits),
+            "traced_split_s": {part: round(statistics.median(s[part] for s in splits), 4)
+                               for part in splits[0]},
+            "output_tokens": tokens,
             "traced_output_tokens": traced_tokens, "prompts": len(prompts),
             "repeats": repeats,
             "same_tokens": [o.outputs[0].token_ids for o in plain_outs]
