@@ -66,3 +66,25 @@ def test_bad_arguments_are_one_error_line(argv, message, capsys):
         pipeline.main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_each_finished_notebook_reaches_the_json_before_the_run_ends(tmp_path, monkeypatch):
+    """A run stopped after notebook 10 (a device time limit, a crash) keeps notebook 10's row
+    in --out, marked not all finished."""
+    out = tmp_path / "pipeline.json"
+
+    def fake_run(notebook, model_dir, params, run_dir, timeout):
+        if notebook != pipeline.MAIN_JOB:
+            assert json.loads(out.read_text())["runs"][0]["notebook"] == pipeline.MAIN_JOB
+            raise KeyboardInterrupt   # the run is stopped here
+        return {"notebook": notebook, "rc": 0, "wall_s": 1.0, "device": "cuda",
+                "peak_gpu_mem_gib": 2.0}
+
+    monkeypatch.setattr(pipeline, "run_notebook", fake_run)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.main(["--model", str(embedded_model_dir()), "--work-dir", str(tmp_path),
+                       "--notebooks", pipeline.MAIN_JOB, "04_evaluate", "--out", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["all_finished"] is False
+    assert [r["notebook"] for r in saved["runs"]] == [pipeline.MAIN_JOB]
+    assert ROW_KEYS <= set(saved["runs"][0])

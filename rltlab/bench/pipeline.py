@@ -14,7 +14,9 @@ problems; the others at the smallest sizes that still exercise every cell), chan
 wall times then overlap: the JSON says so).
 
 Per notebook: notebook, model, device, commit, wall_s, peak_gpu_mem_gib, rc, run_dir and the
-run's headline metrics. The last line is the JSON object, also written to --out.
+run's headline metrics. The last line is the JSON object, also written to --out, which holds the
+finished notebooks' rows from the first one on (all_finished stays false until every notebook
+has finished with rc 0), so a run stopped midway keeps what it measured.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -139,22 +142,31 @@ def main(argv=None) -> dict:
     for nb, key, value in args.param:
         params[nb][key] = value
     commit = git_commit()
+    rows: dict[str, dict] = {}
+    lock = threading.Lock()
 
-    def one(nb: str) -> dict:
+    def snapshot() -> dict:
+        done = [rows[nb] for nb in args.notebooks if nb in rows]
+        return {"bench": "pipeline", "commit": commit, "model": model,
+                "argv": sys.argv[1:] if argv is None else list(argv),
+                "concurrent_notebooks": args.jobs if len(rest) > 1 else 1,
+                "all_finished": len(done) == len(args.notebooks)
+                and all(r["rc"] == 0 for r in done), "runs": done}
+
+    def one(nb: str) -> None:
         row = run_notebook(nb, model_dir, params[nb], work / "runs" / nb, args.timeout)
-        return {"model": model, "commit": commit, **row}
+        with lock:   # each finished notebook's row reaches --out at once: a run stopped
+            rows[nb] = {"model": model, "commit": commit, **row}   # later keeps it
+            if args.out:
+                write_json_atomic(Path(args.out), snapshot())
 
     first = [nb for nb in args.notebooks if nb == MAIN_JOB]
     rest = [nb for nb in args.notebooks if nb != MAIN_JOB]
-    rows = [one(nb) for nb in first]
+    for nb in first:
+        one(nb)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        rows += list(pool.map(one, rest))
-    result = {"bench": "pipeline", "commit": commit, "model": model,
-              "argv": sys.argv[1:] if argv is None else list(argv),
-              "concurrent_notebooks": args.jobs if len(rest) > 1 else 1,
-              "all_finished": all(r["rc"] == 0 for r in rows), "runs": rows}
-    if args.out:
-        write_json_atomic(Path(args.out), result)
+        list(pool.map(one, rest))
+    result = snapshot()
     print(json.dumps(result, default=str))
     return result
 
