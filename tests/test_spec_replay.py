@@ -23,6 +23,7 @@ def test_cpu_smoke_run(tmp_path, capsys):
     assert json.loads(last) == json.loads(out.read_text()) == json.loads(json.dumps(res))
     for key in ("commit", "hardware", "dtype", "label", "recorded_tau", "switch_off_point"):
         assert key in res
+    assert res["finished"] is True
     assert res["dtype"] == "float32" and "replayed acceptance" in res["label"]
     assert set(res["replayed_speedup"]) == {"T=0.0", "T=1.0"}
     for temp, by_c in res["replayed_speedup"].items():
@@ -46,3 +47,22 @@ def test_help_lists_the_options(capsys):
     text = capsys.readouterr().out
     for option in ("--program-costs", "--concurrency", "--temperatures", "--repeats"):
         assert option in text
+
+
+def test_a_run_stopped_in_the_program_costs_keeps_the_replay(tmp_path, monkeypatch):
+    out = tmp_path / "replay.json"
+
+    def stopped(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(spec_replay, "program_costs", stopped)
+    try:
+        spec_replay.main(["--device", "cpu", "--preset", "tiny", "--prompts", "2",
+                          "--max-tokens", "4", "--concurrency", "1", "--waves", "1",
+                          "--min-requests", "1", "--repeats", "1", "--record-concurrency", "2",
+                          "--program-costs", "--out", str(out)])
+    except KeyboardInterrupt:
+        pass
+    saved = json.loads(out.read_text())
+    assert saved["finished"] is False and "c=1" in saved["replayed_speedup"]["T=0.0"]
+    assert "program_costs" not in saved

@@ -34,7 +34,9 @@ with acceptance recorded on the embedded model, not a drafter's quality on Ouro-
     python -m rltlab.bench.spec_replay --device cpu --preset tiny --prompts 4 --max-tokens 8 \\
         --concurrency 1 2 --repeats 2 --program-costs --rows 5 16 --cost-tokens 8   # smoke
 
-Last line: JSON (program_cost_target_tokens, replayed_speedup, commit, hardware, dtype, ...).
+Last line: JSON (program_cost_target_tokens, replayed_speedup, commit, hardware, dtype, ...);
+--out is written after the replay too (finished: false), so a run stopped in the program
+costs keeps the replay.
 """
 from __future__ import annotations
 
@@ -539,6 +541,12 @@ def main(argv=None) -> dict:
               "args": {k: v if isinstance(v, (int, float, str, list, bool, type(None))) else str(v)
                        for k, v in vars(args).items()}}
     model = None
+
+    def save(done: bool) -> None:   # after each phase: a run stopped later keeps the rest
+        result["finished"] = done
+        if args.out:
+            write_json_atomic(args.out, result)
+
     if not args.skip_replay:
         recording = record(args)
         result["recorded_tau"] = recording["tau"]
@@ -552,6 +560,7 @@ def main(argv=None) -> dict:
         result["switch_off_point"] = switch_off_point(speedup)
         from rltlab.engine.spec.decoder import SPEC_MAX_CONCURRENCY_CUDA
         result["spec_max_concurrency_cuda_default"] = SPEC_MAX_CONCURRENCY_CUDA
+        save(False)
     if args.program_costs:
         model = model or random_model(preset_config(args.preset), args.device, dtype)
         costs = program_costs(args, model)
@@ -560,8 +569,7 @@ def main(argv=None) -> dict:
             rows: {k: v for k, v in cell.items() if k not in ("tree", "lookup", "ms")}
             for rows, cell in costs["rows"].items()}
     result["wall_s"] = round(time.perf_counter() - started, 1)
-    if args.out:
-        write_json_atomic(args.out, result)
+    save(True)
     print(json.dumps(result))
     return result
 
