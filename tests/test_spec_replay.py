@@ -5,6 +5,7 @@ recorded iterations give: the forced acceptances are the recorded ones), pairs i
 verification programs, and ends with one JSON line holding the keys the issue names."""
 import json
 
+import pytest
 import torch
 
 from rltlab.bench import spec_replay
@@ -56,13 +57,11 @@ def test_a_run_stopped_in_the_program_costs_keeps_the_replay(tmp_path, monkeypat
         raise KeyboardInterrupt
 
     monkeypatch.setattr(spec_replay, "program_costs", stopped)
-    try:
+    with pytest.raises(KeyboardInterrupt):
         spec_replay.main(["--device", "cpu", "--preset", "tiny", "--prompts", "2",
                           "--max-tokens", "4", "--concurrency", "1", "--waves", "1",
                           "--min-requests", "1", "--repeats", "1", "--record-concurrency", "2",
                           "--program-costs", "--out", str(out)])
-    except KeyboardInterrupt:
-        pass
     saved = json.loads(out.read_text())
     assert saved["finished"] is False and "c=1" in saved["replayed_speedup"]["T=0.0"]
     assert "program_costs" not in saved
