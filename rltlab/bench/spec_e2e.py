@@ -18,22 +18,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import time
 
-import torch
-
+from rltlab.bench.engine_checks import sync
+from rltlab.bench.spec_replay import add_proposer_arguments, load_tree, tree_blocks
 from rltlab.common.atomic import write_json_atomic
 from rltlab.common.device import add_device_argument
 from rltlab.common.environment import environment, git_commit
+from rltlab.eval.metrics import mean_with_se
 
 GOAL_T1_C1 = 1.5    # issue 60: >= 1.5x at c = 1, T = 1, on the full 128-prompt set
-
-
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def paired_speedup(target_tps: list[float], spec_tps: list[float]) -> dict:
@@ -41,36 +36,31 @@ def paired_speedup(target_tps: list[float], spec_tps: list[float]) -> dict:
     if len(target_tps) != len(spec_tps) or not target_tps:
         raise ValueError("paired_speedup needs equally many (>= 1) timings of both sides")
     ratios = [s / t for t, s in zip(target_tps, spec_tps)]
-    se = statistics.stdev(ratios) / math.sqrt(len(ratios)) if len(ratios) > 1 else 0.0
-    return {"median": statistics.median(ratios), "mean": statistics.mean(ratios), "se": se,
-            "ratios": ratios}
+    mean, se = mean_with_se(ratios)
+    return {"median": statistics.median(ratios), "mean": mean, "se": se, "ratios": ratios}
 
 
 def run(args) -> dict:
-    from rltlab.draft_heads import lookahead
     from rltlab.draft_heads.evaluate import eval_prompts
     from rltlab.engine import LLM, SamplingParams, TreeProposer
     from rltlab.model.checkpoint import load_model
     model, tok, md = load_model(args.model, dtype=args.dtype, device=args.device)
-    heads, shipped_tree, _ = lookahead.load(args.heads, model)
-    tree = shipped_tree if args.tree == "shipped" else [(0,) * j for j in
-                                                         range(1, heads.depth + 1)]
+    heads, tree = load_tree(args, model)
     proposer = TreeProposer(heads, tree, lookup=args.lookup)
     prompts = eval_prompts(tok, md, args.prompts)
     max_len = max(map(len, prompts)) + args.max_tokens + 1
-    leaves = sum(1 for p in tree if not any(q[:-1] == p for q in tree)) + bool(args.lookup)
     llm = LLM(model, max_num_seqs=args.concurrency, block_size=16, max_model_len=max_len,
-              num_blocks=args.concurrency * (-(-max_len // 16) + 2 * leaves) + 16,
+              num_blocks=tree_blocks(tree, args.lookup, args.concurrency, max_len),
               decode_path="static", spec_max_concurrency=args.concurrency)
 
     def side(temperature: float, spec: bool) -> tuple[float, list]:
         llm.set_proposer(proposer if spec else None)
         params = [SamplingParams(temperature=temperature, max_tokens=args.max_tokens, seed=i,
                                  exit_policy="fixed") for i in range(len(prompts))]
-        _sync(args.device)
+        sync()
         started = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
-        _sync(args.device)
+        sync()
         elapsed = time.perf_counter() - started
         llm.set_proposer(None)
         return elapsed, outs
@@ -104,21 +94,12 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> dict:
-    from rltlab.bench.tree_spec import HEADS
     ap = argparse.ArgumentParser(prog="python -m rltlab.bench.spec_e2e",
                                  description=__doc__.split("\n\n")[0],
                                  epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_device_argument(ap)
-    ap.add_argument("--model", default=None,
-                    help="checkpoint directory (default: the embedded artifacts/ouro-tiny)")
-    ap.add_argument("--heads", default=HEADS, help="its lookahead heads (default: the shipped)")
-    ap.add_argument("--tree", choices=("chain", "shipped"), default="chain",
-                    help="the heads' rank-0 chain or the shipped tree")
-    ap.add_argument("--lookup", type=int, default=10, help="prompt-lookup chain beside it")
-    ap.add_argument("--prompts", type=int, default=128,
-                    help="held-out prompts, half arithmetic, half text (eval_prompts)")
-    ap.add_argument("--max-tokens", type=int, default=32)
+    add_proposer_arguments(ap, max_tokens=32)
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--repeats", type=int, default=3, help="paired repeats per temperature")

@@ -93,29 +93,54 @@ class Recorder:
         self.inner.observe(state, verdict)
 
 
+def add_proposer_arguments(ap: argparse.ArgumentParser, max_tokens: int) -> None:
+    """The recording model, its TreeProposer and its prompt set (also bench.spec_e2e's)."""
+    from rltlab.bench.tree_spec import HEADS
+    ap.add_argument("--model", default=None, help="the recording model (default: the embedded "
+                    "artifacts/ouro-tiny)")
+    ap.add_argument("--heads", default=HEADS, help="its lookahead heads (default: the shipped)")
+    ap.add_argument("--tree", choices=("chain", "shipped"), default="chain",
+                    help="the heads' tree: their rank-0 chain or the shipped tree")
+    ap.add_argument("--lookup", type=int, default=10, help="prompt-lookup chain beside it")
+    ap.add_argument("--prompts", type=int, default=128,
+                    help="held-out prompts, half arithmetic, half text (eval_prompts)")
+    ap.add_argument("--max-tokens", type=int, default=max_tokens)
+
+
+def load_tree(args, model) -> tuple:
+    """(lookahead heads of args.heads on the model's device, the tree args.tree names)."""
+    from rltlab.draft_heads import lookahead
+    heads, shipped_tree, _ = lookahead.load(args.heads, model)
+    return heads, (shipped_tree if args.tree == "shipped" else
+                   [(0,) * j for j in range(1, heads.depth + 1)])
+
+
+def tree_blocks(tree, lookup: int, concurrency: int, max_len: int) -> int:
+    """KV blocks (of 16) for `concurrency` sequences of max_len tokens and the forks of every
+    leaf of the tree and its lookup chain (two per leaf), so that no tree is pruned."""
+    leaves = sum(1 for p in tree if not any(q[:-1] == p for q in tree)) + bool(lookup)
+    return concurrency * (-(-max_len // 16) + 2 * leaves) + 16
+
+
 def record(args) -> dict:
     """Decode the prompt set on the embedded model with its heads; -> {temperature: [request
     {prompt, kind, length, items}]} and the recording's tau per temperature and kind."""
-    from rltlab.draft_heads import lookahead
     from rltlab.draft_heads.evaluate import eval_prompt_kinds, eval_prompts
     from rltlab.engine import LLM, SamplingParams, TreeProposer
     from rltlab.engine.spec.tree_drafts import TreeDrafts
     from rltlab.model.checkpoint import load_model
     model, tok, md = load_model(args.model, dtype="float32", device=args.device)
-    heads, shipped_tree, _ = lookahead.load(args.heads, model)
-    tree = shipped_tree if args.tree == "shipped" else [(0,) * j for j in
-                                                         range(1, heads.depth + 1)]
     prompts = eval_prompts(tok, md, args.prompts)
     kinds = eval_prompt_kinds(args.prompts)
     eos = getattr(tok, "eos_token_id", None)
     out = {}
     max_len = max(map(len, prompts)) + args.max_tokens + 1
-    leaves = sum(1 for p in tree if not any(q[:-1] == p for q in tree)) + bool(args.lookup)
+    heads, tree = load_tree(args, model)
     for temperature in args.temperatures:
         recorder = Recorder(TreeDrafts(TreeProposer(heads, tree, lookup=args.lookup)))
         llm = LLM(model, max_num_seqs=args.record_concurrency, block_size=16,
-                  max_model_len=max_len, num_blocks=args.record_concurrency * (
-                      -(-max_len // 16) + 2 * leaves) + 16)
+                  max_model_len=max_len, num_blocks=tree_blocks(
+                      tree, args.lookup, args.record_concurrency, max_len))
         llm.set_proposer(recorder)
         params = [SamplingParams(temperature=temperature, max_tokens=args.max_tokens, seed=i,
                                  exit_policy="fixed", ignore_eos=args.ignore_eos)
@@ -482,7 +507,6 @@ def _tokens(ms, token_ms):
 
 # ------------------------------------------------------------------------------------ main
 def main(argv=None) -> dict:
-    from rltlab.bench.tree_spec import HEADS
     from rltlab.model.presets import PRESETS, preset_config, random_model
     ap = argparse.ArgumentParser(
         prog="python -m rltlab.bench.spec_replay",
@@ -491,15 +515,7 @@ def main(argv=None) -> dict:
                     "(paired); optionally each verification program's cost in target tokens "
                     "beside its roofline. Last line: JSON.")
     add_device_argument(ap)
-    ap.add_argument("--model", default=None, help="the recording model (default: the embedded "
-                    "artifacts/ouro-tiny)")
-    ap.add_argument("--heads", default=HEADS, help="its lookahead heads (default: the shipped)")
-    ap.add_argument("--tree", choices=("chain", "shipped"), default="chain",
-                    help="the heads' tree recorded: their rank-0 chain or the shipped tree")
-    ap.add_argument("--lookup", type=int, default=10, help="prompt-lookup chain beside it")
-    ap.add_argument("--prompts", type=int, default=128,
-                    help="held-out prompts, half arithmetic, half text (eval_prompts)")
-    ap.add_argument("--max-tokens", type=int, default=128)
+    add_proposer_arguments(ap, max_tokens=128)
     ap.add_argument("--ignore-eos", action="store_true",
                     help="record to max_tokens (default: stop at EOS, as the other benches)")
     ap.add_argument("--record-concurrency", type=int, default=16)
