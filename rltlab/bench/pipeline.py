@@ -142,6 +142,8 @@ def main(argv=None) -> dict:
     for nb, key, value in args.param:
         params[nb][key] = value
     commit = git_commit()
+    first = [nb for nb in args.notebooks if nb == MAIN_JOB]
+    rest = [nb for nb in args.notebooks if nb != MAIN_JOB]
     rows: dict[str, dict] = {}
     lock = threading.Lock()
 
@@ -160,8 +162,6 @@ def main(argv=None) -> dict:
             if args.out:
                 write_json_atomic(Path(args.out), snapshot())
 
-    first = [nb for nb in args.notebooks if nb == MAIN_JOB]
-    rest = [nb for nb in args.notebooks if nb != MAIN_JOB]
     for nb in first:
         one(nb)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:

@@ -225,15 +225,13 @@ class TraceCollector:
             else:
                 engine.remove_round_observer(handle)
         if shard_group is not None:
-            written = time.perf_counter()
             if capture is not None:
-                self.writer.write_group(_sorted_columns(self._group), shard_group)
+                self._write(self.writer.write_group, _sorted_columns(self._group), shard_group)
             else:
                 self._group.sort(key=lambda r: (r["prompt_id"], r["sample_index"],
                                                 r["position"]))
-                self.writer.write_group(self._group, shard_group)
+                self._write(self.writer.write_group, self._group, shard_group)
             self._group = None
-            self.stats["write_s"] += time.perf_counter() - written
         self.stats["generate_s"] += time.perf_counter() - start
         return [results[rid] for rid in ids]
 
@@ -323,6 +321,12 @@ class TraceCollector:
             hidden = hidden.float() @ self._projection_on
         return hidden.to(self.writer.dtype) if self.store_hidden else hidden[..., :0]
 
+    def _write(self, write, *args) -> None:
+        """write(*args), one of the writer's, its host time counted in stats["write_s"]."""
+        started = time.perf_counter()
+        write(*args)
+        self.stats["write_s"] += time.perf_counter() - started
+
     def _add_columns(self, columns: dict[str, torch.Tensor] | None) -> None:
         """Fast-path records (capture.py) to the running shards, or to this call's group."""
         if columns is None:
@@ -330,9 +334,7 @@ class TraceCollector:
         if self._group is not None:
             self._group.append(columns)
         else:
-            written = time.perf_counter()
-            self.writer.add_columns(columns)
-            self.stats["write_s"] += time.perf_counter() - written
+            self._write(self.writer.add_columns, columns)
         self.stats["tokens"] += len(columns["token"])
         for version in set(columns["weight_version"].tolist()):
             self._ensure_hash(version)
@@ -425,9 +427,7 @@ class TraceCollector:
         if self._group is not None:
             self._group.extend(records)
         else:
-            written = time.perf_counter()
-            self.writer.add(records)
-            self.stats["write_s"] += time.perf_counter() - written
+            self._write(self.writer.add, records)
         self.stats["tokens"] += len(records)
         self.stats["requests"] += 1
         for version in {r["weight_version"] for r in records}:
