@@ -40,7 +40,6 @@ def evaluate_policies(llm, tokenizer, problems: Sequence[dict], *, thresholds: S
     same call that hands the work to N ranks under `rltlab run --num-processes N`.
     progress: a tqdm bar over the settings.
     """
-    from rltlab.pretrain.data import EOT_ID
     from rltlab.eval.gsm8k import GSM8K_STOP, evaluate_gsm8k
     from rltlab.eval.tasks import engine_generate_fn, evaluate_arithmetic
 
@@ -52,16 +51,15 @@ def evaluate_policies(llm, tokenizer, problems: Sequence[dict], *, thresholds: S
         if tasks == "gsm8k":
             return evaluate_gsm8k(generate_fn, tokenizer, list(problems),
                                   num_fewshot=num_fewshot, batch_size=batch_size or len(problems),
-                                  eos_token_id=EOT_ID, num_rounds=num_rounds, keep_text=False)
+                                  eos_token_id=llm.llm_engine.eos_token_id, num_rounds=num_rounds, keep_text=False)
         return evaluate_arithmetic(generate_fn, tokenizer, problems, num_rounds=num_rounds,
                                    batch_size=batch_size)
 
     num_rounds = llm.llm_engine.num_rounds
     device = llm.llm_engine.runner.device
-    settings = [("fixed", f"depth={d}", fixed_params(d, max_tokens, eos_token_id=EOT_ID),
+    settings = [("fixed", f"depth={d}", fixed_params(d, max_tokens),
                  {"depth": d, "threshold": None}) for d in depths]
-    settings += [("q_exit", f"t={t:g}", q_exit_params(t, max_tokens, min_loops=min_loops,
-                                                      eos_token_id=EOT_ID),
+    settings += [("q_exit", f"t={t:g}", q_exit_params(t, max_tokens, min_loops=min_loops),
                   {"depth": None, "threshold": float(t)}) for t in thresholds]
     if tasks == "gsm8k":
         settings = [(p, s, dataclasses.replace(params, stop=list(GSM8K_STOP)), e)

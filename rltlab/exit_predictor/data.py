@@ -107,7 +107,6 @@ def collect_training_traces(model, tokenizer, out_dir: str | Path, *, arith: int
     stored in `hidden_dtype`; the expected size is printed and checked against the free disk
     space first (rltlab.traces.size: NotEnoughDiskSpace with the figures). The engine's memory
     is released before the prefill states are computed."""
-    from rltlab.pretrain.data import EOT_ID
     from rltlab.engine import SamplingParams
     from rltlab.eval.engines import release_memory, sized_llm
     from rltlab.traces import TraceCollector
@@ -130,8 +129,7 @@ def collect_training_traces(model, tokenizer, out_dir: str | Path, *, arith: int
         if arith:
             prompts, _ = rollout_prompts(tokenizer, arith, seed)
             params = SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=seed,
-                                    min_loops=1, exit_threshold=0.5,
-                                    stop_token_ids=[EOT_ID])
+                                    min_loops=1, exit_threshold=0.5)
             for s in range(0, len(prompts), batch_size):
                 collector.generate(prompts[s:s + batch_size], params,
                                    list(range(s, min(s + batch_size, len(prompts)))))

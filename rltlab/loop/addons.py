@@ -14,12 +14,10 @@ from rltlab.loop.metrics import curve_points, quality_by_kind
 
 
 def _engine_params(policy: str, args: dict[str, Any], max_tokens: int, min_loops: int = 1):
-    from rltlab.pretrain.data import EOT_ID
     from rltlab.engine import SamplingParams
 
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=0, min_loops=min_loops,
-                          exit_policy=policy, exit_policy_args=dict(args),
-                          stop_token_ids=[EOT_ID])
+                          exit_policy=policy, exit_policy_args=dict(args))
 
 
 def exit_predictor_step(state: LoopState, k: int, tmp: Path, before: dict[str, Any]

@@ -64,15 +64,14 @@ def install_predictor(state: LoopState, k: int, deployed: dict[str, Any]) -> dic
 def _params(state: LoopState, policy: str | None, max_tokens: int, seed: int,
             threshold: float | None = None):
     from rltlab.engine import SamplingParams
-    from rltlab.pretrain.data import EOT_ID
 
     cfg = state.cfg
     if policy is None:
         return SamplingParams(temperature=cfg.temperature, max_tokens=max_tokens, seed=seed,
                               min_loops=cfg.min_loops, exit_policy="q_exit",
-                              exit_threshold=float(threshold), stop_token_ids=[EOT_ID])
+                              exit_threshold=float(threshold))
     return SamplingParams(temperature=cfg.temperature, max_tokens=max_tokens, seed=seed,
-                          min_loops=cfg.min_loops, exit_policy=policy, stop_token_ids=[EOT_ID])
+                          min_loops=cfg.min_loops, exit_policy=policy)
 
 
 def on_policy_rollout(state: LoopState, k: int, prompts: Sequence[Sequence[int]],

@@ -37,11 +37,10 @@ def generation_curve(llm, tokenizer, problems: Sequence[dict], thresholds: Seque
     from rltlab.engine.outputs import raise_on_errors
     from rltlab.engine.sampling import q_exit_params
     from rltlab.eval.tasks import arithmetic_prompt, evaluate_arithmetic
-    from rltlab.pretrain.data import EOT_ID
 
     questions = [p["question"] if isinstance(p, dict) else p.question for p in problems]
     prompts = [arithmetic_prompt(tokenizer, q) for q in questions]
-    params = [q_exit_params(t, cfg.max_tokens, min_loops=cfg.min_loops, eos_token_id=EOT_ID)
+    params = [q_exit_params(t, cfg.max_tokens, min_loops=cfg.min_loops)
               for t in thresholds]
     outs = raise_on_errors(llm.generate([p for _ in thresholds for p in prompts],
                                         [sp for sp in params for _ in prompts]),

@@ -26,12 +26,10 @@ def collect_rollout_traces(llm, prompts: Sequence[Sequence[int]], out_dir: str |
 
 def rollout_params(threshold: float, max_tokens: int, *, min_loops: int = 1, seed: int = 0,
                    temperature: float = 0.0, stop: Sequence[str] = ()):
-    """The SamplingParams of a traced rollout: Q-exit at `threshold`, stop at EOT (the embedded
-    model's and Ouro's end of text) and at the `stop` strings."""
-    from rltlab.pretrain.data import EOT_ID
-
+    """The SamplingParams of a traced rollout: Q-exit at `threshold`, stopping where the engine
+    stops (its model's eos_token_id) and at the `stop` strings."""
     params = q_exit_params(threshold, max_tokens, min_loops=min_loops, seed=seed,
-                           temperature=temperature, eos_token_id=EOT_ID)
+                           temperature=temperature)
     return dataclasses.replace(params, stop=list(stop)) if stop else params
 
 
