@@ -138,8 +138,10 @@ def record(args) -> dict:
     heads, tree = load_tree(args, model)
     for temperature in args.temperatures:
         recorder = Recorder(TreeDrafts(TreeProposer(heads, tree, lookup=args.lookup)))
+        # speculation at every concurrency: a switch-off (CUDA's default above 8 sequences)
+        # would leave the tokens of the steps without it out of the recording
         llm = LLM(model, max_num_seqs=args.record_concurrency, block_size=16,
-                  max_model_len=max_len, num_blocks=tree_blocks(
+                  max_model_len=max_len, spec_max_concurrency=UNLIMITED, num_blocks=tree_blocks(
                       tree, args.lookup, args.record_concurrency, max_len))
         llm.set_proposer(recorder)
         params = [SamplingParams(temperature=temperature, max_tokens=args.max_tokens, seed=i,
@@ -154,6 +156,13 @@ def record(args) -> dict:
             length = 1 + sum(it[1] if it[0] == "plain" else len(it[1]) + 1 for it in items)
             requests.append({"prompt": list(prompt), "kind": kind, "length": length,
                              "stopped_at": len(res.outputs[0].token_ids), "items": items})
+        lost = sum(r["length"] < r["stopped_at"] for r in requests)
+        if lost:
+            raise RuntimeError(
+                f"the recording at T = {temperature} misses tokens of {lost} of {len(requests)} "
+                "requests: steps that did not speculate emitted them (is the engine's "
+                "speculation switched off at this concurrency?); a replay of it would decode "
+                "shorter requests than the recording did")
         out[temperature] = requests
     del model
     return {"requests": out, "eos": eos, "tree": [list(p) for p in tree],
