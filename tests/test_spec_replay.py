@@ -67,11 +67,12 @@ def test_a_run_stopped_in_the_program_costs_keeps_the_replay(tmp_path, monkeypat
     assert "program_costs" not in saved
 
 
+
 def test_the_recording_speculates_at_its_whole_concurrency(monkeypatch):
     """CUDA switches speculation off above 8 sequences by default; the recording runs 16. With
     a switch-off at 2 sequences wherever no limit is configured (CUDA's rule, here on the
-    CPU), the recording still covers every token; and a recording that does miss tokens (a
-    switch-off it cannot lift) is refused, not replayed short."""
+    CPU), every request of a 4-request recording still speculates in most of its steps, and
+    its items account for every token it emitted (the replay decodes the same lengths)."""
     import argparse
     from rltlab.engine.spec.decoder import SpecDecoder
 
@@ -80,13 +81,11 @@ def test_the_recording_speculates_at_its_whole_concurrency(monkeypatch):
 
     monkeypatch.setattr(SpecDecoder, "max_concurrency", cuda_like)
     ap = argparse.ArgumentParser()
-    spec_replay.add_proposer_arguments(ap, max_tokens=8)
+    spec_replay.add_proposer_arguments(ap, max_tokens=24)
     args = ap.parse_args(["--prompts", "4"])
     args.device, args.temperatures, args.record_concurrency = "cpu", [0.0], 4
     args.ignore_eos = True
-    recording = spec_replay.record(args)
-    for r in recording["requests"][0.0]:
-        assert r["length"] >= r["stopped_at"] == 8 and r["items"]
-    monkeypatch.setattr(SpecDecoder, "max_concurrency", lambda self: 2)
-    with pytest.raises(RuntimeError, match="misses tokens of"):
-        spec_replay.record(args)
+    for r in spec_replay.record(args)["requests"][0.0]:
+        assert r["length"] == r["stopped_at"] == 24
+        plain = sum(it[1] for it in r["items"] if it[0] == "plain")
+        assert plain < 12, r["items"]

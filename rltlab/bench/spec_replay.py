@@ -154,15 +154,12 @@ def record(args) -> dict:
             # the tokens the iterations emitted, the last one's in full where a stop cut it:
             # what the replay decodes (to the same length on both sides)
             length = 1 + sum(it[1] if it[0] == "plain" else len(it[1]) + 1 for it in items)
+            stopped_at = len(res.outputs[0].token_ids)
+            if length < stopped_at:   # plain steps after the last proposal (Recorder sees none)
+                items = items + [("plain", stopped_at - length)]
+                length = stopped_at
             requests.append({"prompt": list(prompt), "kind": kind, "length": length,
-                             "stopped_at": len(res.outputs[0].token_ids), "items": items})
-        lost = sum(r["length"] < r["stopped_at"] for r in requests)
-        if lost:
-            raise RuntimeError(
-                f"the recording at T = {temperature} misses tokens of {lost} of {len(requests)} "
-                "requests: steps that did not speculate emitted them (is the engine's "
-                "speculation switched off at this concurrency?); a replay of it would decode "
-                "shorter requests than the recording did")
+                             "stopped_at": stopped_at, "items": items})
         out[temperature] = requests
     del model
     return {"requests": out, "eos": eos, "tree": [list(p) for p in tree],
