@@ -38,3 +38,31 @@ def test_bad_sizes_are_usage_errors(capsys):
     with pytest.raises(SystemExit) as exit_:
         spec_e2e.main(["--device", "cpu", "--repeats", "0"])
     assert exit_.value.code == 2 and "--repeats must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("proposer, engine", [("plain", "default"), ("fastest", "measured")])
+def test_both_proposer_and_engine_settings_run_lossless(proposer, engine, monkeypatch):
+    """--proposer / --engine reach the TreeProposer and the LLM (tree_llm's options and
+    settings by default), and T = 0 stays token-identical with either."""
+    from rltlab.engine import LLM, TreeProposer
+    seen = {}
+    real_llm, real_proposer = LLM.__init__, TreeProposer.__init__
+
+    def llm_init(self, *a, **kw):
+        seen["engine"] = kw
+        real_llm(self, *a, **kw)
+
+    def proposer_init(self, *a, **kw):
+        seen["proposer"] = kw
+        real_proposer(self, *a, **kw)
+
+    monkeypatch.setattr(LLM, "__init__", llm_init)
+    monkeypatch.setattr(TreeProposer, "__init__", proposer_init)
+    res = spec_e2e.main(["--device", "cpu", "--prompts", "2", "--max-tokens", "6", "--repeats",
+                         "1", "--temperatures", "0", "--proposer", proposer, "--engine", engine])
+    assert res["temperatures"]["T=0"]["identical_tokens"] is True
+    if proposer == "fastest":
+        assert seen["proposer"] == {"lookup": 10, "first_drafts": True, "adaptive_lookup": "agree"}
+    else:
+        assert seen["proposer"] == {"lookup": 10}
+    assert seen["engine"].get("launch_behind_prompt", False) is (engine == "measured")

@@ -7,8 +7,13 @@ against target-only decoding of the same prompts, per temperature, in one run.
 
 Both sides decode every prompt with the same per-prompt seeds at `--concurrency` requests in
 flight (default 1), fixed full depth, stopping at EOS, on one engine whose proposer is switched
-on and off. After one untimed run of each side (graph captures), `--repeats` paired repeats
-alternate which side goes first. Per temperature: each side's output tok/s, the paired
+on and off. By default the proposer and the engine are rltlab.draft_heads.tree_llm's, the
+configuration results.md S1 measured (`--proposer fastest`: the lookup chain verified where it
+agrees with the heads, first drafts; `--engine measured`: launches behind the prompt step and,
+on CUDA, compile + gemv_rows 64); `--proposer plain` / `--engine default` measure
+TreeProposer(heads, tree, lookup) on an engine with LLM's defaults. After untimed runs of
+target, spec and target again (graph captures, including any the switch back recaptures),
+`--repeats` paired repeats alternate which side goes first. Per temperature: each side's output tok/s, the paired
 speedup (spec tok/s / target tok/s per repeat: median, mean, se), tau (tokens emitted per
 speculative step) and, at T = 0, whether both sides generated identical tokens (losslessness
 at T > 0 is a distribution property: tests/test_spec_protocol.py, tests/test_spec_tree_sampling.py).
@@ -42,16 +47,27 @@ def paired_speedup(target_tps: list[float], spec_tps: list[float]) -> dict:
 
 def run(args) -> dict:
     from rltlab.draft_heads.evaluate import eval_prompts
+    from rltlab.draft_heads.tree_llm import CUDA_SETTINGS, FASTEST
     from rltlab.engine import LLM, SamplingParams, TreeProposer
     from rltlab.model.checkpoint import load_model
     model, tok, md = load_model(args.model, dtype=args.dtype, device=args.device)
     heads, tree = load_tree(args, model)
-    proposer = TreeProposer(heads, tree, lookup=args.lookup)
+    options = {"lookup": args.lookup}
+    if args.proposer == "fastest":
+        options["first_drafts"] = FASTEST["first_drafts"]
+        if args.lookup:
+            options["adaptive_lookup"] = FASTEST["adaptive_lookup"]
+    proposer = TreeProposer(heads, tree, **options)
+    engine = {"decode_path": "static"}
+    if args.engine == "measured":
+        engine["launch_behind_prompt"] = True
+        if next(model.parameters()).is_cuda:
+            engine.update(CUDA_SETTINGS)
     prompts = eval_prompts(tok, md, args.prompts)
     max_len = max(map(len, prompts)) + args.max_tokens + 1
     llm = LLM(model, max_num_seqs=args.concurrency, block_size=16, max_model_len=max_len,
               num_blocks=tree_blocks(tree, args.lookup, args.concurrency, max_len),
-              decode_path="static", spec_max_concurrency=args.concurrency)
+              spec_max_concurrency=args.concurrency, **engine)
 
     def side(temperature: float, spec: bool) -> tuple[float, list]:
         llm.set_proposer(proposer if spec else None)
@@ -67,7 +83,8 @@ def run(args) -> dict:
 
     result = {}
     for temperature in args.temperatures:
-        side(temperature, False), side(temperature, True)      # warm-up: captures, compiles
+        for spec in (False, True, False):       # warm-up: captures, compiles, the switch back
+            side(temperature, spec)
         tps = {False: [], True: []}
         identical, taus = [], []
         for rep in range(args.repeats):
@@ -104,6 +121,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--repeats", type=int, default=3, help="paired repeats per temperature")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--proposer", choices=("fastest", "plain"), default="fastest",
+                    help="fastest: tree_llm's FASTEST options (lookup verified by agreement, "
+                    "first drafts); plain: TreeProposer(heads, tree, lookup)")
+    ap.add_argument("--engine", choices=("measured", "default"), default="measured",
+                    help="measured: tree_llm's engine settings (launch behind the prompt; on "
+                    "CUDA compile and gemv_rows 64); default: LLM's defaults")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     args = ap.parse_args(argv)
     for name in ("prompts", "max_tokens", "concurrency", "repeats"):
