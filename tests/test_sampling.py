@@ -124,3 +124,52 @@ def test_a_draw_at_the_top_of_the_cdf_lands_on_the_last_possible_token(monkeypat
     for row, k in enumerate((3, 7, 12)):
         kept = logits[row].topk(k).indices
         assert tokens[row] == int(kept.max())   # the highest-index token of its support
+
+
+def test_sampling_parameters_upload_once_per_batch_composition(monkeypatch):
+    """sample_on_device keeps the device copies of a batch's (temperature, top-k, top-p): the
+    same composition again uploads nothing, and any changed value of a row is a new batch (a
+    cache keyed on less would sample with another row's settings)."""
+    from rltlab.engine import sampling
+
+    uploads = []
+    real = sampling.to_device
+
+    def counting(values, dtype, device):
+        uploads.append(list(values))
+        return real(values, dtype, device)
+
+    monkeypatch.setattr(sampling, "to_device", counting)
+    monkeypatch.setattr(sampling, "_PARAM_TENSORS", {})
+    logits = torch.randn(3, 29, generator=torch.Generator().manual_seed(1))
+
+    def draw(params, seed=0):
+        return sampling.sample_on_device(logits, params, gens(3, seed), "raw_logprobs").tokens
+
+    def reference(params, seed=0):
+        temps = torch.tensor([p.temperature for p in params])
+        processed = process_logits(logits, temps, torch.tensor([p.top_k for p in params]),
+                                   torch.tensor([p.top_p for p in params]))
+        out = []
+        for row, (p, g) in enumerate(zip(params, gens(3, seed))):
+            if p.temperature == 0:
+                out.append(int(processed[row].argmax()))
+                continue
+            probs = torch.softmax(processed[row], -1)
+            u = torch.rand((), generator=g)
+            out.append(int(torch.searchsorted(probs.cumsum(-1), u * probs.sum(), right=True)))
+        return out
+
+    base = [SamplingParams(temperature=t, top_k=k, top_p=q)
+            for t, k, q in ((0.0, -1, 1.0), (0.8, 5, 1.0), (1.0, -1, 0.6))]
+    first = draw(base)
+    count = len(uploads)
+    assert count == 4                                    # temperature, top-k, top-p, rows
+    assert draw(base).tolist() == first.tolist() == reference(base)
+    assert len(uploads) == count                         # the same batch: nothing uploaded
+    for changed in ([base[0], base[1], SamplingParams(temperature=1.0, top_p=0.3)],
+                    [base[0], SamplingParams(temperature=0.8, top_k=2), base[2]],
+                    [base[0], SamplingParams(temperature=0.3, top_k=5), base[2]]):
+        for seed in range(4):
+            assert draw(changed, seed).tolist() == reference(changed, seed)
+    assert len(uploads) == count + 3 * 4

@@ -183,6 +183,30 @@ class DeviceSample:
     logp: torch.Tensor | None             # fp32 [N, V], for top log-probs on the host
 
 
+# Device copies of a batch's sampling parameters, by device and the rows' (temperature, top-k,
+# top-p): a running batch keeps its composition for many tokens, and on a small model each
+# upload (pinned host tensor + copy) costs more than the sampling itself.
+_PARAM_TENSORS: dict[tuple, tuple] = {}
+_PARAM_TENSORS_MAX = 256
+
+
+def _param_tensors(params: list[SamplingParams], device: torch.device) -> tuple:
+    """(temperature fp32 [N], top-k int64 [N], top-p fp32 [N], sampled rows int64 or None) on
+    `device`, uploaded once per batch composition (never written by their users)."""
+    key = (str(device), tuple((p.temperature, p.top_k, p.top_p) for p in params))
+    cached = _PARAM_TENSORS.get(key)
+    if cached is None:
+        if len(_PARAM_TENSORS) >= _PARAM_TENSORS_MAX:
+            _PARAM_TENSORS.clear()
+        sampled = [row for row, p in enumerate(params) if p.temperature >= SAMPLING_EPS]
+        cached = (to_device([p.temperature for p in params], torch.float32, device),
+                  to_device([p.top_k for p in params], torch.int64, device),
+                  to_device([p.top_p for p in params], torch.float32, device),
+                  to_device(sampled, torch.int64, device) if sampled else None)
+        _PARAM_TENSORS[key] = cached
+    return cached
+
+
 def sample_on_device(logits: torch.Tensor, params: list[SamplingParams],
                      generators: list[torch.Generator], logprobs_mode: str) -> DeviceSample:
     """One token per row of logits [N, V], row i drawn with generators[i] and params[i], all
@@ -191,17 +215,14 @@ def sample_on_device(logits: torch.Tensor, params: list[SamplingParams],
     device, vocab = logits.device, logits.shape[-1]
     logits = logits.float()
     filtering = needs_filtering(params, vocab)
-    if filtering or any(p.temperature >= SAMPLING_EPS for p in params):
-        temperature = to_device([p.temperature for p in params], torch.float32, device)
-        top_k = to_device([p.top_k for p in params], torch.int64, device)
-        top_p = to_device([p.top_p for p in params], torch.float32, device)
+    sampled = [row for row, p in enumerate(params) if p.temperature >= SAMPLING_EPS]
+    if filtering or sampled:
+        temperature, top_k, top_p, rows = _param_tensors(params, device)
         processed = process_logits(logits, temperature, top_k, top_p, filtering)
     else:   # all greedy, nothing filtered: processing would divide by 1 (no launches needed)
         processed = logits
     tokens = processed.argmax(dim=-1)
-    sampled = [row for row, p in enumerate(params) if p.temperature >= SAMPLING_EPS]
     if sampled:
-        rows = to_device(sampled, torch.int64, device)
         probs = torch.softmax(processed.index_select(0, rows), dim=-1)
         u = torch.stack([torch.rand((), generator=generators[row], device=generators[row].device)
                          .to(device) for row in sampled])
