@@ -51,7 +51,7 @@ from collections import deque
 import torch
 
 from rltlab.bench.ceilings import ModelCosts, copy_bandwidth, matmul_tflop_s
-from rltlab.bench.engine_checks import kernel_profile
+from rltlab.bench.engine_checks import kernel_profile, sync
 from rltlab.common.atomic import write_json_atomic
 from rltlab.common.device import add_device_argument
 from rltlab.common.environment import environment, git_commit
@@ -60,11 +60,6 @@ from rltlab.engine.spec.protocol import DraftTree
 LABEL = "replayed acceptance (embedded model's recorded acceptance forced through the real " \
         "kernels at the preset's shape; system cost, not a drafter's quality there)"
 UNLIMITED = 1 << 30
-
-
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # --------------------------------------------------------------------------------- record
@@ -284,10 +279,10 @@ def replay(args, recording: dict, model) -> dict:
             if spec:
                 proposer.load(rid, r["items"])
         engine.set_proposer(proposer if spec else None)
-        _sync(args.device)
+        sync()
         started = time.perf_counter()
         outs = _closed_loop(engine, batch, concurrency)
-        _sync(args.device)
+        sync()
         elapsed = time.perf_counter() - started
         engine.set_proposer(None)
         stats = [o.outputs[0].spec_stats for o in outs.values()]
@@ -371,7 +366,7 @@ def _device_ms(fn, device, repeats: int) -> float:
     """Milliseconds per fn() on the device: CUDA events around `repeats` calls (after one
     warm-up), the host clock elsewhere."""
     fn()
-    _sync(device)
+    sync()
     if torch.device(device).type != "cuda":
         started = time.perf_counter()
         for _ in range(repeats):
@@ -388,11 +383,11 @@ def _device_ms(fn, device, repeats: int) -> float:
 
 def _wall_ms(fn, device, repeats: int) -> float:
     fn()
-    _sync(device)
+    sync()
     started = time.perf_counter()
     for _ in range(repeats):
         fn()
-    _sync(device)
+    sync()
     return 1e3 * (time.perf_counter() - started) / repeats
 
 

@@ -190,15 +190,16 @@ _PARAM_TENSORS: dict[tuple, tuple] = {}
 _PARAM_TENSORS_MAX = 256
 
 
-def _param_tensors(params: list[SamplingParams], device: torch.device) -> tuple:
-    """(temperature fp32 [N], top-k int64 [N], top-p fp32 [N], sampled rows int64 or None) on
-    `device`, uploaded once per batch composition (never written by their users)."""
+def _param_tensors(params: list[SamplingParams], sampled: list[int], device: torch.device
+                   ) -> tuple:
+    """(temperature fp32 [N], top-k int64 [N], top-p fp32 [N], the sampled rows (those of
+    temperature >= SAMPLING_EPS) int64 or None) on `device`, uploaded once per batch
+    composition (never written by their users)."""
     key = (str(device), tuple((p.temperature, p.top_k, p.top_p) for p in params))
     cached = _PARAM_TENSORS.get(key)
     if cached is None:
         if len(_PARAM_TENSORS) >= _PARAM_TENSORS_MAX:
             _PARAM_TENSORS.clear()
-        sampled = [row for row, p in enumerate(params) if p.temperature >= SAMPLING_EPS]
         cached = (to_device([p.temperature for p in params], torch.float32, device),
                   to_device([p.top_k for p in params], torch.int64, device),
                   to_device([p.top_p for p in params], torch.float32, device),
@@ -217,7 +218,7 @@ def sample_on_device(logits: torch.Tensor, params: list[SamplingParams],
     filtering = needs_filtering(params, vocab)
     sampled = [row for row, p in enumerate(params) if p.temperature >= SAMPLING_EPS]
     if filtering or sampled:
-        temperature, top_k, top_p, rows = _param_tensors(params, device)
+        temperature, top_k, top_p, rows = _param_tensors(params, sampled, device)
         processed = process_logits(logits, temperature, top_k, top_p, filtering)
     else:   # all greedy, nothing filtered: processing would divide by 1 (no launches needed)
         processed = logits

@@ -51,7 +51,8 @@ def evaluate_policies(llm, tokenizer, problems: Sequence[dict], *, thresholds: S
         if tasks == "gsm8k":
             return evaluate_gsm8k(generate_fn, tokenizer, list(problems),
                                   num_fewshot=num_fewshot, batch_size=batch_size or len(problems),
-                                  eos_token_id=llm.llm_engine.eos_token_id, num_rounds=num_rounds, keep_text=False)
+                                  eos_token_id=llm.llm_engine.eos_token_id,
+                                  num_rounds=num_rounds, keep_text=False)
         return evaluate_arithmetic(generate_fn, tokenizer, problems, num_rounds=num_rounds,
                                    batch_size=batch_size)
 
