@@ -11,17 +11,18 @@ RoPE + K/V write run as separate small kernels. Here:
     Accumulation in fp32; one rounding to x's dtype at the end. Several rows share each loaded
     weight tile: bf16 through tl.dot (tensor cores, 16-row blocks), fp32 as broadcast FMAs (the
     one-row arithmetic per row, blocks of up to 16 rows); more rows add row blocks (grid axis 1).
-  * Split-K (one row, tiles with SPLIT_K > 1): a narrow weight (N = 2048: o and down) gives
-    only N / BLOCK_N = 256-512 programs, each walking all of K, too few loads in flight to
-    stream HBM (~50% of copy bandwidth vs ~85% for the wide q/k/v and gate/up). The grid becomes
-    (N / BLOCK_N, SPLIT_K): each program accumulates a contiguous run of K tiles and stores an
-    fp32 partial to a per-device workspace, then counts itself in on its column block's counter
-    (atomic, acq_rel). The program that arrives last sums the SPLIT_K partials in the fixed order
-    0..SPLIT_K-1, so the output is bit-identical run to run whichever program that is, writes
-    it, and resets the counter to 0 for the next call (also inside CUDA graphs). Nothing waits
-    on another program, so no scheduling order can deadlock. All calls on a device share the
-    workspace: consecutive ones in a stream are safe (under PDL every store and atomic comes
-    after gdc_wait), concurrent ones on two streams are not.
+  * Split-K (tiles with SPLIT_K > 1): a narrow weight (N = 2048: o and down) gives only
+    N / BLOCK_N = 256-512 one-row programs, each walking all of K, too few loads in flight to
+    stream HBM (~50% of copy bandwidth vs ~85% for the wide q/k/v and gate/up); several rows'
+    wider BLOCK_N (tl.dot) leave fewer programs still. The grid becomes (N / BLOCK_N, row blocks
+    x SPLIT_K): each program accumulates a contiguous run of K tiles for its row block and
+    stores an fp32 partial to a per-device workspace, then counts itself in on its output
+    tile's counter (atomic, acq_rel). The program that arrives last sums the SPLIT_K partials
+    in the fixed order 0..SPLIT_K-1, so the output is bit-identical run to run whichever program
+    that is, writes it, and resets the counter to 0 for the next call (also inside CUDA graphs).
+    Nothing waits on another program, so no scheduling order can deadlock. All calls on a
+    device share the workspace: consecutive ones in a stream are safe (under PDL every store
+    and atomic comes after gdc_wait), concurrent ones on two streams are not.
   * rope_write_kv(qkv, ...) splits a fused q|k|v row, applies rotate-half RoPE to q and k (fp32,
     one rounding), writes k and v into the paged cache (plane, slot) and returns q. One program
     per row; a negative slot marks a padding row (nothing written). With k_out it also stores
@@ -46,10 +47,10 @@ MAX_ROWS = 64
 # [BLOCK_M, BLOCK_N, BLOCK_K] (fp32) at most 16 rows (registers); more rows, more row blocks.
 DOT_ROWS, FMA_ROWS = 16, 16
 ACTIVATIONS = (None, "silu_mul")
-# Split-K workspace per device: fp32 partials [SPLIT_K, N] and one int32 arrival counter per
-# column block, zero between calls. Fixed sizes (far above Ouro-1.4B's 8 x 11264 partials) so
-# that CUDA graphs keep pointing at the same buffers.
-SPLIT_K_PARTIALS = 1 << 20
+# Split-K workspace per device: fp32 partials [SPLIT_K, M, N] and one int32 arrival counter per
+# output tile (column block x row block), zero between calls. Fixed sizes (above Ouro-1.4B's
+# 8 x 64 x 11264 partials, 32 MiB) so that CUDA graphs keep pointing at the same buffers.
+SPLIT_K_PARTIALS = 1 << 23
 SPLIT_K_COUNTERS = 1 << 16
 _split_k_workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -105,23 +106,25 @@ def _accumulate_tile(acc, w, x_ptr, rows, ks, row_ok, K, stride_xm, SILU_MUL: tl
 
 
 @triton.jit
-def _reduce_split_k(acc, partials_ptr, counters_ptr, out_ptr, cols, col_ok, N,
-                    SPLIT_K: tl.constexpr):
-    """Store this program's [1, BLOCK_N] partial; the column block's last program to arrive sums
-    all SPLIT_K partials in order 0..SPLIT_K-1 into out and resets the block's counter."""
-    tl.store(partials_ptr + tl.program_id(1) * N + cols[None, :], acc, mask=col_ok[None, :])
+def _reduce_split_k(acc, partials_ptr, counters_ptr, out_ptr, rows, row_ok, cols, col_ok, M, N,
+                    stride_om, split, tile, SPLIT_K: tl.constexpr):
+    """Store this program's [BLOCK_M, BLOCK_N] partial (split ``split`` of output tile ``tile``);
+    the tile's last program to arrive sums all SPLIT_K partials in order 0..SPLIT_K-1 into out
+    and resets the tile's counter."""
+    mask = row_ok[:, None] & col_ok[None, :]
+    at = rows[:, None] * N + cols[None, :]   # partials: [SPLIT_K, M, N] fp32
+    tl.store(partials_ptr + split * M * N + at, acc, mask=mask)
     # One thread does the atomic below: the barrier orders every thread's partial store before
     # its release (the pattern of CUTLASS's split-K semaphore).
     tl.debug_barrier()
-    counter = counters_ptr + tl.program_id(0)
+    counter = counters_ptr + tile
     if tl.atomic_add(counter, 1, sem="acq_rel") == SPLIT_K - 1:
         # The partials come from other SMs: read them from L2 (.cg), never from a stale L1 line.
-        total = tl.load(partials_ptr + cols[None, :], mask=col_ok[None, :], cache_modifier=".cg")
-        for split in tl.static_range(1, SPLIT_K):
-            total += tl.load(partials_ptr + split * N + cols[None, :], mask=col_ok[None, :],
-                             cache_modifier=".cg")
-        tl.store(out_ptr + cols[None, :], total.to(out_ptr.dtype.element_ty),
-                 mask=col_ok[None, :])
+        total = tl.load(partials_ptr + at, mask=mask, cache_modifier=".cg")
+        for other in tl.static_range(1, SPLIT_K):
+            total += tl.load(partials_ptr + other * M * N + at, mask=mask, cache_modifier=".cg")
+        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :],
+                 total.to(out_ptr.dtype.element_ty), mask=mask)
         # No program of this launch touches the counter again, and the next launch only after
         # this one has finished (stream order, or gdc_wait under PDL): a plain store is enough.
         tl.store(counter, 0)
@@ -136,8 +139,9 @@ def _small_m_linear_kernel(
     PREFETCH: tl.constexpr, PF_CHUNK: tl.constexpr, PF_LANES: tl.constexpr,
 ):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    # Without split-K the grid's second axis is the block of BLOCK_M rows (one row: one block).
-    rows = (tl.program_id(1) * BLOCK_M if SPLIT_K == 1 else 0) + tl.arange(0, BLOCK_M)
+    # The grid's second axis is (block of BLOCK_M rows) x SPLIT_K, split fastest.
+    row_block, split = tl.program_id(1) // SPLIT_K, tl.program_id(1) % SPLIT_K
+    rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
     col_ok, row_ok = cols < N, rows < M
     if SPLIT_K == 1:
         k_begin, k_end = 0, K
@@ -146,8 +150,8 @@ def _small_m_linear_kernel(
         # balanced to one tile, never empty (check_tiles makes SPLIT_K <= T). The masks
         # below stay `< K`: splits meet on tile boundaries, only the last tile is ragged.
         k_tiles = tl.cdiv(K, BLOCK_K)
-        k_begin = tl.program_id(1) * k_tiles // SPLIT_K * BLOCK_K
-        k_end = (tl.program_id(1) + 1) * k_tiles // SPLIT_K * BLOCK_K
+        k_begin = split * k_tiles // SPLIT_K * BLOCK_K
+        k_end = (split + 1) * k_tiles // SPLIT_K * BLOCK_K
     FMA: tl.constexpr = IEEE and BLOCK_M > 1
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # The first weight tile is loaded before waiting for the previous kernel (under PDL the
@@ -166,12 +170,14 @@ def _small_m_linear_kernel(
         tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :],
                  acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
     else:
-        _reduce_split_k(acc, partials_ptr, counters_ptr, out_ptr, cols, col_ok, N, SPLIT_K)
+        _reduce_split_k(acc, partials_ptr, counters_ptr, out_ptr, rows, row_ok, cols, col_ok, M,
+                        N, stride_om, split, row_block * tl.num_programs(0) + tl.program_id(0),
+                        SPLIT_K)
 
 
 # Tile shapes (BLOCK_N, BLOCK_K, num_warps, num_stages) for one row and for more rows (bf16 /
-# fp32), by default and per (N, K) weight shape; a fifth entry SPLIT_K (one row only) splits K over
-# that many programs per column block (module docstring), and 4 entries mean SPLIT_K = 1. One row
+# fp32), by default and per (N, K) weight shape; a fifth entry SPLIT_K splits K over that many
+# programs per output tile (module docstring), and 4 entries mean SPLIT_K = 1. One row
 # needs many programs in flight to saturate HBM (N / BLOCK_N * SPLIT_K of them); bf16 rows use
 # tensor cores (tl.dot needs BLOCK_N >= 16); fp32 rows keep one row's narrow blocks, BLOCK_K
 # bounded by the [BLOCK_M, BLOCK_N, BLOCK_K] products' registers. The per-shape entries are the
@@ -223,9 +229,11 @@ def block_rows(rows: int, fma: bool) -> int:
     return min(FMA_ROWS, triton.next_power_of_2(rows)) if fma else DOT_ROWS
 
 
-def check_tiles(tiles, rows: int, n: int, k: int) -> tuple[int, int, int, int, int]:
+def check_tiles(tiles, rows: int, n: int, k: int, fma: bool = False
+                ) -> tuple[int, int, int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K) of 4 or 5 tiles for a [rows, K] x
-    [N, K]^T product; ValueError where split-K cannot run it."""
+    [N, K]^T product (fma: rows as FMA products, block_rows); ValueError where split-K cannot
+    run it."""
     if len(tiles) not in (4, 5):
         raise ValueError(f"tiles are (BLOCK_N, BLOCK_K, num_warps, num_stages[, SPLIT_K]), "
                          f"got {tiles!r}")
@@ -234,15 +242,14 @@ def check_tiles(tiles, rows: int, n: int, k: int) -> tuple[int, int, int, int, i
     k_tiles = triton.cdiv(k, block_k)
     if split_k < 1:
         raise ValueError(f"SPLIT_K must be >= 1, got {split_k}")
-    if split_k > 1 and rows != 1:
-        raise ValueError(f"split-K is for one row only, got SPLIT_K={split_k} for {rows} rows")
     if split_k > k_tiles:
         raise ValueError(f"SPLIT_K={split_k} leaves a split without a BLOCK_K tile: K={k} has "
                          f"{k_tiles} tile(s) of BLOCK_K={block_k}")
-    if split_k > 1 and (split_k * n > SPLIT_K_PARTIALS
-                        or triton.cdiv(n, block_n) > SPLIT_K_COUNTERS):
-        raise ValueError(f"N={n}, BLOCK_N={block_n}, SPLIT_K={split_k} exceeds the split-K "
-                         f"workspace ({SPLIT_K_PARTIALS} partials, {SPLIT_K_COUNTERS} counters)")
+    if split_k > 1 and (split_k * rows * n > SPLIT_K_PARTIALS or triton.cdiv(n, block_n)
+                        * triton.cdiv(rows, block_rows(rows, fma)) > SPLIT_K_COUNTERS):
+        raise ValueError(f"{rows} rows, N={n}, BLOCK_N={block_n}, SPLIT_K={split_k} exceeds the "
+                         f"split-K workspace ({SPLIT_K_PARTIALS} partials, {SPLIT_K_COUNTERS} "
+                         f"counters)")
     return block_n, block_k, warps, stages, split_k
 
 
@@ -279,13 +286,13 @@ def small_m_linear(x, w, act=None, tiles=None, *, pdl=False, prefetch=None):
     launch = launch_options(pdl, x.device)
     fp32 = w.dtype == torch.float32
     block_n, block_k, warps, stages, split_k = check_tiles(tiles or tiles_for(m, n, k, fp32), m,
-                                                           n, k)   # fp32 rows: FMA products
+                                                           n, k, fp32)   # fp32 rows: FMA products
     block_m = block_rows(m, fp32)
     pf_args, pf_meta = prefetch_args(prefetch, placeholder=w)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     # SPLIT_K = 1 never touches the workspace: out stands in for its pointers.
     partials, counters = split_k_workspace(x.device) if split_k > 1 else (out, out)
-    _small_m_linear_kernel[(triton.cdiv(n, block_n), max(split_k, triton.cdiv(m, block_m)))](
+    _small_m_linear_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m) * split_k)](
         x, w, out, partials, counters, m, n, k, x.stride(0), w.stride(0), out.stride(0),
         *pf_args, SILU_MUL=act == "silu_mul", BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, SPLIT_K=split_k, IEEE=fp32, num_warps=warps,

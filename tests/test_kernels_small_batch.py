@@ -167,13 +167,41 @@ def test_split_k_rejects_bad_tiles_before_launching(monkeypatch):
                            ((8, 32, 4), "tiles are"), ((8, 32, 4, 2, 2, 1), "tiles are")]:
         with pytest.raises(ValueError, match=message):
             small_m_linear(x, w, tiles=tiles)
-    with pytest.raises(ValueError, match="one row only"):
-        small_m_linear(_randn(2, 64, seed=1), w, tiles=(16, 32, 4, 2, 2))
-    wide = _randn(1, 16, seed=2).expand(1 << 18, 16)   # N = 2^18 rows of one copy
-    for tiles in [(1, 8, 4, 2, 2),    # 2^18 column blocks > SPLIT_K_COUNTERS
-                  (64, 2, 4, 2, 8)]:  # 8 x 2^18 partials > SPLIT_K_PARTIALS
+    wide = _randn(1, 16, seed=2).expand(1 << 21, 16)   # N = 2^21 rows of one copy
+    for rows, tiles in [(1, (1, 8, 4, 2, 2)),     # 2^21 column blocks > SPLIT_K_COUNTERS
+                        (1, (64, 2, 4, 2, 8)),    # 8 x 2^21 partials > SPLIT_K_PARTIALS
+                        (3, (256, 2, 4, 2, 2))]:  # 2 x 3 x 2^21 partials, likewise
         with pytest.raises(ValueError, match="exceeds the split-K workspace"):
-            small_m_linear(_randn(1, 16, seed=3), wide, tiles=tiles)
+            small_m_linear(_randn(rows, 16, seed=3), wide, tiles=tiles)
+
+
+# (rows, N, K, split-K tiles) of several rows: one row block (2, 5, 16 rows) and several (20 and
+# 37 rows: 2 and 3 blocks of 16, the last one ragged), N and K ragged against the tiles.
+MULTI_ROW_SPLIT_K = [(2, 36, 200, (8, 32, 4, 2, 2)), (5, 50, 300, (4, 64, 4, 2, 4)),
+                     (16, 36, 200, (8, 32, 4, 2, 3)), (20, 40, 160, (16, 32, 4, 2, 2)),
+                     (37, 24, 96, (8, 16, 4, 2, 6))]
+
+
+@pytest.mark.parametrize("rows,n,k,tiles", MULTI_ROW_SPLIT_K)
+@pytest.mark.parametrize("act", [None, "silu_mul"])
+def test_split_k_of_several_rows_matches_reference_fp32(rows, n, k, tiles, act):
+    x = _randn(rows, 2 * k if act else k, seed=rows + n)
+    w = _randn(n, k, seed=rows + n + 1) / k ** 0.5
+    out = small_m_linear(x, w, act, tiles=tiles)
+    torch.testing.assert_close(out, small_m_linear_ref(x, w, act), **FP32)
+    assert torch.equal(small_m_linear(x, w, act, tiles=tiles), out)   # deterministic
+    assert not small_batch.split_k_workspace(x.device)[1].any()   # counters back at zero
+
+
+@pytest.mark.skipif(INTERPRETED, reason="the interpreter's bf16 tl.dot is not faithful")
+@pytest.mark.parametrize("rows", [5, 16, 37])
+def test_split_k_of_several_rows_bf16(rows):
+    x = _randn(rows, 2 * 256, seed=rows, dtype=torch.bfloat16)
+    w = (_randn(48, 256, seed=rows + 1) / 16).to(torch.bfloat16)
+    out = small_m_linear(x, w, "silu_mul", tiles=(16, 32, 4, 3, 4))
+    assert out.dtype == torch.bfloat16
+    expected = small_m_linear_ref(x.float(), w.float(), "silu_mul")
+    torch.testing.assert_close(out.float(), expected, **BF16)
 
 
 def _rope_case(dtype, head_dim=12, num_heads=4, num_kv_heads=2, seed=0):

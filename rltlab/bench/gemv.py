@@ -13,8 +13,8 @@ from HBM as in a real round instead of sitting in the 50 MB L2). Per row count: 
 kernels) and for the Triton kernel, in GB/s and as a % of the device copy bandwidth measured in
 the same run. --sweep times tile configurations per weight shape first (--shapes: only those),
 the default tiles among them, and reports the best as (BLOCK_N, BLOCK_K, num_warps,
-num_stages, SPLIT_K); one row also tries split-K (kernels/small_batch.py), for the narrow o and
-down projections.
+num_stages, SPLIT_K); split-K candidates (kernels/small_batch.py) are among them, for the narrow o
+and down projections.
 --pdl launches the Triton kernels with programmatic dependent launch (rltlab.kernels.pdl), as the
 engine's one-row rounds do on Hopper; its sweep then covers the one-row tiles only.
 --config takes the shape from a config.json instead of --preset; --dtype float32 times the fp32
@@ -44,8 +44,12 @@ ONE_ROW = ([(bn, bk, w, 3, 1) for bn, bk, w in itertools.product((4, 8, 16, 32),
                                                                    (2, 4, 8))]
            + [(bn, bk, w, 3, s) for bn, bk, w, s in itertools.product((4, 8, 16), (256, 512, 1024),
                                                                         (2, 4, 8), (2, 4, 8))])
-FEW_ROWS = [(bn, bk, w, 3, 1) for bn, bk, w in itertools.product((16, 32, 64), (64, 128, 256),
-                                                                  (4, 8))]
+# bf16 rows (tl.dot): 18 tiles without split-K and 18 with 2, 4 or 8 splits (a 16-row block's
+# wide BLOCK_N leaves N / BLOCK_N = 32-128 programs on a narrow weight without them).
+FEW_ROWS = ([(bn, bk, w, 3, 1) for bn, bk, w in itertools.product((16, 32, 64), (64, 128, 256),
+                                                                   (4, 8))]
+            + [(bn, bk, 4, 3, s) for bn, bk, s in itertools.product((16, 32, 64), (64, 128),
+                                                                     (2, 4, 8))])
 # fp32 rows as FMA products: [BLOCK_M, BLOCK_N, BLOCK_K] in registers, so narrow and short tiles.
 FEW_ROWS_FMA = [(bn, bk, w, 3, 1)
                 for bn, bk, w in itertools.product((1, 2, 4, 8), (32, 64, 128, 256), (1, 2, 4))]
@@ -78,10 +82,10 @@ def graph_ms(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def fits(tiles, rows: int, n: int, k: int) -> bool:
+def fits(tiles, rows: int, n: int, k: int, fma: bool) -> bool:
     """Whether small_m_linear takes these tiles for the shape (split-K needs K tiles to split)."""
     try:
-        check_tiles(tiles, rows, n, k)
+        check_tiles(tiles, rows, n, k, fma)
     except ValueError:
         return False
     return True
@@ -141,9 +145,9 @@ def main(argv=None) -> dict:
             for name, (n, k, act) in shapes.items():
                 if args.shapes and name not in args.shapes:
                     continue
-                default = check_tiles(tiles_for(m, n, k, fma), m, n, k)
+                default = check_tiles(tiles_for(m, n, k, fma), m, n, k, fma)
                 timed = {}
-                candidates = [t for t in configs if fits(t, m, n, k)]
+                candidates = [t for t in configs if fits(t, m, n, k, fma)]
                 for tiles in candidates + ([default] if default not in candidates else []):
                     try:
                         timed[tiles] = graph_ms(lambda: [triton_gemv(xs[name], w, act, tiles)
