@@ -197,3 +197,52 @@ def test_engine_tree_verification_matches_target(drafter):
         joint = exact_joint(model, temperature, top_k, top_p)
         pvalue, tv = goodness_of_fit(seqs[:, 1] * VOCAB + seqs[:, 2], joint.sum(0).reshape(-1))
         assert pvalue > 1e-3 and tv < 0.12, (temperature, top_k, top_p, pvalue, tv)
+
+
+def test_tree_program_sampling_matches_target():
+    """One request at a time: every verification step is the TreeProposer's device program
+    (tree_program.py, its uniforms from counter_uniforms), never the generic verifier. First
+    drafts make the heads' siblings active in the first iteration, and max_tokens=4 its cap
+    2, so (t1, t2) come from walks through the whole tree (with the first iteration's cap 1
+    or only the lookup chain, a walk that does not stop at a parent's first accepted child
+    still passed; with them it fails at p ~ 1e-13 on 1,000 samples)."""
+    model = _model()
+    heads = LookaheadHeads(model, depth=2, inner=8)
+    proposer = TreeProposer(heads, [(0,), (1,), (0, 0), (1, 0)], lookup=2, first_drafts=True)
+    llm = LLM(model, block_size=4, max_num_seqs=1, decode_path="static", num_blocks=64)
+    llm.set_proposer(proposer)
+    spec = llm.llm_engine._spec
+
+    def no_generic(seqs):
+        raise AssertionError("the generic verifier ran")
+
+    spec._generic.step = no_generic
+    n = 600
+    for i, (temperature, top_k, top_p) in enumerate(GROUPS):
+        params = SamplingParams(n=n, temperature=temperature, top_k=top_k, top_p=top_p,
+                                seed=31 + i, max_tokens=4, ignore_eos=True, exit_policy="fixed")
+        outs = llm.generate([PROMPT], params)[0].outputs
+        stats = [o.spec_stats for o in outs]
+        assert 0 < sum(s["accepted"] for s in stats) < sum(s["drafted"] for s in stats)
+        seqs = torch.tensor([o.token_ids[:3] for o in outs])
+        joint = exact_joint(model, temperature, top_k, top_p)
+        pvalue, tv = goodness_of_fit(seqs[:, 1] * VOCAB + seqs[:, 2], joint.sum(0).reshape(-1))
+        assert pvalue > 1e-3 and tv < 0.12, (temperature, top_k, top_p, pvalue, tv)
+    sampled = {key[3] for key in spec._tree._programs}
+    assert {"sample", "filter"} <= sampled
+
+
+def test_tree_program_sampling_is_reproducible_by_seed():
+    model = _model()
+    heads = LookaheadHeads(model, depth=2, inner=8)
+    proposer = TreeProposer(heads, [(0,), (1,), (0, 0), (1, 0)], lookup=2, first_drafts=True)
+    llm = LLM(model, block_size=4, max_num_seqs=1, decode_path="static", num_blocks=64)
+    llm.set_proposer(proposer)
+
+    def tokens(seed):
+        params = SamplingParams(n=8, temperature=1.0, seed=seed, max_tokens=6, ignore_eos=True,
+                                exit_policy="fixed")
+        return [o.token_ids for o in llm.generate([PROMPT], params)[0].outputs]
+
+    assert tokens(5) == tokens(5)
+    assert tokens(5) != tokens(6)

@@ -177,7 +177,7 @@ def test_compiled_program_makes_the_same_iterations(model, prompts):
             llm = make_engine(model, proposer, compile=compiled)
             outs[compiled] = llm.generate(prompts[:2], greedy(16))
             assert token_lists(outs[compiled]) == target
-            program = llm.llm_engine._spec._tree._programs[True, True, False]
+            program = llm.llm_engine._spec._tree._programs[True, True, False, None]
             for glue in ("_prepare", "_conclude", "_advance"):
                 assert (getattr(program, glue) != getattr(program, glue + "_eager")) == compiled
         assert [o.outputs[0].spec_stats for o in outs[True]] == \

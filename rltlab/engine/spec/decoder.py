@@ -37,9 +37,10 @@ whole iteration, acceptance and rejection sampling included, is one program with
 Round observers are not called for speculative steps.
 
 A TreeProposer (lookahead heads and a tree of their candidates) instead hands each step to
-rltlab.engine.spec.tree_graph: one full-depth pass verifies the whole tree, for a plain greedy
-request while exactly one runs (docs/engine.md section 7.3); its other steps (T > 0, top-k /
-top-p, log-probs, c >= 2) go to the generic tree verifier with its candidates as the tree
+rltlab.engine.spec.tree_graph: one full-depth pass verifies the whole tree, greedy or by
+speculative sampling, for a request without log-probs while exactly one runs (docs/engine.md
+section 7.3); its other steps (log-probs, c >= 2) go to the generic tree verifier with its
+candidates as the tree
 (rltlab.engine.spec.tree_drafts). Any other object with propose / observe (the Proposer
 protocol, rltlab.engine.spec.protocol) is verified by that generic path
 (rltlab.engine.spec.tree_verify): host loop, any temperature, any number of requests.
@@ -141,10 +142,9 @@ class SpecDecoder:
         return p.exit_policy in ("q_exit", "q_exit_delayed") and p.exit_threshold >= 1.0
 
     def _graph_takes(self, seq: Sequence) -> bool:
-        """A TreeProposer's device program serves this request alone: plain greedy, no
-        top-k / top-p, no log-probs (the generic verifier serves the rest)."""
-        p = seq.params
-        return not (p.temperature > 0 or p.top_k > 0 or p.top_p < 1 or p.logprobs is not None)
+        """A TreeProposer's device program serves this request alone, greedy or sampled
+        (top-k / top-p too), without log-probs (the generic verifier serves the rest)."""
+        return seq.params.logprobs is None
 
     def max_concurrency(self) -> int | None:
         """Most running sequences that speculate (ExecutionConfig.spec_max_concurrency; its

@@ -1,6 +1,6 @@
 """Tree speculative iterations inside the paged engine, each one device program (issue 16).
 
-`LLMEngine.set_proposer(TreeProposer(heads, tree))` runs, for a single greedy sequence, the
+`LLMEngine.set_proposer(TreeProposer(heads, tree))` runs, for a single sequence, the
 iteration of rltlab.model.tree_spec on the engine's own static decoder (its fused kernels and
 paged KV cache) instead of the model's reference modules:
 
@@ -20,7 +20,9 @@ paged KV cache) instead of the model's reference modules:
   verify:  rounds 1..R over all rows (StaticDecoder._round with explicit rows);
   accept:  from the root, follow the child whose token is the target's argmax at its parent,
            at most `cap` deep (the tokens the request may still emit); the argmax at the last
-           accepted node is the bonus token, the next pending token;
+           accepted node is the bonus token, the next pending token. A sampling request (T > 0,
+           top-k / top-p) follows the first child that speculative sampling accepts and draws
+           the bonus from the residual there (rltlab.engine.spec.tree_program);
   commit:  where the accepted path ends in another leaf than the first, its nodes' K/V (every
            layer and plane) is copied from that leaf's private slots to the sequence's own
            slots P..P + n; rejected branches leave no trace before P + n + 1. A program whose
@@ -51,7 +53,17 @@ from __future__ import annotations
 
 import torch
 
+from rltlab.engine.sampling import needs_filtering
 from rltlab.engine.spec.tree_program import TreeProgram
+from rltlab.model.generate import SAMPLING_EPS
+
+
+def sampling_of(params, vocab: int) -> str | None:
+    """A request's acceptance in a tree program: None (greedy: T below SAMPLING_EPS, where
+    top-k / top-p keep the argmax), "sample" (T > 0) or "filter" (T > 0 with top-k / top-p)."""
+    if params.temperature < SAMPLING_EPS:
+        return None
+    return "filter" if needs_filtering([params], vocab) else "sample"
 
 
 class TreeShape:
@@ -89,6 +101,11 @@ class TreeShape:
         self.heads_rows = sum(heads_leaf[li] for _, li, _ in rows)
         assert all(heads_leaf[li] for _, li, _ in rows[:self.heads_rows])
         self.node_rank = t([p[-1] if p else 0 for p in nodes])
+        # the children (node - 1) by sibling rank, rank 0 first: the order in which sampled
+        # verification tries a parent's children (tree_sampling.tree_decisions)
+        ranks = [p[-1] for p in paths]
+        self.sibling_ranks = [t([c for c, r in enumerate(ranks) if r == s])
+                              for s in sorted(set(ranks))]
         self.ancestors = ancestors.to(device)            # [N, N]: j is i or an ancestor of i
         self.row_node, self.row_leaf, self.row_depth = (t(list(col)) for col in zip(*rows))
         self.node_row = t([first_row[i] for i in range(len(nodes))])
@@ -142,18 +159,19 @@ class TreeGraph:
         self._early = None        # launch_first's (_early_key, _start's result)
 
     def _program_of(self, static, follow: bool, lookup_rows: bool = True,
-                    first: bool = False) -> TreeProgram:
-        """The program of (follow, lookup_rows, first); the others share their inputs and
-        outputs with (follow, True, False), which stages them all."""
-        key = (follow, lookup_rows, first)
+                    first: bool = False, sampling: str | None = None) -> TreeProgram:
+        """The program of (follow, lookup_rows, first, sampling); the others share their
+        inputs and outputs with (follow, True, False, None), which stages them all."""
+        key = (follow, lookup_rows, first, sampling)
         if key not in self._programs:
-            lead = None if lookup_rows and not first else self._program_of(static, follow)
-            program = TreeProgram(self, static, follow, lookup_rows, lead, first)
+            lead = None if lookup_rows and not first and sampling is None else \
+                self._program_of(static, follow)
+            program = TreeProgram(self, static, follow, lookup_rows, lead, first, sampling)
             self._programs[key] = program
         return self._programs[key]
 
     def run(self, seq, launches: int = 1, stops: frozenset = frozenset()):
-        """Up to `launches` programs for `seq` (greedy, pending token at num_tokens - 1) ->
+        """Up to `launches` programs for `seq` (pending token at num_tokens - 1) ->
         yields per program (accepted path tokens, bonus token, finite flag, nodes verified:
         those within the cap). With launches > 1 each next program starts from the last one's
         bonus and position on the device, launched as soon as the host has read the last one
@@ -236,7 +254,11 @@ class TreeGraph:
         if static is not self._static:            # a new (grown) decoder: new buffers, graphs
             self._static, self._programs = static, {}
         adaptive = self.proposer.adaptive_lookup
-        programs = {rows: self._program_of(static, follow, rows)
+        sampling, params = sampling_of(seq.params, self.runner.model.config.vocab_size), None
+        if sampling is not None:
+            p = seq.params
+            params = (p.temperature, p.top_k, p.top_p, p.sample_seed(seq.index))
+        programs = {rows: self._program_of(static, follow, rows, sampling=sampling)
                     for rows in ((True, False) if adaptive else (True,))}
         first = first_hidden is not None
         if first:
@@ -244,12 +266,13 @@ class TreeGraph:
         valid = not fresh or first
         cap = min(self.proposer.span, left - 1) if valid or self.proposer.lookup else 0
         on_device = isinstance(token, torch.Tensor)
-        programs[True].stage(0 if on_device else token, start, left, cap, valid,
-                             seq.block_table, seq if self.proposer.lookup else None)
+        lead = self._program_of(static, follow)   # it stages every program's inputs
+        lead.stage(0 if on_device else token, start, left, cap, valid, seq.block_table,
+                   seq if self.proposer.lookup else None, params)
         if on_device:
-            programs[True].stage_token(token, start)
+            lead.stage_token(token, start)
         lookup = not adaptive or fresh or self.lookup_next   # the lookup chain's rows
-        program = self._program_of(static, follow, first=True) if first else \
-            programs[lookup]
+        program = self._program_of(static, follow, first=True, sampling=sampling) if first \
+            else programs[lookup]
         program.launch()
         return programs, program, cap, valid, lookup

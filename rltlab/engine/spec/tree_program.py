@@ -5,14 +5,29 @@ engine's static decoder, staged from the host or following the last program on t
 drafted from the state that sampled the pending token (TreeProposer(first_drafts=True)); one
 CUDA graph each on a GPU. With ExecutionConfig.compile the glue around the rounds (_prepare,
 _conclude, _advance, _draft) is torch.compile'd.
+
+A program accepts greedily (a node is accepted where its token is the target's argmax at its
+parent) or, for a request that samples (T > 0, with top-k / top-p where `filtering`), by
+multi-draft speculative sampling over the tree (rltlab.engine.spec.tree_sampling: each node's
+processed target distribution, the heads' and the lookup chain's candidates as point masses,
+the walk into the first accepted child, the bonus drawn from the residual where it stops). Its
+uniforms are a function of the request's seed and the pending token's position
+(counter_uniforms): fresh at every iteration, also in programs that follow on the device, and
+reproducible for a seeded request.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from rltlab.engine.sampling import process_logits
 from rltlab.engine.spec.prompt_lookup import prompt_lookup
 from rltlab.engine.spec.draft_program import GraphProgram
+from rltlab.engine.spec.tree_sampling import counter_uniforms, tree_decisions
+
+# index: [pending token, P, tokens left to emit, first cap, candidates valid, top-k, seed |
+# block table | lookup history]; the program that follows rewrites the first STATE of them
+STATE, HEAD = 5, 7
 
 
 class TreeProgram(GraphProgram):
@@ -20,7 +35,7 @@ class TreeProgram(GraphProgram):
 
     def __init__(self, tree, static, follow: bool = False,
                  lookup_rows: bool = True, lead: TreeProgram | None = None,
-                 first: bool = False):
+                 first: bool = False, sampling: str | None = None):
         """tree: the TreeGraph it runs for (its shape, proposer, private blocks, candidates).
         The program ends by writing its next candidates into tree.cand_in. follow: it also
         writes the other inputs of the program that follows it (the pending token, P, tokens
@@ -29,9 +44,12 @@ class TreeProgram(GraphProgram):
         lookup_rows=False: the rounds skip the lookup chain's rows (its leaf's, which come
         last) and its nodes accept nothing; `lead`, the program with them, lends its buffers.
         first: its candidates are drafted from tree.first_hidden (the state that sampled
-        the pending token), not read from cand_in."""
+        the pending token), not read from cand_in. sampling: None (greedy), "sample" (T > 0)
+        or "filter" (T > 0 with top-k / top-p), the request's staged by stage()."""
+        if sampling not in (None, "sample", "filter"):
+            raise ValueError(f"sampling must be None, 'sample' or 'filter', got {sampling!r}")
         self.tree, self.static, self.follow = tree, static, follow
-        self.first_drafts = first
+        self.first_drafts, self.sampling = first, sampling
         shape = tree.shape
         self.lookup_rows, self.rows = lookup_rows, shape.num_rows if lookup_rows else \
             shape.heads_rows
@@ -40,18 +58,22 @@ class TreeProgram(GraphProgram):
         self.in_place = self.rows <= shape.first_leaf_rows
         dev, nb = static.device, static.max_blocks
         pin = dev.type == "cuda"
-        # int64: [pending token, P, tokens left to emit, first cap, candidates valid | block
-        # table | with a lookup chain, the sequence's tokens by position (nb * block_size) and
-        # a slot that takes the writes no position needs]
-        self._history_at = 5 + nb
+        # int64: [pending token, P, tokens left to emit, first cap, candidates valid, top-k,
+        # seed | block table | with a lookup chain, the sequence's tokens by position (nb *
+        # block_size) and a slot that takes the writes no position needs]
+        self._history_at = HEAD + nb
         self._copied = torch.cuda.Event() if pin else None
         if lead is not None:   # its inputs and outputs are the lead's (which stages them)
             self.index, self._staging, self.out, self._out_host = (
                 lead.index, lead._staging, lead.out, lead._out_host)
+            self.floats, self._floats_staging = lead.floats, lead._floats_staging
         else:
-            size = 5 + nb + (nb * tree.block_size + 1 if tree.proposer.lookup else 0)
+            size = HEAD + nb + (nb * tree.block_size + 1 if tree.proposer.lookup else 0)
             self.index = torch.zeros(size, dtype=torch.long, device=dev)
             self._staging = torch.zeros(size, dtype=torch.long, pin_memory=pin)
+            # fp32: [temperature, top-p] of a sampling request
+            self.floats = torch.ones(2, dtype=torch.float32, device=dev)
+            self._floats_staging = torch.ones(2, dtype=torch.float32, pin_memory=pin)
             self._staged: tuple[int | None, int] = (None, 0)   # (seq_id, its tokens staged)
             # out: [n | path tokens (span) | bonus | finite | lookup next: whether the next
             # iteration verifies the lookup chain (adaptive_lookup only; "hits": how many of
@@ -83,13 +105,20 @@ class TreeProgram(GraphProgram):
         return self._out_host.tolist()
 
     def stage(self, token: int, start: int, left: int, cap: int, valid: bool,
-              table: list[int], seq=None) -> None:
+              table: list[int], seq=None, params=None) -> None:
         """seq: with a lookup chain, the sequence whose tokens the history holds; a sequence's
-        tokens never change, so only those past the ones staged for it last time are written."""
+        tokens never change, so only those past the ones staged for it last time are written.
+        params: (temperature, top-k, top-p, seed) of a sampling request."""
         buf = self._staging.numpy()
-        buf[:5] = token, start, left, cap, valid
-        buf[5: 5 + len(table)] = table
-        buf[5 + len(table): self._history_at] = table[-1]   # never read: positions stay
+        buf[:STATE] = token, start, left, cap, valid
+        if params is not None:
+            temperature, top_k, top_p, seed = params
+            buf[STATE:HEAD] = top_k, seed
+            floats = self._floats_staging.numpy()
+            floats[:] = temperature, top_p
+            self.floats.copy_(self._floats_staging, non_blocking=True)
+        buf[HEAD: HEAD + len(table)] = table
+        buf[HEAD + len(table): self._history_at] = table[-1]   # never read: positions stay
         if seq is not None:                                 # inside the reservation
             done = self._staged[1] if self._staged[0] == seq.seq_id else 0
             at = self._history_at + done
@@ -111,8 +140,8 @@ class TreeProgram(GraphProgram):
         and cand_in (or first_hidden) and rewrites cand_in (a following program its other
         inputs too), so a warm-up run that restores them (_warmup) rewrites the same K/V and
         candidates."""
-        token, base, left, cap, valid = (self.index[i: i + 1] for i in range(5))
-        table = self.index[5: self._history_at]
+        token, base, left, cap, valid = (self.index[i: i + 1] for i in range(STATE))
+        table = self.index[HEAD: self._history_at]
         history = self.index[self._history_at:] if self.tree.proposer.lookup else None
         cand = self.tree.cand_in
         if self.first_drafts:
@@ -127,7 +156,7 @@ class TreeProgram(GraphProgram):
         n, bonus, cand, out = self._conclude(x, tokens, base, first, cap, valid, table, history)
         self.out.copy_(out)
         if self.follow:                                    # the next program's inputs
-            self.index[:5].copy_(self._advance(n, bonus, base, left, valid))
+            self.index[:STATE].copy_(self._advance(n, bonus, base, left, valid))
         self.tree.cand_in.copy_(cand)
 
     def _advance_eager(self, n, bonus, base, left, valid) -> torch.Tensor:
@@ -140,9 +169,9 @@ class TreeProgram(GraphProgram):
     def _warmup(self) -> None:
         """The program rewrites its candidates (a following one its other inputs too): undo
         that after each warm-up run."""
-        inputs, cand = self.index[:5].clone(), self.tree.cand_in.clone()
+        inputs, cand = self.index[:STATE].clone(), self.tree.cand_in.clone()
         self._program()
-        self.index[:5].copy_(inputs)
+        self.index[:STATE].copy_(inputs)
         self.tree.cand_in.copy_(cand)
 
     def _prepare_eager(self, token, pos_p, cap, table, cand, history):
@@ -184,12 +213,18 @@ class TreeProgram(GraphProgram):
         candidates, output row)."""
         sh, proposer = self.tree.shape, self.tree.proposer
         logits = self.static.model.lm_head(x).float()
-        best = logits.argmax(-1)[sh.node_row]                                 # [nodes]
-        matched = (tokens == best[sh.node_parent]) | (sh.node_depth == 0)
-        on_path = ~(sh.ancestors & ~matched[None]).any(-1)
-        accepted = on_path & (sh.node_depth <= cap) & ~(sh.needs_heads & (valid == 0))
+        # the nodes this iteration may accept: within the cap, the heads' only with valid
+        # candidates, the lookup chain's only where its rows ran (closed under ancestors)
+        active = (sh.node_depth <= cap) & ~(sh.needs_heads & (valid == 0))
         if not self.lookup_rows:
-            accepted = accepted & ~sh.lookup_node
+            active = active & ~sh.lookup_node
+        if self.sampling is None:
+            best = logits.argmax(-1)[sh.node_row]                             # [nodes]
+            matched = (tokens == best[sh.node_parent]) | (sh.node_depth == 0)
+        else:
+            matched, best = self._sampled_walk(logits, tokens, active, pos_p)
+        on_path = ~(sh.ancestors & ~matched[None]).any(-1)
+        accepted = on_path & active
         n = (sh.node_depth * accepted).max().view(1)
         levels = torch.arange(proposer.span + 1, device=n.device)
         path = (accepted[None] & (sh.node_depth[None] == levels[:, None])).float().argmax(-1)
@@ -222,6 +257,31 @@ class TreeProgram(GraphProgram):
             hits = torch.zeros_like(n)
         out = torch.cat([n, emitted, bonus, finite.all().view(1), hits])
         return n, bonus, cand, out
+
+    def _sampled_walk(self, logits, tokens, active, pos_p):
+        """Speculative sampling over the tree (module docstring) -> (matched [nodes]: the root
+        and each parent's first accepted child, at most one per parent, so that the accepted
+        nodes form one path; the token to emit where the walk stops, by node [nodes])."""
+        sh = self.tree.shape
+        nodes = sh.node_depth.numel()
+        top_k = self.index[STATE: STATE + 1].expand(nodes)
+        temperature, top_p = (self.floats[i: i + 1].expand(nodes) for i in range(2))
+        processed = process_logits(logits[sh.node_row], temperature, top_k, top_p,
+                                   filtering=self.sampling == "filter")
+        u = counter_uniforms(self.index[STATE + 1: STATE + 2], pos_p, 2 * nodes)
+        parent = sh.node_parent[1:]
+        accept, final = tree_decisions(
+            processed, torch.zeros(nodes, dtype=torch.bool, device=logits.device), parent,
+            tokens[1:], sh.sibling_ranks, u_accept=u[1:nodes], u_final=u[nodes:],
+            sampled=True, active=active[1:])
+        taken = torch.zeros(nodes, dtype=torch.bool, device=logits.device)
+        first = torch.zeros_like(accept)
+        for idx in sh.sibling_ranks:   # in sibling order: the walk's first accepted child
+            par = parent[idx]
+            chosen = accept[idx] & ~taken[par]
+            first = first.index_copy(0, idx, chosen)
+            taken = taken.index_copy(0, par, taken[par] | chosen)
+        return torch.cat([torch.ones_like(first[:1]), first]), final
 
     def _draft_eager(self, h_last, token) -> torch.Tensor:
         """The heads' candidates [span, ranks] from h_R [1, H] of the row that produced

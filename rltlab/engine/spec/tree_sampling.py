@@ -64,8 +64,8 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 def tree_decisions(processed: torch.Tensor, greedy: torch.Tensor, parent: torch.Tensor,
                    token: torch.Tensor, ranks: list[torch.Tensor], q: torch.Tensor | None = None,
                    q_index: torch.Tensor | None = None, u_accept: torch.Tensor | None = None,
-                   u_final: torch.Tensor | None = None, sampled: bool | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+                   u_final: torch.Tensor | None = None, sampled: bool | None = None,
+                   active: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The acceptance decisions of a batch of trees (module docstring).
 
     processed [G, V] fp32: each node's processed target logits (finite rows); greedy [G] bool:
@@ -73,7 +73,9 @@ def tree_decisions(processed: torch.Tensor, greedy: torch.Tensor, parent: torch.
     draft token; ranks: per sibling rank s, the children (indices into C) that are their
     parent's s-th child; q [Q, V] and q_index [C] (row of q, -1: a point mass): the draft
     distributions; u_accept [C], u_final [G]: uniforms in [0, 1) (only sampled rows read them);
-    sampled: whether any row samples (None: read from greedy, a device sync).
+    sampled: whether any row samples (None: read from greedy, a device sync); active [C] bool
+    (None: all): the children a walk may try; an inactive one is never accepted and, not being
+    tried, leaves its parent's residual as it is.
     -> (accept [C] bool, final token [G] int64)."""
     best = processed.argmax(-1)
     accept = token == best[parent]
@@ -91,8 +93,43 @@ def tree_decisions(processed: torch.Tensor, greedy: torch.Tensor, parent: torch.
         if q is not None:
             use = (qi >= 0) & (rows.gather(1, x[:, None])[:, 0] > 0)
         p_accept, rest = residual_after(residual[par], x, rows, use)
+        if active is not None:
+            tried = active[idx]
+            rest = torch.where(tried[:, None], rest, residual[par])
+            p_accept = torch.where(tried, p_accept, 0.0)
         residual = residual.index_copy(0, par, rest)
         chance = chance.index_copy(0, idx, p_accept)
     accept = torch.where(greedy[parent], accept, u_accept < chance)
+    if active is not None:
+        accept = accept & active
     final = torch.where(greedy, best, inverse_cdf(residual, u_final))
     return accept, final
+
+
+# splitmix64's constants as signed int64 (torch's int64 arithmetic wraps modulo 2^64)
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
+_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_MIX2 = 0x94D049BB133111EB - (1 << 64)
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic: it copies the sign bit)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix64(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finalizer: a bijection of int64 whose output bits each depend on all input
+    bits."""
+    x = (x ^ _shift_right(x, 30)) * _MIX1
+    x = (x ^ _shift_right(x, 27)) * _MIX2
+    return x ^ _shift_right(x, 31)
+
+
+def counter_uniforms(seed: torch.Tensor, position: torch.Tensor, n: int) -> torch.Tensor:
+    """n uniforms in [0, 1) (fp32, 24 random bits each) drawn as a pure function of (seed,
+    position, index), seed and position int64 [1] on the device: a counter-based generator,
+    so that a device program captured once (a CUDA graph) draws fresh, reproducible uniforms
+    at every position without a generator's state on the host."""
+    index = torch.arange(1, n + 1, dtype=torch.long, device=seed.device)
+    key = _mix64(_mix64(seed ^ _mix64(position * _GOLDEN)) + index * _GOLDEN)
+    return _shift_right(key, 40).float() * (1.0 / (1 << 24))
