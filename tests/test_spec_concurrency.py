@@ -10,6 +10,7 @@ does not run, saying so (issue 61 item 12).
 - A request whose exit policy is not full depth turns speculation off while it runs: warned
   once per engine, naming the policy; a new engine warns again."""
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -130,3 +131,26 @@ def test_tree_proposer_at_c2_through_the_verifier():
     alone = llm.generate(prompts[:1], greedy(20))
     assert token_lists(alone) == target[:1] and not calls
     assert alone[0].outputs[0].spec_stats["accepted"] > 0
+
+
+def test_cuda_default_lets_sampled_requests_speculate_only_alone(model):
+    """With spec_max_concurrency=None on CUDA (the device faked here): up to 8 greedy sequences
+    speculate, sampled ones only alone (docs/results.md H23: at T = 1 the generic verifier of
+    c >= 2 lost at every concurrency measured); a configured limit holds at any temperature."""
+    from rltlab.engine.spec.decoder import (SPEC_MAX_CONCURRENCY_CUDA,
+                                            SPEC_MAX_CONCURRENCY_CUDA_SAMPLED)
+    llm = LLM(model, block_size=4)
+    llm.set_proposer(RepeatLast())
+    spec = llm.llm_engine._spec
+    spec.runner = SimpleNamespace(device=torch.device("cuda"))
+
+    def running(*temperatures, limit=None):
+        seqs = [SimpleNamespace(params=SamplingParams(temperature=t)) for t in temperatures]
+        execution = SimpleNamespace(spec_max_concurrency=limit)
+        spec.engine = SimpleNamespace(scheduler=SimpleNamespace(running=seqs),
+                                      config=SimpleNamespace(execution=execution))
+        return spec.max_concurrency()
+
+    assert running(0.0, 0.0) == SPEC_MAX_CONCURRENCY_CUDA == 8
+    assert running(0.0, 1.0) == running(0.5) == SPEC_MAX_CONCURRENCY_CUDA_SAMPLED == 1
+    assert running(1.0, 1.0, limit=4) == running(0.0, limit=4) == 4

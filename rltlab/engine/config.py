@@ -103,8 +103,8 @@ class ExecutionConfig:
     launched from the last one's acceptance on the device (rltlab.engine.spec.tree_graph).
     spec_max_concurrency: with a proposer set, speculate only while at most this many
     sequences run; above it the engine decodes without speculation (and warns once). None:
-    rltlab.engine.spec.decoder.SPEC_MAX_CONCURRENCY_CUDA on CUDA (measured), no limit
-    elsewhere.
+    on CUDA rltlab.engine.spec.decoder.SPEC_MAX_CONCURRENCY_CUDA (8), or while a sequence
+    samples SPEC_MAX_CONCURRENCY_CUDA_SAMPLED (1; both measured); no limit elsewhere.
     launch_behind_prompt: a lone greedy request's first decode launch is queued behind its
     whole-prompt step, before token 0 is read back (rltlab.engine.prompt_step); off by default.
     whole_prompt_steps: a step of fresh whole prompts with nothing else running runs their R

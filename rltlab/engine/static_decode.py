@@ -40,8 +40,10 @@ from rltlab.engine.prefix_groups import PrefixGroups
 from rltlab.model.architecture import OuroForCausalLM, apply_rope, rope_cos_sin
 
 # Rounds of at most this many rows use the Triton GEMV instead of cuBLAS, by default
-# (ExecutionConfig.gemv_rows). In bf16 it beats cuBLAS at one row but not at 2..16 rows (the down
-# projection's long K loop over too few programs); in fp32 the FMA rows beat cuBLAS at 5-37 rows.
+# (ExecutionConfig.gemv_rows). In bf16 it beats cuBLAS at one row but not at 2..16 rows: even
+# with split-K on the down projection a 16-row round's four matmuls lose to cuBLAS, and a
+# 16-row verification program costs more with them (docs/results.md H25, H26); in fp32 the FMA
+# rows beat cuBLAS at 5-37 rows.
 GEMV_ROWS = 1
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
 

@@ -60,15 +60,17 @@ from rltlab.engine.spec.proposers import DraftProposer, TreeProposer
 from rltlab.engine.spec.protocol import is_proposer
 from rltlab.engine.sampling import process_logits
 from rltlab.engine.sequence import Sequence, Span
+from rltlab.model.generate import SAMPLING_EPS
 from rltlab.model.speculative import SpecStats
 
 # ExecutionConfig.spec_max_concurrency's default on CUDA (None there): speculate while at most
-# this many sequences run; no limit off CUDA. Provisional: in one small H100 run of
-# `python -m rltlab.bench.spec_replay` at the Ouro-1.4B shape (8 prompts x 32 tokens, one
-# repeat) replayed acceptance still paid at c = 8 (1.76x at T = 0, 1.27x at T = 1); c = 32 was
-# not measured. Set it from the full run's `switch_off_point` (docs/experiments/
-# loop_speculation.md, section 2b).
+# this many sequences run, and while any of them samples (T > 0) only alone; no limit off CUDA.
+# From `python -m rltlab.bench.spec_replay` at the Ouro-1.4B shape (docs/results.md H23): at T = 0
+# replayed acceptance paid at c = 8 (1.33x) and not at c = 32 (0.87x); at T = 1, through the
+# generic verifier that serves c >= 2, not even at c = 8 (0.75x), while a lone sampled
+# request's tree program pays (H24).
 SPEC_MAX_CONCURRENCY_CUDA = 8
+SPEC_MAX_CONCURRENCY_CUDA_SAMPLED = 1
 
 
 class SpeculationOffWarning(UserWarning):
@@ -148,11 +150,18 @@ class SpecDecoder:
 
     def max_concurrency(self) -> int | None:
         """Most running sequences that speculate (ExecutionConfig.spec_max_concurrency; its
-        None: SPEC_MAX_CONCURRENCY_CUDA on CUDA, no limit elsewhere)."""
+        None: on CUDA SPEC_MAX_CONCURRENCY_CUDA, or SPEC_MAX_CONCURRENCY_CUDA_SAMPLED while a
+        running sequence samples; no limit elsewhere)."""
         limit = getattr(self.engine.config.execution, "spec_max_concurrency", None)
         if limit is None and self.runner.device.type == "cuda":
-            return SPEC_MAX_CONCURRENCY_CUDA
+            return SPEC_MAX_CONCURRENCY_CUDA_SAMPLED if self._sampling() else \
+                SPEC_MAX_CONCURRENCY_CUDA
         return limit or None
+
+    def _sampling(self) -> bool:
+        """Whether a running sequence samples (T >= SAMPLING_EPS)."""
+        return any(seq.params.temperature >= SAMPLING_EPS
+                   for seq in self.engine.scheduler.running)
 
     def ready(self) -> bool:
         """True if this step should be speculative (see the module docstring). Where the
@@ -177,9 +186,13 @@ class SpecDecoder:
         limit = self.max_concurrency()
         if limit is not None and len(sch.running) > limit:
             self._off = "concurrency"
+            configured = eng.config.execution.spec_max_concurrency is not None
+            which = f"ExecutionConfig.spec_max_concurrency={limit}" if configured else \
+                f"the CUDA default of {limit}{' for sampled requests' if self._sampling() else ''}" \
+                " (ExecutionConfig.spec_max_concurrency=None)"
             self._warn("concurrency", f"speculative decoding is off while {len(sch.running)} "
-                       f"sequences run: above ExecutionConfig.spec_max_concurrency={limit} "
-                       "(where speculation stops paying), the engine decodes without it")
+                       f"sequences run: above {which} (where speculation stops paying), the "
+                       "engine decodes without it")
             return False
         return True
 

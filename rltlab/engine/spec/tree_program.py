@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from rltlab.engine.sampling import process_logits
 from rltlab.engine.spec.prompt_lookup import prompt_lookup
 from rltlab.engine.spec.draft_program import GraphProgram
-from rltlab.engine.spec.tree_sampling import counter_uniforms, tree_decisions
+from rltlab.engine.spec.tree_sampling import counter_uniforms, stream_offsets, tree_decisions
 
 # index: [pending token, P, tokens left to emit, first cap, candidates valid, top-k, seed |
 # block table | lookup history]; the program that follows rewrites the first STATE of them
@@ -54,6 +54,8 @@ class TreeProgram(GraphProgram):
         self.lookup_rows, self.rows = lookup_rows, shape.num_rows if lookup_rows else \
             shape.heads_rows
         self._computed = torch.arange(shape.num_rows, device=static.device) < self.rows
+        # a sampling program's uniforms: an acceptance per child, a final draw per node
+        self._offsets = stream_offsets(2 * shape.node_depth.numel(), static.device)
         # every row it computes is the first leaf's, which writes in place: no private blocks
         self.in_place = self.rows <= shape.first_leaf_rows
         dev, nb = static.device, static.max_blocks
@@ -268,7 +270,7 @@ class TreeProgram(GraphProgram):
         temperature, top_p = (self.floats[i: i + 1].expand(nodes) for i in range(2))
         processed = process_logits(logits[sh.node_row], temperature, top_k, top_p,
                                    filtering=self.sampling == "filter")
-        u = counter_uniforms(self.index[STATE + 1: STATE + 2], pos_p, 2 * nodes)
+        u = counter_uniforms(self.index[STATE + 1: STATE + 2], pos_p, self._offsets)
         parent = sh.node_parent[1:]
         accept, final = tree_decisions(
             processed, torch.zeros(nodes, dtype=torch.bool, device=logits.device), parent,

@@ -125,11 +125,18 @@ def _mix64(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shift_right(x, 31)
 
 
-def counter_uniforms(seed: torch.Tensor, position: torch.Tensor, n: int) -> torch.Tensor:
-    """n uniforms in [0, 1) (fp32, 24 random bits each) drawn as a pure function of (seed,
-    position, index), seed and position int64 [1] on the device: a counter-based generator,
-    so that a device program captured once (a CUDA graph) draws fresh, reproducible uniforms
-    at every position without a generator's state on the host."""
-    index = torch.arange(1, n + 1, dtype=torch.long, device=seed.device)
-    key = _mix64(_mix64(seed ^ _mix64(position * _GOLDEN)) + index * _GOLDEN)
+def stream_offsets(n: int, device) -> torch.Tensor:
+    """The counters of n uniforms (counter_uniforms' `offsets`), made once outside any
+    compiled code: under torch.compile an arange times a 64-bit constant becomes an index
+    expression, which Triton evaluates in int32 and refuses."""
+    return torch.arange(1, n + 1, dtype=torch.long, device=device) * _GOLDEN
+
+
+def counter_uniforms(seed: torch.Tensor, position: torch.Tensor,
+                     offsets: torch.Tensor) -> torch.Tensor:
+    """One uniform in [0, 1) (fp32, 24 random bits) per offset (stream_offsets(n)), drawn as a
+    pure function of (seed, position, offset), seed and position int64 [1] on the device: a
+    counter-based generator, so that a device program captured once (a CUDA graph) draws
+    fresh, reproducible uniforms at every position without a generator's state on the host."""
+    key = _mix64(_mix64(seed ^ _mix64(position * _GOLDEN)) + offsets)
     return _shift_right(key, 40).float() * (1.0 / (1 << 24))
