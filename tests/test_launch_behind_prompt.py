@@ -118,16 +118,32 @@ def test_a_stop_at_token_0_drops_the_early_program(model, prompts, counts):
 
 
 def test_no_early_launch_where_nothing_would_take_it(model, prompts, counts):
-    """max_tokens = 1 (nothing after token 0), a sampled request (greedy ones only), with the
-    tree or without: no early launch, the same outputs as without."""
+    """max_tokens = 1 (nothing after token 0), with the tree or without, and a sampled request
+    without a tree (token windows launch early for greedy rows only): no early launch, the
+    same outputs as without."""
     proposer = TreeProposer(Oracle([1, 2, 3], (0, 0, 0, 0)), TREE)
     sampled = SamplingParams(temperature=0.7, max_tokens=8, exit_policy="fixed", seed=3)
-    for params in (greedy(1), sampled):
-        for drafter in (proposer, None):
-            off, on = (_run(make_engine(model, drafter, launch_behind_prompt=early), prompts,
-                            params, counts) for early in (False, True))
-            assert on[0] == off[0]
-            assert on[2]["launch_first"] == on[2]["window launch_first"] == 0
+    for params, drafter in ((greedy(1), proposer), (greedy(1), None), (sampled, None)):
+        off, on = (_run(make_engine(model, drafter, launch_behind_prompt=early), prompts,
+                        params, counts) for early in (False, True))
+        assert on[0] == off[0]
+        assert on[2]["launch_first"] == on[2]["window launch_first"] == 0
+
+
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (3, 0.9)])
+def test_sampled_requests_launch_their_first_program_early(model, prompts, counts, top_k,
+                                                          top_p):
+    """A sampled request's tree program draws its uniforms from (seed, position), so launched
+    behind the prompt it emits exactly the tokens it emits launched after it, in as many
+    programs; token 0 is drawn once either way."""
+    proposer = TreeProposer(Oracle([1, 2, 3], (1, 0, 5, 0)), TREE)
+    sampled = SamplingParams(temperature=0.9, top_k=top_k, top_p=top_p, max_tokens=12,
+                             exit_policy="fixed", seed=5)
+    off, on = (_run(make_engine(model, proposer, launch_behind_prompt=early), prompts,
+                    sampled, counts) for early in (False, True))
+    assert on[0] == off[0] and on[1] == off[1]
+    assert on[2]["launch"] == off[2]["launch"]
+    assert on[2]["launch_first"] == len(prompts) and off[2]["launch_first"] == 0
 
 
 @pytest.mark.parametrize("depth", [4, 2])

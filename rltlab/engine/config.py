@@ -105,8 +105,9 @@ class ExecutionConfig:
     sequences run; above it the engine decodes without speculation (and warns once). None:
     on CUDA rltlab.engine.spec.decoder.SPEC_MAX_CONCURRENCY_CUDA (8), or while a sequence
     samples SPEC_MAX_CONCURRENCY_CUDA_SAMPLED (1; both measured); no limit elsewhere.
-    launch_behind_prompt: a lone greedy request's first decode launch is queued behind its
-    whole-prompt step, before token 0 is read back (rltlab.engine.prompt_step); off by default.
+    launch_behind_prompt: a lone request's first decode launch (a TreeProposer's program, or a
+    plain-greedy request's token window) is queued behind its whole-prompt step, before token 0
+    is read back (rltlab.engine.prompt_step); off by default.
     whole_prompt_steps: a step of fresh whole prompts with nothing else running runs their R
     rounds and samples their first tokens in one engine step (rltlab.engine.prompt_step).
     """

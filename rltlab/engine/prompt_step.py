@@ -22,9 +22,12 @@ Not taken either (round steps run, as before): a prompt split into chunks (prefi
 recomputed after a weight update, round observers (they see every round), select_only
 semantics, and ExecutionConfig.whole_prompt_steps = False.
 
-Launched behind it (ExecutionConfig.launch_behind_prompt): where the step's one row is a plain
-greedy request that the next step will decode with a tree program (TreeGraph.launch_first) or
-a token window (TokenWindow.launch_first), that launch is queued as soon as token 0's copy to
+Launched behind it (ExecutionConfig.launch_behind_prompt): where the step's one row is a request
+that the next step will decode with a tree program (TreeGraph.launch_first: greedy or sampled,
+whose draws are a function of the request's seed and position, so a dropped program has drawn
+nothing) or a plain greedy one that it will decode with a token window
+(TokenWindow.launch_first: a dropped window must not have drawn from a generator), that launch
+is queued as soon as token 0's copy to
 the host is, from the token still on the device; the next step takes it over, and where token
 0 ends the request it is dropped unread. The device then runs the two back to back instead of
 idling through the host's turn between them (the read-back, token 0's bookkeeping, the next
@@ -76,20 +79,21 @@ class WholePrompts:
         self.steps += 1
 
     def _launcher(self, emitting):
-        """With ExecutionConfig.launch_behind_prompt, for a lone plain-greedy row that the next
-        step decodes with a tree program or a token window: sample_finite's before_read that
-        launches it (module docstring); else None."""
+        """With ExecutionConfig.launch_behind_prompt, for a lone row that the next step decodes
+        with a tree program, or a plain-greedy one that it decodes with a token window:
+        sample_finite's before_read that launches it (module docstring); else None."""
         engine = self.engine
         if not engine.config.execution.launch_behind_prompt or len(emitting) != 1:
             return None
         seq, hidden, _ = emitting[0]
         sch = engine.scheduler
         if engine.paused or sch.running != [seq] or seq.num_output_tokens or \
-                seq.max_output_tokens < 2 or sch.can_admit() or \
-                not plain_greedy([seq.params], engine.model_config.vocab_size):
+                seq.max_output_tokens < 2 or sch.can_admit():
             return None
-        if engine.proposer is not None:
+        if engine.proposer is not None:   # the tree program's own conditions
             return engine._spec.first_launcher(seq, hidden)
+        if not plain_greedy([seq.params], engine.model_config.vocab_size):
+            return None
         window, whole = engine._token_window, engine._whole_tokens
         if window is None or whole is None or not whole.host_may_plan() or \
                 not window.fits([seq]):

@@ -274,7 +274,8 @@ def sample_finite(runner, hidden: torch.Tensor, params: list[SamplingParams],
     rows (token 0 of every request at c = 1) take runner.greedy's argmax and finite flags in
     one read-back, where the sampler's path syncs twice; before_read(tokens, finite), given,
     is called with them on the device once their copy to the host is queued and before the
-    host waits for it (the device work it launches runs behind the copy)."""
+    host waits for it (the device work it launches runs behind the copy): for plain greedy
+    rows, and for a lone sampled row without log-probs."""
     if plain_greedy(params, runner.model.config.vocab_size):
         tokens, finite = runner.greedy(hidden)
         flat = _read_back(torch.cat([tokens, finite.long()]),
@@ -284,6 +285,15 @@ def sample_finite(runner, hidden: torch.Tensor, params: list[SamplingParams],
         none = [None] * len(kept)
         return finite, SampleResult(kept, none, list(none)) if kept else None
     logits = runner.logits(hidden)
+    if before_read is not None and len(params) == 1 and params[0].logprobs is None:
+        # a lone sampled row (a tree program launched behind the prompt, prompt_step.py):
+        # drawn before its finite flag is read, which costs a non-finite row (whose request
+        # then ends in error) one draw; a finite row's token is the one drawn below
+        finite_t = torch.isfinite(logits).all(dim=-1)
+        tokens = sample_on_device(logits, params, generators, logprobs_mode).tokens
+        token, ok = _read_back(torch.cat([tokens, finite_t.long()]),
+                               lambda: before_read(tokens, finite_t))
+        return [bool(ok)], SampleResult([token], [None], [None]) if ok else None
     finite = torch.isfinite(logits).all(dim=-1).tolist()
     keep = [i for i, ok in enumerate(finite) if ok]
     if not keep:
