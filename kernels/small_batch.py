@@ -194,7 +194,7 @@ TILES = {
     ("one_row", 11264, 2048): (4, 1024, 4, 2), ("one_row", 2048, 5632): (8, 512, 2, 5, 4),
     ("few_rows", 6144, 2048): (64, 256, 4, 4), ("few_rows", 2048, 2048): (16, 256, 4, 4),
     ("few_rows", 11264, 2048): (32, 256, 4, 3),
-    # down at 16 rows: split-K 8, 0.43 ms a round against 1.50 without (docs/results.md H25)
+    # down at 16 rows: split-K 8, the sweep's best (docs/results.md H25)
     ("few_rows", 2048, 5632): (64, 64, 4, 3, 8),
     # the embedded model's fp32 q/k/v, gate/up and down (its o keeps the default): the best of
     # `python -m rltlab.bench.gemv --config artifacts/ouro-tiny/config.json --dtype float32

@@ -180,6 +180,27 @@ def _engine_groups(model, proposer, n, path):
     return [req.outputs for req in llm.generate([PROMPT] * len(GROUPS), params)]
 
 
+def _assert_speculated_as_target(model, outs, temperature, top_k, top_p):
+    """Some drafts accepted and some rejected, and the pair of tokens after token 0 follows the
+    exact joint (chi-square p > 1e-3, total variation < 0.12)."""
+    stats = [o.spec_stats for o in outs]
+    assert 0 < sum(s["accepted"] for s in stats) < sum(s["drafted"] for s in stats)
+    seqs = torch.tensor([o.token_ids[:3] for o in outs])
+    joint = exact_joint(model, temperature, top_k, top_p)
+    pvalue, tv = goodness_of_fit(seqs[:, 1] * VOCAB + seqs[:, 2], joint.sum(0).reshape(-1))
+    assert pvalue > 1e-3 and tv < 0.12, (temperature, top_k, top_p, pvalue, tv)
+
+
+def _program_llm(model):
+    """One request at a time on the static path, with a TreeProposer whose first drafts make
+    the heads' siblings active in a request's first iteration."""
+    heads = LookaheadHeads(model, depth=2, inner=8)
+    llm = LLM(model, block_size=4, max_num_seqs=1, decode_path="static", num_blocks=64)
+    llm.set_proposer(TreeProposer(heads, [(0,), (1,), (0, 0), (1, 0)], lookup=2,
+                                  first_drafts=True))
+    return llm
+
+
 @pytest.mark.parametrize("drafter", ["tree_proposer", "sampled_q"])
 def test_engine_tree_verification_matches_target(drafter):
     model = _model()
@@ -191,12 +212,7 @@ def test_engine_tree_verification_matches_target(drafter):
     n = 500
     for (temperature, top_k, top_p), outs in zip(GROUPS, _engine_groups(model, proposer, n,
                                                                           path)):
-        stats = [o.spec_stats for o in outs]
-        assert 0 < sum(s["accepted"] for s in stats) < sum(s["drafted"] for s in stats)
-        seqs = torch.tensor([o.token_ids[:3] for o in outs])
-        joint = exact_joint(model, temperature, top_k, top_p)
-        pvalue, tv = goodness_of_fit(seqs[:, 1] * VOCAB + seqs[:, 2], joint.sum(0).reshape(-1))
-        assert pvalue > 1e-3 and tv < 0.12, (temperature, top_k, top_p, pvalue, tv)
+        _assert_speculated_as_target(model, outs, temperature, top_k, top_p)
 
 
 def test_tree_program_sampling_matches_target():
@@ -207,10 +223,7 @@ def test_tree_program_sampling_matches_target():
     or only the lookup chain, a walk that does not stop at a parent's first accepted child
     still passed; with them it fails at p ~ 1e-13 on 1,000 samples)."""
     model = _model()
-    heads = LookaheadHeads(model, depth=2, inner=8)
-    proposer = TreeProposer(heads, [(0,), (1,), (0, 0), (1, 0)], lookup=2, first_drafts=True)
-    llm = LLM(model, block_size=4, max_num_seqs=1, decode_path="static", num_blocks=64)
-    llm.set_proposer(proposer)
+    llm = _program_llm(model)
     spec = llm.llm_engine._spec
 
     def no_generic(seqs):
@@ -222,22 +235,13 @@ def test_tree_program_sampling_matches_target():
         params = SamplingParams(n=n, temperature=temperature, top_k=top_k, top_p=top_p,
                                 seed=31 + i, max_tokens=4, ignore_eos=True, exit_policy="fixed")
         outs = llm.generate([PROMPT], params)[0].outputs
-        stats = [o.spec_stats for o in outs]
-        assert 0 < sum(s["accepted"] for s in stats) < sum(s["drafted"] for s in stats)
-        seqs = torch.tensor([o.token_ids[:3] for o in outs])
-        joint = exact_joint(model, temperature, top_k, top_p)
-        pvalue, tv = goodness_of_fit(seqs[:, 1] * VOCAB + seqs[:, 2], joint.sum(0).reshape(-1))
-        assert pvalue > 1e-3 and tv < 0.12, (temperature, top_k, top_p, pvalue, tv)
+        _assert_speculated_as_target(model, outs, temperature, top_k, top_p)
     sampled = {key[3] for key in spec._tree._programs}
     assert {"sample", "filter"} <= sampled
 
 
 def test_tree_program_sampling_is_reproducible_by_seed():
-    model = _model()
-    heads = LookaheadHeads(model, depth=2, inner=8)
-    proposer = TreeProposer(heads, [(0,), (1,), (0, 0), (1, 0)], lookup=2, first_drafts=True)
-    llm = LLM(model, block_size=4, max_num_seqs=1, decode_path="static", num_blocks=64)
-    llm.set_proposer(proposer)
+    llm = _program_llm(_model())
 
     def tokens(seed):
         params = SamplingParams(n=8, temperature=1.0, seed=seed, max_tokens=6, ignore_eos=True,

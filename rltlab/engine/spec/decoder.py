@@ -65,10 +65,9 @@ from rltlab.model.speculative import SpecStats
 
 # ExecutionConfig.spec_max_concurrency's default on CUDA (None there): speculate while at most
 # this many sequences run, and while any of them samples (T > 0) only alone; no limit off CUDA.
-# From `python -m rltlab.bench.spec_replay` at the Ouro-1.4B shape (docs/results.md H23): at T = 0
-# replayed acceptance paid at c = 8 (1.33x) and not at c = 32 (0.87x); at T = 1, through the
-# generic verifier that serves c >= 2, not even at c = 8 (0.75x), while a lone sampled
-# request's tree program pays (H24).
+# From `python -m rltlab.bench.spec_replay` at the Ouro-1.4B shape (docs/results.md H23, H24): at
+# T = 0 replayed acceptance stops paying between c = 8 and 32; at T = 1 the generic verifier
+# that serves c >= 2 does not pay, while a lone sampled request's tree program does.
 SPEC_MAX_CONCURRENCY_CUDA = 8
 SPEC_MAX_CONCURRENCY_CUDA_SAMPLED = 1
 
