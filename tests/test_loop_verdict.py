@@ -246,3 +246,21 @@ def test_bad_gate_is_caught_on_the_embedded_model(tmp_path):
     assert worst["diff_pp"] + 2 * worst["se_pp"] < -m["headline"]["gate_margin_pp"]
     assert gc["gates_accepted"] == [True] and worst["before"] - worst["after"] > 10
 
+
+
+def test_config_from_notebook_parameters():
+    """Notebook 10's parameters map to LoopConfig by name: every capitalised field given takes
+    its value, names that are no field are left out, the others keep their defaults."""
+    params = {"ITERATIONS": 5, "GATE_LR": 0.01, "THRESHOLDS": [0.2, 1.0], "DEVICE": "cpu",
+              "INJECT_CANDIDATE": "current", "iterations": 9}
+    cfg = LoopConfig.from_parameters(params)
+    assert (cfg.iterations, cfg.gate_lr, list(cfg.thresholds), cfg.inject_candidate) == \
+        (5, 0.01, [0.2, 1.0], "current")
+    assert cfg.rollout_prompts == LoopConfig().rollout_prompts
+    with pytest.raises(ValueError, match="gate_lr"):   # validated as a direct call is
+        LoopConfig.from_parameters({"GATE_LR": float("inf")})
+    nb_params = json.loads(NOTEBOOK.read_text())["cells"][1]["source"]
+    names = [line.split("=")[0].strip() for line in nb_params if "=" in line]
+    unmapped = {n for n in names if n.lower() not in LoopConfig.__dataclass_fields__}
+    # every other parameter of notebook 10 is a loop knob that reaches LoopConfig
+    assert unmapped == {"MODEL_DIR", "RUN_DIR", "DEVICE", "DTYPE", "THREADS"}

@@ -85,6 +85,13 @@ class LoopConfig:
     crash_at_iteration: int = -1   # test hook: raise inside iteration k before it is committed
     extra: dict = field(default_factory=dict)
 
+    @classmethod
+    def from_parameters(cls, namespace: dict[str, Any]) -> LoopConfig:
+        """The config of a notebook's parameters: each field from the name that spells it in
+        capitals (GATE_LR -> gate_lr), the fields without one at their defaults."""
+        return cls(**{f.name: namespace[f.name.upper()] for f in fields(cls)
+                      if f.name.upper() in namespace})
+
     def __post_init__(self):
         """Refuse settings the loop would trip over later, before anything is written."""
         for f in fields(self):      # gate_lr inf: Stage II went NaN; no knob takes NaN / inf
