@@ -235,7 +235,7 @@ def warm_up(llm: LLM, prompts, params, concurrency: int) -> None:
 
 
 def run_mode(model, spec: dict, mode: str, prompts, params, kv_gib: float,
-             costs: ModelCosts) -> dict:
+             costs: ModelCosts, profile: bool = False) -> dict:
     llm = make_llm(model, spec, mode, kv_gib)
     c = spec["concurrency"]
     try:
@@ -262,6 +262,11 @@ def run_mode(model, spec: dict, mode: str, prompts, params, kv_gib: float,
             result["closed_loop"], _ = engine_checks.closed_loop(llm, prompts, params, c, costs)
             result["closed_loop_first_pass"] = first_pass
         result["prefill"] = engine_checks.prefill_only(llm, prompts, params, c, costs)
+        if profile and c > 1:   # after the timed figures: the profiler slows what it watches
+            result["decode_profile"] = engine_checks.phase_profile(
+                lambda: decode_phase(llm, prompts[:c], params[:c], costs))
+            result["prefill_profile"] = engine_checks.phase_profile(
+                lambda: engine_checks.prefill_only(llm, prompts, params, c, costs))
         for kind, stats in window_stats(llm).items():
             if stats["windows"]:
                 result[kind] = stats
@@ -327,6 +332,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--weight-update", action="store_true")
     ap.add_argument("--bf16-check", action="store_true")
     ap.add_argument("--out", help="also write the JSON here after every workload")
+    ap.add_argument("--profile", action="store_true",
+                    help="closed-loop workloads: also profile one decode phase and one "
+                         "prefill-only loop after the timed figures (GPU kernel time by class, "
+                         "the device's idle share, the heaviest kernels: decode_profile, "
+                         "prefill_profile)")
     ap.add_argument("--w5-rounds", type=int, default=1,
                     help="W5: timed rounds of the grouped and independent loops, alternating "
                          "(group_speedup: their median, with mean and SE)")
@@ -364,7 +374,7 @@ def main(argv=None) -> dict:
             try:
                 entry["modes"][mode] = (run_plain(model, spec, prompts) if mode == "plain" else
                                         run_mode(model, spec, mode, prompts, params, args.kv_gib,
-                                                 costs))
+                                                 costs, args.profile))
             except Exception as err:   # keep the other modes' figures; report the failure
                 entry["modes"][mode] = {"error": repr(err)[:500]}
             print(f"{name} {mode:>8}: {json.dumps(entry['modes'][mode])}", flush=True)
