@@ -190,3 +190,18 @@ def test_collection_overhead_report(model, tmp_path):
     assert split["observe"] + split["write"] <= split["generate"] <= report["traced_s"]
     assert not any(tmp_path.iterdir())   # nothing left behind
     assert read_manifest  # exported
+
+
+def test_collection_overhead_profiles_both_runs_when_asked(model, tmp_path):
+    """profile=True adds one profiled plain and one profiled traced run; the traced run's
+    device work (the CPU's operators here) includes what collection adds, and its temporary
+    traces are removed like the timed runs'."""
+    llm = LLM(model)
+    report = collection_overhead(llm, PROMPTS[:2], params(max_tokens=4), tmp_path / "ovh",
+                                 profile=True)
+    plain, traced = report["profile"]["plain"], report["profile"]["traced"]
+    assert plain["wall_ms"] > 0 and traced["wall_ms"] > 0
+    assert traced["launches"] > plain["launches"]
+    assert not any(tmp_path.iterdir())
+    assert "profile" not in collection_overhead(llm, PROMPTS[:2], params(max_tokens=4),
+                                                tmp_path / "ovh")

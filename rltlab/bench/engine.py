@@ -57,6 +57,7 @@ with `prefill_pct_of_matmul`, and each depth pair (W4/W3, W7/W6) `e2e_gain`,
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import sys
@@ -71,6 +72,7 @@ from rltlab.bench.ceilings import ModelCosts, work_of
 from rltlab.engine import LLM, SamplingParams
 from rltlab.model.generate import generate_plain
 from rltlab.common.environment import git_commit
+from rltlab.common.profiling import phase_profile
 
 WORKLOADS = {
     "W1": dict(concurrency=1, requests=1, prompt_len=128, max_tokens=128),
@@ -263,10 +265,10 @@ def run_mode(model, spec: dict, mode: str, prompts, params, kv_gib: float,
             result["closed_loop_first_pass"] = first_pass
         result["prefill"] = engine_checks.prefill_only(llm, prompts, params, c, costs)
         if profile and c > 1:   # after the timed figures: the profiler slows what it watches
-            result["decode_profile"] = engine_checks.phase_profile(
-                lambda: decode_phase(llm, prompts[:c], params[:c], costs))
-            result["prefill_profile"] = engine_checks.phase_profile(
-                lambda: engine_checks.prefill_only(llm, prompts, params, c, costs))
+            result["decode_profile"] = phase_profile(
+                functools.partial(decode_phase, llm, prompts[:c], params[:c], costs))
+            result["prefill_profile"] = phase_profile(
+                functools.partial(engine_checks.prefill_only, llm, prompts, params, c, costs))
         for kind, stats in window_stats(llm).items():
             if stats["windows"]:
                 result[kind] = stats

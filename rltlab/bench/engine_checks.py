@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import statistics
 import time
 from pathlib import Path
@@ -49,50 +48,6 @@ def prefill_only(llm, prompts, params, concurrency: int, costs: ModelCosts) -> d
     firsts = [SamplingParams(**{**vars(p), "max_tokens": 1}) for p in params]
     figures, _ = closed_loop(llm, prompts, firsts, concurrency, costs)
     return {"wall_s": figures["wall_s"], "work": figures["work"]}
-
-
-# Kernel classes of phase_profile, first match wins (kernel names of cuBLAS / CUTLASS, the
-# project's Triton kernels and PyTorch's own).
-KERNEL_CLASSES = (
-    ("attention", re.compile(r"attn|attention|flash|fmha|paged|shared_prefix", re.I)),
-    ("matmul", re.compile(r"gemm|gemv|cutlass|nvjet|sm90_|small_m|matmul|linear|::(add)?mm\b"
-                          r"|bmm", re.I)),
-    ("norm_rope_act", re.compile(r"norm|rope|rotary|silu|gelu|act_mul", re.I)),
-    ("sampling", re.compile(r"argmax|softmax|sort|cumsum|scan|searchsorted|topk|greedy", re.I)),
-    ("copy_index", re.compile(r"copy|memcpy|memset|index|scatter|gather|cat|fill", re.I)),
-)
-
-
-def phase_profile(fn, top: int = 10) -> dict:
-    """Where the device time of one fn() call goes (torch.profiler): its wall time, the summed
-    kernel time by KERNEL_CLASSES, and the device's idle share (1 - kernel time / wall: launch
-    gaps, host work the device waits for). The profiler adds a little to the wall time, so the
-    idle share is an upper bound. On CUDA the kernels are the GPU's; elsewhere the CPU's
-    operators stand in for them (a smoke check: they nest, so their sum is not the busy time)."""
-    from torch.profiler import ProfilerActivity, profile
-    cuda = torch.cuda.is_available()
-    activity, kind = (ProfilerActivity.CUDA, "CUDA") if cuda else (ProfilerActivity.CPU, "CPU")
-    sync()
-    with profile(activities=[activity]) as prof:
-        start = time.perf_counter()
-        fn()
-        sync()
-        wall_us = 1e6 * (time.perf_counter() - start)
-    own = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
-    events = sorted((e for e in prof.key_averages() if e.device_type.name == kind),
-                    key=lambda e: -own(e))
-    classes: dict[str, float] = {}
-    for event in events:
-        name = next((label for label, pattern in KERNEL_CLASSES if pattern.search(event.key)),
-                    "other")
-        classes[name] = classes.get(name, 0.0) + own(event)
-    kernel_us = sum(classes.values())
-    return {"wall_ms": round(wall_us / 1e3, 2), "kernel_ms": round(kernel_us / 1e3, 2),
-            "idle_pct": round(100 * max(0.0, 1 - kernel_us / wall_us), 1),
-            "kernel_ms_by_class": {k: round(v / 1e3, 2) for k, v in
-                                   sorted(classes.items(), key=lambda kv: -kv[1])},
-            "launches": sum(e.count for e in events),
-            "top_kernels": [(e.key[:70], round(own(e) / 1e3, 2), e.count) for e in events[:top]]}
 
 
 def bytes_per_token(model, rounds: float, context: float) -> float:

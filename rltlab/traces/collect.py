@@ -464,7 +464,8 @@ def collect_traces(llm, prompts: Sequence[Sequence[int]], params, out_dir: str |
 
 
 def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: str | Path,
-                        repeats: int = 1, **collector_kwargs) -> dict[str, Any]:
+                        repeats: int = 1, profile: bool = False, **collector_kwargs
+                        ) -> dict[str, Any]:
     """Throughput of the same rollouts with and without trace collection, in this run, on the
     engine's device: `prompts` are generated without an observer (the engine's fastest path
     for them) and with a TraceCollector(**collector_kwargs) into a temporary directory under
@@ -481,7 +482,10 @@ def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: 
     went: open = the collector's construction, its model hash included; generate = generate()
     in all, of it observe = observer_s and write = records into shards; close = the last
     shard and the manifest), output tokens, the device and dtypes. The
-    temporary traces are checked against the free disk space first (rltlab.traces.size)."""
+    temporary traces are checked against the free disk space first (rltlab.traces.size).
+    profile: after the timed runs, one more of each under torch.profiler (`profile`: plain and
+    traced, rltlab.common.profiling.phase_profile): on a GPU, the device kernel time by class
+    names what a traced run adds that no host timer sees."""
     import shutil
     import statistics
 
@@ -547,6 +551,11 @@ def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: 
         (traced_outs, split), secs = timed(traced, out_dir / f"overhead-{k}")
         traced_s.append(secs)
         splits.append(split)
+    profiles = None
+    if profile:
+        from rltlab.common.profiling import phase_profile
+        profiles = {"plain": phase_profile(plain),
+                    "traced": phase_profile(lambda: traced(out_dir / "overhead-profile"))}
     try:
         out_dir.rmdir()   # only if empty (it was created for the temporary traces)
     except OSError:
@@ -572,7 +581,8 @@ def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: 
             "teacher": teacher, "fast_path": all(fast_path),
             "hidden_dtype": collector_kwargs.get("hidden_dtype", "float32"),
             "engine_dtype": dtype_name(next(engine.model.parameters()).dtype),
-            "device": str(engine.runner.device)}
+            "device": str(engine.runner.device),
+            **({"profile": profiles} if profiles else {})}
 
 
 def _sync(engine) -> None:
