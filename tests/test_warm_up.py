@@ -22,6 +22,40 @@ def test_prompt_lengths_cover_each_length_bucket_once():
 def test_decode_phases_cover_every_depth_mixed_depths_and_the_gate():
     names = [name for name, _ in decode_phases(4)]
     assert names == [f"fixed depth {d}" for d in (1, 2, 3, 4)] + ["mixed depths", "q_exit"]
+    assert all(fields["temperature"] == 0.0 for _, fields in decode_phases(4))
+    # groups: every regime again as sampled groups of n
+    grouped = decode_phases(4, group_size=8)
+    assert [name for name, _ in grouped] == names + [f"{n}, groups of 8" for n in names]
+    assert all(fields.get("n", 1) == 1 and fields["temperature"] == 0.0
+               for _, fields in grouped[:6])
+    assert all(fields["n"] == 8 and fields["temperature"] == 1.0 and fields["logprobs"] == 0
+               for _, fields in grouped[6:])
+
+
+def test_a_grouped_warm_up_runs_sampled_groups_and_changes_no_output():
+    """group_size 2: the grouped phases add requests of n = 2 at T = 1 (the same number of
+    sequences as a greedy phase), leave every block free and change no later output, sampled
+    ones included."""
+    model = tiny_engine_model(3)
+    prompts = random_prompts(2, seed=6, min_len=3, max_len=9)
+    params = SamplingParams(temperature=1.0, n=2, max_tokens=5, ignore_eos=True, seed=3)
+    before = [[c.token_ids for c in o.outputs]
+              for o in LLM(model, max_num_seqs=4).generate(prompts, params)]
+    llm = LLM(model, max_num_seqs=4, cudnn_prefill_after=None)
+    engine = llm.llm_engine
+    free, added = engine.block_manager.num_free_blocks, []
+    add = engine.add_request
+    engine.add_request = lambda rid, prompt, p, *a, **k: added.append(p) or add(rid, prompt, p,
+                                                                               *a, **k)
+    result = warm_up(engine, concurrency=2, prompt_len=8, max_tokens=3, group_size=2,
+                     progress=False, off_cuda=True)
+    engine.add_request = add
+    assert result["loops"] == 12 + 2 * 2 and not engine.has_unfinished_requests()
+    grouped = [p for p in added if p.n == 2]
+    assert len(grouped) == 6 * 2 and all(p.temperature == 1.0 for p in grouped)
+    assert len([p for p in added if p.n == 1 and p.max_tokens > 2]) == 6 * 4
+    assert engine.block_manager.num_free_blocks == free
+    assert [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params)] == before
 
 
 def test_warm_up_leaves_the_engine_idle_and_outputs_unchanged():
@@ -52,6 +86,9 @@ def test_bad_sizes_and_a_busy_engine_are_refused():
     for bad in (10 ** 6, [8, 10 ** 6], [], [True], 0):
         with pytest.raises(ValueError, match="prompt_len must lie"):
             warm_up(llm.llm_engine, prompt_len=bad, off_cuda=True)
+    for bad in (0, 5, 2.0, True):
+        with pytest.raises(ValueError, match="group_size must be an int in 1..concurrency=4"):
+            warm_up(llm.llm_engine, group_size=bad, off_cuda=True)
     llm.llm_engine.add_request(None, [1, 2, 3], SamplingParams(max_tokens=2))
     with pytest.raises(RuntimeError, match="idle engine"):
         llm.warm_up()

@@ -3,8 +3,8 @@
     python -m rltlab.bench.first_loop --preset ouro-1.4b --device cuda --workload W3 W4
 
 Per workload (rltlab.bench.engine's W1-W7) two engines on the same model, one after the other:
-  - warmed: LLM(...), llm.warm_up(concurrency=c, prompt_len=the workload's prompt lengths),
-    then two closed loops of the workload;
+  - warmed: LLM(...), llm.warm_up(concurrency=c, prompt_len=the workload's prompt lengths,
+    group_size=its samples per prompt: W5's 8), then two closed loops of the workload;
   - cold: LLM(...), then the same two closed loops (what a user without warm_up() gets).
 It reports each loop's wall time, `first_over_second` (1.0 = no one-off cost left in the first
 loop; the goal is <= 1.05 with the warm-up) and the warm-up's own time. No untimed first pass:
@@ -51,7 +51,7 @@ def run_workload(model, name: str, scale: float, kv_gib: float) -> dict:
             if warm:
                 result["warm_up"] = llm.warm_up(concurrency=c,
                                                 prompt_len=sorted({len(p) for p in prompts}),
-                                                progress=True)
+                                                group_size=spec.get("n", 1), progress=True)
             result.update(two_loops(llm, prompts, params, c, costs))
             out[label] = result
         finally:

@@ -54,16 +54,17 @@ class LLM:
         return self.llm_engine.tokenizer
 
     def warm_up(self, *, concurrency: int | None = None, prompt_len: int | Seq[int] = 128,
-                max_tokens: int = 32, progress: bool = True) -> dict:
+                max_tokens: int = 32, group_size: int = 1, progress: bool = True) -> dict:
         """Pay a closed loop's one-off costs now (graph captures, kernel specialisations) by
         running synthetic loops of up to `concurrency` requests (default max_num_seqs) and
         prompts of up to `prompt_len` tokens, or of the given list of prompt lengths (fewer
-        shapes: faster; rltlab.engine.warm_up); prints the time it took.
+        shapes: faster; rltlab.engine.warm_up); group_size: the loop's samples per prompt
+        (SamplingParams.n: > 1 warms the grouped shapes too); prints the time it took.
         On the CPU there is nothing to warm: returns at once. -> {"seconds", "loops",
         "graphs"}."""
         from rltlab.engine.warm_up import warm_up
         result = warm_up(self.llm_engine, concurrency=concurrency, prompt_len=prompt_len,
-                         max_tokens=max_tokens, progress=progress)
+                         max_tokens=max_tokens, group_size=group_size, progress=progress)
         if result["loops"]:
             print(f"warm-up: {result['loops']} synthetic loops, {result['graphs']} graphs, "
                   f"{result['seconds']:.1f} s")

@@ -11,7 +11,9 @@ every shape a loop of the given size reaches:
     `prompt_len`, admitted as others finish) whose lengths are staggered, so the running batch
     steps down through every batch bucket, once per exit regime: each fixed depth 1..R
     (whole-token windows), a replayed mix of depths (round windows) and the stock Q-exit
-    (per-round steps reading the gate);
+    (per-round steps reading the gate); with `group_size` g > 1, every regime again with
+    requests of n = g samples at temperature 1 (the GRPO shape): rows of one prompt read its
+    K/V once (prefix_groups.py), through graphs of their own, and the sampler draws;
   - prefill: whole prompts of each length bucket up to `prompt_len` (or, given a list of
     lengths, of the buckets those lengths fall in), admitted 1, 2, 4 and 8 at a time, each shape twice (graphs are captured at a bucket's second step) and, past
     ExecutionConfig.cudnn_prefill_after, as often as it takes cuDNN to take over.
@@ -32,12 +34,18 @@ from rltlab.engine.sampling import SamplingParams
 PROMPT_COUNTS = (1, 2, 4, 8)   # whole-prompt steps are bucketed by these counts
 
 
-def decode_phases(num_rounds: int) -> list[tuple[str, dict]]:
-    """(name, SamplingParams fields) of each exit regime a decode loop is warmed in."""
+def decode_phases(num_rounds: int, group_size: int = 1) -> list[tuple[str, dict]]:
+    """(name, SamplingParams fields) of each exit regime a decode loop is warmed in, greedy;
+    with group_size > 1, each again as groups of that many samples at temperature 1."""
     phases = [(f"fixed depth {d}", {"exit_policy": "fixed", "exit_policy_args": {"depth": d},
                                     "min_loops": 1}) for d in range(1, num_rounds + 1)]
     phases.append(("mixed depths", {"exit_policy": "trace"}))
     phases.append(("q_exit", {"exit_policy": "q_exit", "exit_threshold": 0.5, "min_loops": 1}))
+    phases = [(name, {**fields, "temperature": 0.0}) for name, fields in phases]
+    if group_size > 1:
+        phases += [(f"{name}, groups of {group_size}",
+                    {**fields, "n": group_size, "temperature": 1.0, "logprobs": 0})
+                   for name, fields in phases]
     return phases
 
 
@@ -60,11 +68,14 @@ def prompt_lengths(prompt_len: int | Sequence[int]) -> list[int]:
 
 
 def warm_up(engine, *, concurrency: int | None = None, prompt_len: int | Sequence[int] = 128,
-            max_tokens: int = 32, progress: bool = True, off_cuda: bool = False) -> dict:
+            max_tokens: int = 32, group_size: int = 1, progress: bool = True,
+            off_cuda: bool = False) -> dict:
     """Run the synthetic loops (module docstring) on an idle engine -> {"seconds", "loops",
     "graphs"} (graphs: the static decoder's captured graphs after it). concurrency: the most
     requests a loop will hold (default: max_num_seqs); prompt_len: the longest prompt a loop
-    will see, or the list of its prompts' lengths (fewer buckets to warm); max_tokens: decode tokens per warm-up request (the windows need a few).
+    will see, or the list of its prompts' lengths (fewer buckets to warm); max_tokens: decode
+    tokens per warm-up request (the windows need a few); group_size: the loop's samples per
+    prompt (SamplingParams.n), where > 1 its grouped shapes are warmed too.
     off_cuda: run the loops off CUDA too (they capture nothing there: for tests)."""
     if engine.has_unfinished_requests():
         raise RuntimeError("warm_up() needs an idle engine: finish or abort the running "
@@ -76,6 +87,10 @@ def warm_up(engine, *, concurrency: int | None = None, prompt_len: int | Sequenc
     concurrency = limit if concurrency is None else concurrency
     if not 1 <= concurrency <= limit:
         raise ValueError(f"concurrency must lie in 1..max_num_seqs={limit}, got {concurrency}")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) \
+            or not 1 <= group_size <= concurrency:
+        raise ValueError(f"group_size must be an int in 1..concurrency={concurrency}, "
+                         f"got {group_size!r}")
     longest = engine.max_model_len - max_tokens
     given = [prompt_len] if isinstance(prompt_len, int) else list(prompt_len)
     bad = next((n for n in given if isinstance(n, bool) or not isinstance(n, int)
@@ -85,7 +100,7 @@ def warm_up(engine, *, concurrency: int | None = None, prompt_len: int | Sequenc
                          f"got {bad!r}")
     R, vocab = engine.num_rounds, engine.model_config.vocab_size
     gen = torch.Generator().manual_seed(0)
-    phases = decode_phases(R)
+    phases = decode_phases(R, group_size)
     lengths = prompt_lengths(prompt_len)
     repeats = 2 + (engine.config.execution.cudnn_prefill_after or 0) // R
     prefill = [(n, length) for length in lengths for n in PROMPT_COUNTS if n <= concurrency]
@@ -93,10 +108,10 @@ def warm_up(engine, *, concurrency: int | None = None, prompt_len: int | Sequenc
                disable=not progress)
     start = time.perf_counter()
     for name, fields in phases:
-        # a closed loop of 2 x concurrency requests: the second half is admitted as the first
+        # a closed loop of 2 x concurrency sequences: the second half is admitted as the first
         # finishes (prefill steps beside decode rows); request i ends after a number of tokens
         # that puts the running batch in each size, so in each bucket, in turn
-        requests = 2 * concurrency
+        requests = 2 * concurrency // fields.get("n", 1)
         budget = [max_tokens + (i * max_tokens) // requests for i in range(requests)]
         params = []
         for i, tokens in enumerate(budget):
@@ -104,8 +119,7 @@ def warm_up(engine, *, concurrency: int | None = None, prompt_len: int | Sequenc
             if fields["exit_policy"] == "trace":
                 args["depths"] = [R] + torch.randint(1, R + 1, (tokens,), generator=gen).tolist()
             params.append(SamplingParams(**{**fields, "exit_policy_args": args},
-                                         temperature=0.0, max_tokens=tokens, ignore_eos=True,
-                                         seed=i))
+                                         max_tokens=tokens, ignore_eos=True, seed=i))
         prompts = [_prompts(1, lengths[i % len(lengths)], vocab, gen)[0]
                    for i in range(requests)]
         _generate(engine, prompts, params)
