@@ -32,6 +32,7 @@ def test_decode_phases_cover_every_depth_mixed_depths_and_the_gate():
                for _, fields in grouped[6:])
 
 
+@pytest.mark.slow
 def test_a_grouped_warm_up_runs_sampled_groups_and_changes_no_output():
     """group_size 2: the grouped phases add requests of n = 2 at T = 1 (the same number of
     sequences as a greedy phase), leave every block free and change no later output, sampled
@@ -39,9 +40,8 @@ def test_a_grouped_warm_up_runs_sampled_groups_and_changes_no_output():
     model = tiny_engine_model(3)
     prompts = random_prompts(2, seed=6, min_len=3, max_len=9)
     params = SamplingParams(temperature=1.0, n=2, max_tokens=5, ignore_eos=True, seed=3)
-    before = [[c.token_ids for c in o.outputs]
-              for o in LLM(model, max_num_seqs=4).generate(prompts, params)]
     llm = LLM(model, max_num_seqs=4, cudnn_prefill_after=None)
+    before = [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params)]
     engine = llm.llm_engine
     free, added = engine.block_manager.num_free_blocks, []
     add = engine.add_request
