@@ -104,3 +104,18 @@ def test_round_profile_replays_the_graph_and_reports_it():
     assert Graph.replays == 8 and out["timed"] == "whole-token graph"
     assert out["gpu_ms_per_round"] >= 0
 
+
+
+def test_prefill_flops_split_into_matmul_and_attention():
+    """Two 3-token prompts, 4 rounds of 100 linear weights, a 10-weight LM head, 8 FLOPs per
+    query-key pair: matmul 4 x 2 x 100 x 6 + 2 x 10 x 2 = 4,840; attention 4 x 8 x 6 causal
+    pairs x 2 prompts = 384; together the run's prefill_flops."""
+    from rltlab.bench.ceilings import (ModelCosts, prefill_flops, prefill_flops_by_class,
+                                       tflop_s_by_class)
+    costs = ModelCosts(rounds=4, linear_params=100, layer_bytes=0, head_params=10, head_bytes=0,
+                       attn_flops_per_pair=8, kv_bytes_per_position=0)
+    work = {"prefill_tokens": 6, "requests": 2, "prefill_flops": 2 * prefill_flops(costs, 3)}
+    assert prefill_flops_by_class(costs, work) == {"matmul": 4840, "attention": 384}
+    # a class without kernel time (or without FLOPs) gets no rate
+    assert tflop_s_by_class({"matmul": 2e12, "attention": 1e12},
+                            {"matmul": 1000.0, "attention": 0.0, "other": 5.0}) == {"matmul": 2.0}

@@ -109,6 +109,21 @@ def prefill_flops(costs: ModelCosts, prompt_len: int) -> int:
                            + costs.attn_flops_per_pair * pairs) + 2 * costs.head_params
 
 
+def prefill_flops_by_class(costs: ModelCosts, work: dict) -> dict:
+    """A prefill-only run's FLOPs (work_of's) split as a kernel profile splits its time:
+    matmul (every round's linear layers over the prompt tokens, and the LM head once per
+    request) and attention (the rest: causal query-key pairs)."""
+    matmul = costs.rounds * 2 * costs.linear_params * work["prefill_tokens"] \
+        + 2 * costs.head_params * work["requests"]
+    return {"matmul": matmul, "attention": work["prefill_flops"] - matmul}
+
+
+def tflop_s_by_class(flops: dict, kernel_ms: dict) -> dict:
+    """TFLOP/s of each kernel class that has both FLOPs and kernel time."""
+    return {name: significant(flops[name] / (kernel_ms[name] * 1e-3) / 1e12)
+            for name in flops if kernel_ms.get(name)}
+
+
 def work_of(costs: ModelCosts, outputs, shared_block: int = 0) -> dict:
     """What a run computed, from its RequestOutputs: prompts prefilled (once per request),
     output tokens, decode positions, their executed rounds and the K/V positions they read.

@@ -267,8 +267,7 @@ def run_mode(model, spec: dict, mode: str, prompts, params, kv_gib: float,
         if profile and c > 1:   # after the timed figures: the profiler slows what it watches
             result["decode_profile"] = phase_profile(
                 functools.partial(decode_phase, llm, prompts[:c], params[:c], costs))
-            result["prefill_profile"] = phase_profile(
-                functools.partial(engine_checks.prefill_only, llm, prompts, params, c, costs))
+            result["prefill_profile"] = profile_prefill(llm, prompts, params, c, costs)
         for kind, stats in window_stats(llm).items():
             if stats["windows"]:
                 result[kind] = stats
@@ -279,6 +278,17 @@ def run_mode(model, spec: dict, mode: str, prompts, params, kv_gib: float,
         del llm
         gc.collect()
         engine_checks.free_device_memory()
+
+
+def profile_prefill(llm: LLM, prompts, params, concurrency: int, costs: ModelCosts) -> dict:
+    """phase_profile of a prefill-only loop, with each kernel class's TFLOP/s (its FLOPs from
+    the loop's own work, over its kernel time): names the weakest of the prefill's kernels."""
+    loop = []
+    out = phase_profile(lambda: loop.append(engine_checks.prefill_only(
+        llm, prompts, params, concurrency, costs)))
+    out["tflop_s_by_class"] = ceilings.tflop_s_by_class(
+        ceilings.prefill_flops_by_class(costs, loop[0]["work"]), out["kernel_ms_by_class"])
+    return out
 
 
 def window_stats(llm: LLM) -> dict:
