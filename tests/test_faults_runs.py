@@ -242,6 +242,35 @@ def test_run_dir_that_cannot_be_a_directory_is_refused_in_one_line(tmp_path, cap
         assert target == a_file or not target.exists()
 
 
+def test_inputs_a_notebook_would_miss_mid_run_are_refused_before_anything_is_written(
+        tmp_path, capsys, monkeypatch):
+    """A MODEL_DIR or TRACE_DIR that is not a directory, TASKS gsm8k without GSM8K_PATH, a
+    GSM8K_PATH that is no file, --start-over without a run directory: each failed inside the
+    notebook (one after a 478 s evaluation), leaving a failed run directory. Now: one error
+    line, exit 2, nothing written; through the API a RunRefused."""
+    monkeypatch.setenv("RLTLAB_RUNS_DIR", str(tmp_path / "runs"))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    cases = [("04", ["-p", "MODEL_DIR", str(tmp_path / "none")], "MODEL_DIR", "not a directory"),
+             ("04", ["-p", "MODEL_DIR", str(a_file)], "MODEL_DIR", "not a directory"),
+             ("03", ["-p", "TRACE_DIR", str(tmp_path / "none")], "TRACE_DIR", "not a directory"),
+             ("04", ["-p", "TASKS", "gsm8k"], "TASKS", "needs GSM8K_PATH"),
+             ("04", ["-p", "GSM8K_PATH", str(tmp_path / "no.jsonl")], "GSM8K_PATH", "no such file"),
+             ("04", ["--start-over"], "--start-over", "--run-dir")]
+    before = _snapshot(tmp_path)
+    for notebook, argv, name, message in cases:
+        assert _cli("run", notebook, *argv, "--no-progress") == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1, err
+        assert name in err and message in err, err
+        if argv[0] == "-p":
+            with pytest.raises(ValueError, match=message) as refused:
+                runs.execute_notebook(runs.resolve_notebook(notebook), {argv[1]: argv[2]},
+                                      progress=False)
+            assert type(refused.value).__name__ == "RunRefused"
+    assert _snapshot(tmp_path) == before
+
+
 # ----------------------------------------------------------------------------- C3
 
 @pytest.mark.slow

@@ -133,6 +133,24 @@ def check_bounds(known: dict[str, dict[str, Any]], values: dict[str, Any],
                                  f"number {rule}")
 
 
+def check_inputs(known: dict[str, dict[str, Any]], values: dict[str, Any],
+                 source: str | None = None) -> None:
+    """Raise ValueError in one line for inputs a notebook would only find missing after it
+    started (its defaults where `values` has no entry): a MODEL_DIR or TRACE_DIR that is not
+    a directory, TASKS "gsm8k" without GSM8K_PATH, a GSM8K_PATH that is not a file."""
+    value = {name: values.get(name, spec["default"]) for name, spec in known.items()}
+    origin = f" (from {source})" if source else ""
+    for name in ("MODEL_DIR", "TRACE_DIR"):
+        if value.get(name) is not None and not Path(value[name]).expanduser().is_dir():
+            raise ValueError(f"parameter {name}={value[name]!r}{origin}: not a directory")
+    if value.get("TASKS") == "gsm8k" and not value.get("GSM8K_PATH"):
+        raise ValueError(f"parameter TASKS='gsm8k'{origin} needs GSM8K_PATH: a local JSONL of "
+                         "question / answer records")
+    path = value.get("GSM8K_PATH")
+    if path is not None and not Path(path).expanduser().is_file():
+        raise ValueError(f"parameter GSM8K_PATH={path!r}{origin}: no such file")
+
+
 def _check_choices(name: str, value: Any, spec: dict[str, Any], source: str | None) -> None:
     choices = spec.get("choices")
     if not choices or (value is None and spec.get("default") is None) or value in choices:

@@ -34,7 +34,7 @@ from typing import Any
 from rltlab.common.atomic import read_json, write_json_atomic
 from rltlab.common.json_files import JSONFileError
 from rltlab.common.paths import ARTIFACTS_DIR, REPO_ROOT
-from rltlab.workbench.notebook_params import (check_bounds, coerce_parameters,
+from rltlab.workbench.notebook_params import (check_bounds, check_inputs, coerce_parameters,
                                               notebook_parameters)
 from rltlab.workbench.run_files import (LOCK_FILE, METRICS_FILE, PARAMS_FILE, RUN_FILE,
                                         RunDirBusy, RunRefused, check_run_dir, clear_run_dir,
@@ -128,6 +128,7 @@ def execute_notebook(notebook_path: str | os.PathLike, parameters: dict[str, Any
     parameters = coerce_parameters(notebook_path, dict(parameters or {}))
     if "RUN_DIR" in parameters and parameters["RUN_DIR"] is not None and run_dir is None:
         run_dir = parameters["RUN_DIR"]
+    check_run_inputs(notebook_path, parameters, run_dir, start_over)
     if run_dir is not None:
         check_run_dir(Path(run_dir).resolve(), notebook_path.stem)  # before creating anything
     else:
@@ -191,6 +192,26 @@ def _quiet_papermill_inspection() -> None:
             log.addFilter(_DropParameterCellWarnings())
 
 
+def check_run_inputs(notebook_path: Path, parameters: dict[str, Any],
+                     run_dir: str | os.PathLike | None, start_over: bool = False) -> None:
+    """RunRefused, before anything is created, for inputs the notebook would find missing
+    only once it runs (notebook_params.check_inputs): over the notebook's defaults, the
+    parameters a resumed run_dir stored (unless start_over) and `parameters`. A damaged
+    parameters file is left to the check under the run's lock, which names it."""
+    known = notebook_parameters(notebook_path)
+    previous = {}
+    if run_dir is not None and not start_over and (Path(run_dir) / PARAMS_FILE).is_file():
+        try:
+            previous = read_parameters(Path(run_dir))
+        except JSONFileError:
+            pass
+    try:
+        check_inputs(known, {k: v for k, v in {**previous, **parameters}.items()
+                             if k in known})
+    except ValueError as err:
+        raise RunRefused(str(err)) from None
+
+
 def _prepare(notebook_path: Path, parameters: dict[str, Any], run_dir: Path,
              start_over: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """Under the lock, before any write: the run record (an attempt a killed process left
@@ -206,6 +227,7 @@ def _prepare(notebook_path: Path, parameters: dict[str, Any], run_dir: Path,
     try:
         check_bounds(known, {k: v for k, v in previous.items() if k not in parameters},
                      source=str(run_dir / PARAMS_FILE))
+        check_inputs(known, effective, source=f"{run_dir / PARAMS_FILE} with the -p values")
     except ValueError as err:
         raise RunRefused(str(err)) from None
     attempts = record.get("attempts", [])

@@ -74,6 +74,15 @@ def main(args: argparse.Namespace) -> int:
     # the kernel inherits the environment; rltlab.workbench.scale.num_processes() reads it
     from rltlab.workbench.scale import NUM_PROCESSES_ENV   # imports torch: only here
     os.environ[NUM_PROCESSES_ENV] = str(args.num_processes)
+    if args.start_over and run_dir is None:
+        print("error: --start-over needs the run directory to start over: --run-dir DIR",
+              file=sys.stderr)
+        return 2
+    try:
+        runs.check_run_inputs(notebook, params, run_dir, args.start_over)
+    except runs.RunRefused as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if run_dir is None:
         run_dir = runs.new_run_dir(args.name or notebook.stem)
     print(f"run dir: {run_dir}", flush=True)
