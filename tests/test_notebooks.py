@@ -126,6 +126,16 @@ def test_loop_notebook_crash_and_resume(tiny_model_dir, tmp_path):
     first = (it0 / "result.json").read_text()
     mtimes = {f: (it0 / f).stat().st_mtime_ns for f in kept}
 
+    # A resume with other THRESHOLDS is refused before anything is written (it once failed
+    # inside the notebook, after parameters.json took the refused value and the executed
+    # notebook was overwritten, so a plain resume afterwards failed the same way)
+    files = {f: (run_dir / f).read_bytes() for f in
+             ("parameters.json", "run.json", "10_rollout_update_evaluate.ipynb")}
+    with pytest.raises(ValueError, match=r"THRESHOLDS: \[0.3, 1.0\] in iteration\(s\) 0") as err:
+        _run("10_rollout_update_evaluate", {"THRESHOLDS": [0.5, 1.0]}, run_dir)
+    assert type(err.value).__name__ == "RunRefused"
+    assert {f: (run_dir / f).read_bytes() for f in files} == files
+
     # Resume with more iterations: iteration 0 is loaded, 1 and 2 are computed. Their
     # candidates are replaced by a bad gate (every token exits at round 1): validation must
     # reject them and push the current gate again unchanged (GATE_KEEP_WORSE False).

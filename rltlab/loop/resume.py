@@ -78,5 +78,17 @@ def check_resume(run_dir: str | os.PathLike, cfg: LoopConfig, results: Sequence[
             f"run directory, or discard them: rltlab run 10 --run-dir {run_dir} --start-over")
 
 
+def check_run_parameters(run_dir: str | os.PathLike, parameters: dict[str, Any]) -> None:
+    """Notebook 10's resume check for `rltlab run`, before anything in run_dir is written:
+    the notebook's parameters by name (every one, defaults filled in) against the finished
+    iterations' configs, as setup() checks them (check_resume; the model is checked there).
+    Raises ResumeMismatch (or JSONFileError for a damaged result.json)."""
+    done, k = [], 0
+    while (Path(run_dir) / f"iter_{k}" / RESULT_FILE).is_file():
+        done.append(read_result(run_dir, k))
+        k += 1
+    check_resume(run_dir, LoopConfig.from_parameters(parameters), done)
+
+
 def _span(its: list[int]) -> str:
     return ", ".join(map(str, its))

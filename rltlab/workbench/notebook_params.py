@@ -40,6 +40,22 @@ _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt
 _TRUE, _FALSE = {"true", "1", "yes", "y", "on"}, {"false", "0", "no", "n", "off"}
 
 
+def resume_check(notebook_path: str | os.PathLike):
+    """The notebook's own check of a resumed run's parameters, named in its metadata
+    (``"rltlab": {"resume_check": "module:function"}``), or None: function(run_dir,
+    parameters) raises a ValueError, before `rltlab run` writes anything, where the run
+    directory's finished work was made with parameters that cannot resume it."""
+    import importlib
+    import nbformat
+
+    name = nbformat.read(str(notebook_path), as_version=4).metadata.get(
+        "rltlab", {}).get("resume_check")
+    if not name:
+        return None
+    module, _, function = name.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
 def notebook_parameters(notebook_path: str | os.PathLike) -> dict[str, dict[str, Any]]:
     """The ``parameters`` cell of a notebook: name -> {default, type, help, bounds}.
 

@@ -35,7 +35,7 @@ from rltlab.common.atomic import read_json, write_json_atomic
 from rltlab.common.json_files import JSONFileError
 from rltlab.common.paths import ARTIFACTS_DIR, REPO_ROOT
 from rltlab.workbench.notebook_params import (check_bounds, check_inputs, coerce_parameters,
-                                              notebook_parameters)
+                                              notebook_parameters, resume_check)
 from rltlab.workbench.run_files import (LOCK_FILE, METRICS_FILE, PARAMS_FILE, RUN_FILE,
                                         RunDirBusy, RunRefused, check_run_dir, clear_run_dir,
                                         file_stamp, notebook_of, read_metrics, read_parameters,
@@ -228,6 +228,9 @@ def _prepare(notebook_path: Path, parameters: dict[str, Any], run_dir: Path,
         check_bounds(known, {k: v for k, v in previous.items() if k not in parameters},
                      source=str(run_dir / PARAMS_FILE))
         check_inputs(known, effective, source=f"{run_dir / PARAMS_FILE} with the -p values")
+        check = None if start_over else resume_check(notebook_path)   # start over: no work
+        if check is not None:
+            check(run_dir, {**{k: spec["default"] for k, spec in known.items()}, **effective})
     except ValueError as err:
         raise RunRefused(str(err)) from None
     attempts = record.get("attempts", [])
