@@ -1,13 +1,15 @@
 """The rollout -> gate update -> evaluate loop (notebook 10_rollout_update_evaluate).
 
-Files: config (LoopConfig), stage2 (gate training, push), iteration (one iteration, resume),
+Files: config (LoopConfig), tasks (the task set: embedded problems or GSM8K from a local JSONL),
+stage2 (gate training, push), iteration (one iteration, resume),
 addons (predictor / draft-head steps), deploy (what iteration k runs of iteration k - 1's
 components), relabel (on-policy traces), gate_check (a candidate judged in generation), metrics
 (curves, verdict, speed, metrics.json).
 
 Iteration k (weight version k in the engine):
-  1. rollout: generate on training-split problems (k-hop binding and word problems,
-     `rollout_hops_share` of them k-hop). Iteration 0 (and every iteration without
+  1. rollout: generate on training-split problems (rltlab.loop.tasks: k-hop binding and word
+     problems, `rollout_hops_share` of them k-hop, or the next window of GSM8K's training
+     split). Iteration 0 (and every iteration without
      `deploy_components`) rolls out with the stock Q-exit, collecting traces in teacher mode
      (all R rounds per token, so every round has a Stage II label). With `deploy_components`,
      iteration k >= 1 rolls out with the N+2 predictor iteration k - 1 trained, acting
@@ -63,7 +65,8 @@ from rltlab.loop.deploy import (deploy_step, deployed_from, draft_engine_row, he
                                 install_predictor, on_policy_rollout)
 from rltlab.loop.relabel import all_round_states, on_policy_records, write_on_policy_traces
 from rltlab.loop.iteration import (describe_iteration, evaluate, finished_iterations,
-                                   iteration_dir, rollout_problems, run_iteration, setup)
+                                   iteration_dir, run_iteration, setup)
+from rltlab.loop.tasks import rollout_problems
 from rltlab.loop.resume import check_resume, read_result
 from rltlab.loop.metrics import (UNCHANGED, VERDICTS, compare_evaluations, curves,
                                  depth_histograms, full_depth_row, gate_curve_report,

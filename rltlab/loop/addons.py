@@ -8,16 +8,17 @@ from typing import Any
 
 import torch
 
-from rltlab.eval.problems import encode, eval_problems
+from rltlab.loop import tasks
 from rltlab.loop.config import LoopState
 from rltlab.loop.metrics import curve_points, quality_by_kind
 
 
-def _engine_params(policy: str, args: dict[str, Any], max_tokens: int, min_loops: int = 1):
+def _engine_params(policy: str, args: dict[str, Any], max_tokens: int, min_loops: int = 1,
+                   stop: list[str] | None = None):
     from rltlab.engine import SamplingParams
 
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=0, min_loops=min_loops,
-                          exit_policy=policy, exit_policy_args=dict(args))
+                          exit_policy=policy, exit_policy_args=dict(args), stop=stop or [])
 
 
 def exit_predictor_step(state: LoopState, k: int, tmp: Path, before: dict[str, Any]
@@ -73,16 +74,16 @@ def lookahead_row(state: LoopState, name: str, threshold: float, label: str,
     vs full depth and vs the Q-exit Pareto curve of `before` at the same mean rounds."""
     from rltlab.eval.curves import curve_scores_at, pareto_curve
     from rltlab.eval.metrics import paired_difference
-    from rltlab.eval.tasks import engine_generate_fn, evaluate_arithmetic
+    from rltlab.eval.tasks import engine_generate_fn
 
     cfg, llm = state.cfg, state.llm
     R = state.model.config.num_rounds
     full = next((r for r in before["rows"] if r.get("threshold") is not None
                  and r["threshold"] >= 1.0), None)
     start = time.perf_counter()
-    res = evaluate_arithmetic(engine_generate_fn(llm, _engine_params(
-        name, {"threshold": threshold}, cfg.max_tokens)), state.tokenizer, state.problems,
-        num_rounds=R)
+    res = tasks.score(engine_generate_fn(llm, _engine_params(
+        name, {"threshold": threshold}, cfg.max_tokens, stop=tasks.stop(cfg))),
+        state.tokenizer, state.problems, cfg, R, llm.llm_engine.eos_token_id)
     seconds = time.perf_counter() - start
     hist = {int(d): n for d, n in res.get("executed_hist", {}).items()}
     row = {"policy": label, "setting": f"p>={threshold:g}", "threshold": None, "depth": None,
@@ -143,7 +144,6 @@ def draft_head_step(state: LoopState, k: int, tmp: Path) -> dict[str, Any]:
     reload it through rltlab.engine_patches.loop_draft (compatibility check) and measure greedy
     speculative decoding on held-out word problems against target-only decoding and the
     untrained shallow drafter at the same d: tau, acceptance, identical output, speed."""
-    from rltlab.pretrain.data import EOT_ID
     from rltlab.draft_heads import build_component, save_component
     from rltlab.draft_heads.evaluate import measure
     from rltlab.draft_heads.heads import component_kwargs
@@ -192,10 +192,8 @@ def draft_head_step(state: LoopState, k: int, tmp: Path) -> dict[str, Any]:
     if recorded != mhash:
         raise ValueError(f"{path}: draft component recorded base model hash {recorded}, the "
                          f"model at version {k} hashes to {mhash}")
-    # word problems: chain-of-thought answers of ~25 tokens, so K drafts can all be used (a
-    # k-hop answer has 2 decode tokens and would cap tau by its length, not the drafter)
-    prompts = [[EOT_ID] + encode(state.tokenizer, p["question"])
-               for p in eval_problems(state.model_dir, cfg.draft_prompts, kinds=("arith",))]
+    prompts = [tasks.prompt_ids(state.tokenizer, cfg, p)
+               for p in tasks.draft_problems(cfg, state.model_dir)]
     trained_name, shallow_name = f"{cfg.draft_kind} d={d}", f"shallow d={d}"
     speed = measure(model, prompts, {shallow_name: {"draft_rounds": d},
                                      trained_name: component_kwargs(comp)},

@@ -22,8 +22,13 @@ GATE_LABELS = ("stage2", "remaining", "stage2_or_remaining")
 @dataclass
 class LoopConfig:
     iterations: int = 3
+    # the task set (rltlab.loop.tasks): "embedded" (k-hop and word problems) or "gsm8k" (a
+    # local JSONL at gsm8k_path, gsm8k_cot prompts with gsm8k_fewshot exemplars)
+    tasks: str = "embedded"
+    gsm8k_path: str | None = None
+    gsm8k_fewshot: int = 3
     rollout_prompts: int = 64
-    rollout_hops_share: float = 0.5    # k-hop problems among the rollout prompts (rest: word)
+    rollout_hops_share: float = 0.5    # embedded: k-hop problems among the rollouts (rest: word)
     rollout_threshold: float = 0.5
     max_tokens: int = 48
     eval_problems: int = 64
@@ -101,6 +106,11 @@ class LoopConfig:
                 if isinstance(item, float) and not math.isfinite(item):
                     where = f"{f.name}[{i}]" if isinstance(value, (list, tuple)) else f.name
                     raise ValueError(f"{where} must be finite, got {item!r}")
+        if self.tasks not in ("embedded", "gsm8k"):
+            raise ValueError(f"tasks must be 'embedded' or 'gsm8k', got {self.tasks!r}")
+        if self.tasks == "gsm8k" and not self.gsm8k_path:
+            raise ValueError("tasks 'gsm8k' needs gsm8k_path: a local JSONL of question / "
+                             "answer records")
         if not 0.0 <= self.rollout_hops_share <= 1.0:
             raise ValueError(f"rollout_hops_share must lie in [0, 1], got "
                              f"{self.rollout_hops_share!r}")
@@ -131,7 +141,8 @@ RESUMABLE_FIELDS = frozenset({
 
 # What a finished iteration whose result.json predates a field ran with (the field's value
 # before it existed), for the resume check; other missing fields are read as their defaults.
-LEGACY_VALUES = {"gate_label": "stage2", "deploy_components": False, "gate_check_problems": None}
+LEGACY_VALUES = {"gate_label": "stage2", "deploy_components": False, "gate_check_problems": None,
+                 "tasks": "embedded", "gsm8k_path": None, "gsm8k_fewshot": 3}
 
 
 class SimulatedCrash(RuntimeError):

@@ -65,13 +65,15 @@ def _params(state: LoopState, policy: str | None, max_tokens: int, seed: int,
             threshold: float | None = None):
     from rltlab.engine import SamplingParams
 
+    from rltlab.loop import tasks
+
     cfg = state.cfg
     if policy is None:
         return SamplingParams(temperature=cfg.temperature, max_tokens=max_tokens, seed=seed,
                               min_loops=cfg.min_loops, exit_policy="q_exit",
-                              exit_threshold=float(threshold))
+                              exit_threshold=float(threshold), stop=tasks.stop(cfg))
     return SamplingParams(temperature=cfg.temperature, max_tokens=max_tokens, seed=seed,
-                          min_loops=cfg.min_loops, exit_policy=policy)
+                          min_loops=cfg.min_loops, exit_policy=policy, stop=tasks.stop(cfg))
 
 
 def on_policy_rollout(state: LoopState, k: int, prompts: Sequence[Sequence[int]],
@@ -126,7 +128,8 @@ def heldout_rows(state: LoopState, k: int, policy: str, threshold: float,
         rows, scores = evaluate_policies(state.llm, state.tokenizer, state.problems,
                                          thresholds=[cfg.rollout_threshold],
                                          max_tokens=cfg.max_tokens, min_loops=cfg.min_loops,
-                                         label=f"v{k} q_exit (beside deployed)")
+                                         label=f"v{k} q_exit (beside deployed)",
+                                         tasks=cfg.tasks, num_fewshot=cfg.gsm8k_fewshot)
         q_row, q_scores = rows[0], scores[rows[0]["key"]]
     else:
         q_scores = stock["scores"][q_row["key"]]
@@ -143,13 +146,12 @@ def draft_engine_row(state: LoopState, k: int, component: str) -> dict[str, Any]
     engine's spec_stats (steps, drafted, accepted, tau, acceptance)."""
     from rltlab.engine.outputs import raise_on_errors
     from rltlab.engine_patches.loop_draft import load_proposer
-    from rltlab.eval.problems import encode, eval_problems
-    from rltlab.pretrain.data import EOT_ID
+    from rltlab.loop import tasks
 
     cfg, llm = state.cfg, state.llm
     engine = llm.llm_engine
-    prompts = [[EOT_ID] + encode(state.tokenizer, p["question"])
-               for p in eval_problems(state.model_dir, cfg.draft_prompts, kinds=("arith",))]
+    prompts = [tasks.prompt_ids(state.tokenizer, cfg, p)
+               for p in tasks.draft_problems(cfg, state.model_dir)]
     params = _params(state, None, cfg.draft_max_tokens, cfg.seed, threshold=1.0)
     groups = [prompts[i:i + cfg.draft_concurrency]
               for i in range(0, len(prompts), cfg.draft_concurrency)]

@@ -31,17 +31,18 @@ def generation_curve(llm, tokenizer, problems: Sequence[dict], thresholds: Seque
     the requests of every threshold in one batch (nothing is timed here; one batch of
     len(thresholds) x len(problems) requests steps through a word problem's ~40 tokens once,
     not once per threshold). Each request is the one rltlab.eval.policies.evaluate_policies
-    sends (q_exit_params, greedy, stop at EOT), scored by rltlab.eval.tasks.evaluate_arithmetic."""
+    sends (q_exit_params, greedy, stop at EOT and the task set's stop strings), scored as the
+    task set scores (rltlab.loop.tasks)."""
+    import dataclasses
     import math
 
     from rltlab.engine.outputs import raise_on_errors
     from rltlab.engine.sampling import q_exit_params
-    from rltlab.eval.tasks import arithmetic_prompt, evaluate_arithmetic
+    from rltlab.loop import tasks
 
-    questions = [p["question"] if isinstance(p, dict) else p.question for p in problems]
-    prompts = [arithmetic_prompt(tokenizer, q) for q in questions]
-    params = [q_exit_params(t, cfg.max_tokens, min_loops=cfg.min_loops)
-              for t in thresholds]
+    prompts = [tasks.prompt_ids(tokenizer, cfg, p) for p in problems]
+    params = [dataclasses.replace(q_exit_params(t, cfg.max_tokens, min_loops=cfg.min_loops),
+                                  stop=tasks.stop(cfg)) for t in thresholds]
     outs = raise_on_errors(llm.generate([p for _ in thresholds for p in prompts],
                                         [sp for sp in params for _ in prompts]),
                            "the gate's generation check")
@@ -49,8 +50,8 @@ def generation_curve(llm, tokenizer, problems: Sequence[dict], thresholds: Seque
     curve = []
     for j in range(len(thresholds)):
         part = [o.outputs[0] for o in outs[j * n:(j + 1) * n]]
-        res = evaluate_arithmetic(lambda _prompts, part=part: part, tokenizer, problems,
-                                  num_rounds=R)
+        res = tasks.score(lambda _prompts, part=part: part, tokenizer, problems, cfg, R,
+                          llm.llm_engine.eos_token_id)
         curve.append((res.get("mean_executed", math.nan), res["scores"]))
     return curve
 

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 
 from rltlab import workbench as W
+from rltlab.loop import tasks
 from rltlab.common.atomic import default_permissions, write_json_atomic
 from rltlab.loop.addons import draft_head_step, exit_predictor_step
 from rltlab.loop.config import LoopConfig, LoopState, SimulatedCrash
@@ -47,6 +48,7 @@ def setup(run_dir: str | os.PathLike, model, tokenizer, cfg: LoopConfig,
     RESUMABLE_FIELDS may change). loop_config.json records the settings of the run's first
     iteration and is kept on resume."""
     run_dir = Path(run_dir)
+    tasks.check(cfg)
     done = finished_iterations(run_dir)
     results = [read_result(run_dir, k) for k in done]
     check_resume(run_dir, cfg, results, model)
@@ -55,15 +57,16 @@ def setup(run_dir: str | os.PathLike, model, tokenizer, cfg: LoopConfig,
         shutil.rmtree(stale, ignore_errors=True)
     if not results or not (run_dir / "loop_config.json").is_file():
         write_json_atomic(run_dir / "loop_config.json", asdict(cfg))
-    # the loop's prompts are short (k-hop and word problems): a KV pool sized for sequences
-    # of MAX_MODEL_LEN tokens, not the model's 4096, leaves a GPU's memory to the gate check's
-    # engine and the update steps
-    engine_kwargs.setdefault("max_model_len", min(MAX_MODEL_LEN,
-                                                  model.config.max_position_embeddings))
+    # the embedded tasks' prompts are short (k-hop and word problems): a KV pool sized for
+    # sequences of MAX_MODEL_LEN tokens, not the model's 4096, leaves a GPU's memory to the gate
+    # check's engine and the update steps; GSM8K's few-shot prompts take the model's length
+    engine_kwargs.setdefault("max_model_len", model.config.max_position_embeddings
+                             if cfg.tasks == "gsm8k" else
+                             min(MAX_MODEL_LEN, model.config.max_position_embeddings))
     llm = W.make_llm(model, tokenizer, **engine_kwargs)
     state = LoopState(run_dir, cfg, model, tokenizer, llm,
                       Path(model_dir) if model_dir else None, engine_kwargs=dict(engine_kwargs))
-    state.problems = W.eval_problems(state.model_dir, cfg.eval_problems)
+    state.problems = tasks.heldout_problems(cfg, state.model_dir)
     state.load_average_start = list(os.getloadavg())
     state.speed_device = speed_device(llm)
     warm_up(state)
@@ -97,37 +100,18 @@ def warm_up(state: LoopState, problems: int = 4) -> None:
     specialisations of every batch bucket up to the held-out set's batch), so no timed row
     pays them."""
     from rltlab.eval.policies import evaluate_policies    # in-process, also under scale-out
-    from rltlab.eval.problems import encode
 
     if state.llm.llm_engine.runner.device.type == "cuda":
         engine = state.llm.llm_engine
-        longest = max(len(encode(state.tokenizer, p["question"])) + 1 for p in state.problems)
+        longest = max(len(tasks.prompt_ids(state.tokenizer, state.cfg, p))
+                      for p in state.problems)
         state.warm_up = state.llm.warm_up(
             concurrency=min(engine.config.max_num_seqs,
                             max(len(state.problems), state.cfg.rollout_prompts)),
             prompt_len=longest, max_tokens=8, progress=False)
     evaluate_policies(state.llm, state.tokenizer, state.problems[:problems], thresholds=[0.5],
-                      max_tokens=4, min_loops=state.cfg.min_loops)
-
-
-def rollout_problems(tokenizer, cfg: LoopConfig, k: int) -> tuple[list[list[int]], list[dict]]:
-    """Iteration k's rollout prompts: n - floor(n (1 - hops_share)) k-hop problems and the rest
-    word problems (training split, seeded by seed * 1000 + k), one of each kind in turn while
-    both last (share 0.5 = the mixed set of rltlab.eval.problems.rollout_prompts). A k-hop
-    answer is 2 traced decode tokens and a word problem's ~25: a share of ~0.93 gives both
-    kinds the same number of traced tokens."""
-    n_arith = int(cfg.rollout_prompts * (1.0 - cfg.rollout_hops_share) + 1e-9)
-    counts = {"hops": cfg.rollout_prompts - n_arith, "arith": n_arith}
-    seed = cfg.seed * 1000 + k
-    groups = [W.rollout_prompts(tokenizer, n, seed=seed, kinds=(kind,))
-              for kind, n in counts.items() if n]
-    prompts, problems = [], []
-    for i in range(max(len(g[0]) for g in groups)):
-        for g_prompts, g_problems in groups:
-            if i < len(g_prompts):
-                prompts.append(g_prompts[i])
-                problems.append(g_problems[i])
-    return prompts, problems
+                      max_tokens=4, min_loops=state.cfg.min_loops, tasks=state.cfg.tasks,
+                      num_fewshot=state.cfg.gsm8k_fewshot)
 
 
 def evaluate(state: LoopState, label: str, reuse: dict[str, Any] | None = None,
@@ -147,7 +131,8 @@ def evaluate(state: LoopState, label: str, reuse: dict[str, Any] | None = None,
     rows, scores = W.evaluate_policies(state.llm, state.tokenizer, state.problems,
                                        thresholds=thresholds, depths=depths,
                                        max_tokens=cfg.max_tokens, min_loops=cfg.min_loops,
-                                       label=label)
+                                       label=label, tasks=cfg.tasks,
+                                       num_fewshot=cfg.gsm8k_fewshot)
     for row in rows:
         row["quality_by_kind"] = quality_by_kind(scores[row["key"]], state.problems)
     version = state.llm.get_weight_version()
@@ -217,7 +202,7 @@ def run_iteration(state: LoopState, k: int) -> dict[str, Any]:
             evaluate(state, f"v{k}", depths=cfg.depths)
         if not state.results:
             lap("evaluate_v0")
-        prompts, rolled = rollout_problems(state.tokenizer, cfg, k)
+        prompts, rolled = tasks.rollout_problems(state.tokenizer, cfg, k)
         overlap = _held_out_overlap(state.problems, rolled)
         if overlap:
             raise RuntimeError(f"{overlap} rollout prompts are in the held-out evaluation set")
@@ -233,7 +218,7 @@ def run_iteration(state: LoopState, k: int) -> dict[str, Any]:
                 llm, prompts, tmp / "traces", threshold=cfg.rollout_threshold,
                 max_tokens=cfg.max_tokens, teacher=True, temperature=cfg.temperature,
                 seed=cfg.seed + k, min_loops=cfg.min_loops, hidden_dtype=cfg.hidden_dtype,
-                info={"iteration": k})
+                stop=tasks.stop(cfg), info={"iteration": k})
             rollout = {"policy": f"q_exit t={cfg.rollout_threshold:g} (teacher mode)",
                        "prompts": len(prompts),
                        "seconds": round(time.perf_counter() - started_rollout, 4)}
@@ -279,7 +264,8 @@ def run_iteration(state: LoopState, k: int) -> dict[str, Any]:
             "trace_tokens": manifest["num_tokens"], "new_weight_version": new_version,
             "heldout_overlap_with_rollouts": overlap, "rollout": rollout,
             "rollout_kinds": {kind: sum(p["kind"] == kind for p in rolled)
-                              for kind in ("hops", "arith")},
+                              for kind in (("gsm8k",) if cfg.tasks == "gsm8k"
+                                           else ("hops", "arith"))},
             "gate_training": {k2: v for k2, v in trained.items()
                               if k2 not in ("state", "candidate_state")},
             "trace_mean_selected": summary["mean_selected"],

@@ -334,7 +334,7 @@ def kind_curves(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-KIND_NAMES = {"hops": "k-hop", "arith": "word"}
+KIND_NAMES = {"hops": "k-hop", "arith": "word", "gsm8k": "GSM8K"}
 
 
 def gate_validation_curves(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
