@@ -58,11 +58,11 @@ def setup(run_dir: str | os.PathLike, model, tokenizer, cfg: LoopConfig,
     if not results or not (run_dir / "loop_config.json").is_file():
         write_json_atomic(run_dir / "loop_config.json", asdict(cfg))
     # the embedded tasks' prompts are short (k-hop and word problems): a KV pool sized for
-    # sequences of MAX_MODEL_LEN tokens, not the model's 4096, leaves a GPU's memory to the gate
-    # check's engine and the update steps; GSM8K's few-shot prompts take the model's length
-    engine_kwargs.setdefault("max_model_len", model.config.max_position_embeddings
-                             if cfg.tasks == "gsm8k" else
-                             min(MAX_MODEL_LEN, model.config.max_position_embeddings))
+    # sequences of MAX_MODEL_LEN tokens, not the model's length (Ouro-1.4B: 65,536), leaves a
+    # GPU's memory to the gate check's engine and the update steps; GSM8K's few-shot prompts
+    # (~1K tokens at 8 exemplars) and chain-of-thought answers get GSM8K_MAX_MODEL_LEN
+    longest = GSM8K_MAX_MODEL_LEN if cfg.tasks == "gsm8k" else MAX_MODEL_LEN
+    engine_kwargs.setdefault("max_model_len", min(longest, model.config.max_position_embeddings))
     llm = W.make_llm(model, tokenizer, **engine_kwargs)
     state = LoopState(run_dir, cfg, model, tokenizer, llm,
                       Path(model_dir) if model_dir else None, engine_kwargs=dict(engine_kwargs))
@@ -80,6 +80,7 @@ def setup(run_dir: str | os.PathLike, model, tokenizer, cfg: LoopConfig,
 
 
 MAX_MODEL_LEN = 1024    # the loop's engines: prompt + new tokens of one sequence
+GSM8K_MAX_MODEL_LEN = 4096
 
 
 def speed_device(llm) -> str:
