@@ -57,6 +57,22 @@ def test_stop_token_ids_report_their_stop_reason(embedded):
     assert out.finish_reason == "stop" and out.stop_reason == full.token_ids[2]
 
 
+def test_an_eos_stop_keeps_the_token_but_not_its_text():
+    """vLLM: a sequence that ends at EOS keeps the id in token_ids; the text leaves it out.
+    LLM(path) decodes with a transformers tokenizer, whose decode writes special tokens: the
+    README's example read "5<|endoftext|>"."""
+    from rltlab.common.paths import embedded_model_dir
+
+    llm = LLM(str(embedded_model_dir()))
+    out = llm.generate("Q: a=3; f=7; b=a+4; c=b-2; c=?\nA:",
+                       SamplingParams(temperature=0.0, max_tokens=32))[0]
+    assert out.finish_reason == "stop" and out.stop_reason is None
+    assert out.token_ids[-1] == llm.llm_engine.eos_token_id
+    tokenizer = llm.llm_engine.tokenizer
+    assert tokenizer.decode(out.token_ids[-1:]) == "<|endoftext|>"
+    assert out.text == tokenizer.decode(out.token_ids[:-1]) and "<|endoftext|>" not in out.text
+
+
 class _Chars:
     """A tokenizer of one character per id."""
 

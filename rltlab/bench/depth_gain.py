@@ -48,9 +48,13 @@ def main(argv=None) -> dict:
                          f"{args.repeats}")
     if args.device == "cpu":
         torch.set_num_threads(1)
+    try:
+        pattern = [int(x) for x in args.pattern.split(",")]
+    except ValueError:
+        ap.error(f"--pattern must be comma-separated exit rounds, e.g. 2,3,3,4; got "
+                 f"{args.pattern!r}")
     model = build_model(args)
     rounds = model.config.num_rounds
-    pattern = [int(x) for x in args.pattern.split(",")]
     if not all(1 <= d <= rounds for d in pattern):
         raise SystemExit(f"--pattern rounds must lie in [1, {rounds}], got {pattern}")
     common = dict(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)

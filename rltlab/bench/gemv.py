@@ -96,7 +96,8 @@ def cublas(x, w, act):
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m rltlab.bench.gemv",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="ouro-1.4b", help="a preset of rltlab.bench (shape only)")
     ap.add_argument("--config", default=None, help="a config.json to take the shape from instead")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))

@@ -86,7 +86,10 @@ def raise_on_errors(outputs: list[RequestOutput], what: str) -> list[RequestOutp
 
 def _completion(seq: Sequence, tokenizer) -> CompletionOutput:
     want = seq.params.logprobs is not None
-    text = tokenizer.decode(seq.output_token_ids) if tokenizer is not None else None
+    ids = seq.output_token_ids
+    if seq.finish_reason == "stop" and seq.stop_reason is None and ids:
+        ids = ids[:-1]   # ended at EOS: the token stays in token_ids, not in the text (vLLM)
+    text = tokenizer.decode(ids) if tokenizer is not None else None
     if text is not None and seq.text_end is not None:
         text = text[:seq.text_end]
     return CompletionOutput(
