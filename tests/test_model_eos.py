@@ -31,7 +31,7 @@ def test_workbench_params_stop_at_the_models_eos_only():
 
     llm = LLM(_model_that_writes_token_0())
     prompts = random_prompts(16, seed=5, min_len=3, max_len=9)
-    state = SimpleNamespace(cfg=SimpleNamespace(temperature=0.0, min_loops=1))
+    state = SimpleNamespace(cfg=SimpleNamespace(temperature=0.0, min_loops=1, tasks="embedded"))
     builders = {"traces.rollout_params": rollout_params(1.0, 24),
                 "loop.deploy (Q-exit)": _params(state, None, 24, 0, threshold=1.0),
                 "loop.deploy (policy)": _params(state, "q_exit", 24, 0),
