@@ -13,6 +13,8 @@ from rltlab.common.profiling import KERNEL_CLASSES, phase_profile
     ("_rope_kv_linear_kernel", "matmul"),   # RoPE in a GEMV's epilogue: the GEMV's time
     ("aten::mm", "matmul"),
     ("_paged_decode_attention_kernel", "attention"),
+    ("_decode_kernel", "attention"),        # kernels/paged_attention.py's decode and its merge
+    ("_merge_splits_kernel", "attention"),
     ("flash_fwd_kernel", "attention"),
     ("_fused_add_rmsnorm_kernel", "norm_rope_act"),
     ("_argmax_finite_kernel", "sampling"),

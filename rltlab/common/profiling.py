@@ -16,7 +16,8 @@ def _sync() -> None:
 # Kernel classes of phase_profile, first match wins (kernel names of cuBLAS / CUTLASS, the
 # project's Triton kernels and PyTorch's own).
 KERNEL_CLASSES = (
-    ("attention", re.compile(r"attn|attention|flash|fmha|paged|shared_prefix", re.I)),
+    ("attention", re.compile(r"attn|attention|flash|fmha|paged|shared_prefix|_decode_kernel"
+                             r"|merge_splits|_prefill_kernel", re.I)),
     ("matmul", re.compile(r"gemm|gemv|cutlass|nvjet|sm90_|small_m|matmul|linear|::(add)?mm\b"
                           r"|bmm", re.I)),
     ("norm_rope_act", re.compile(r"norm|rope|rotary|silu|gelu|act_mul", re.I)),
