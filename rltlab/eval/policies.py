@@ -13,6 +13,23 @@ from tqdm.auto import tqdm
 from rltlab.engine.sampling import fixed_params, q_exit_params
 
 
+def score_problems(generate_fn, tokenizer, problems: Sequence[dict], *, tasks: str,
+                   num_fewshot: int, num_rounds: int, eos_token_id: int | None,
+                   batch_size: int | None = None) -> dict[str, Any]:
+    """Exact match of generate_fn on a task set's problems, with the depth statistics of
+    rltlab.eval.tasks: "gsm8k" by gsm8k_cot's strict match (all problems in one call unless
+    batch_size), "embedded" by rltlab.eval.tasks.evaluate_arithmetic."""
+    from rltlab.eval.gsm8k import evaluate_gsm8k
+    from rltlab.eval.tasks import evaluate_arithmetic
+
+    if tasks == "gsm8k":
+        return evaluate_gsm8k(generate_fn, tokenizer, list(problems), num_fewshot=num_fewshot,
+                              batch_size=batch_size or len(problems), eos_token_id=eos_token_id,
+                              num_rounds=num_rounds, keep_text=False)
+    return evaluate_arithmetic(generate_fn, tokenizer, problems, num_rounds=num_rounds,
+                               batch_size=batch_size)
+
+
 def evaluate_policies(llm, tokenizer, problems: Sequence[dict], *, thresholds: Sequence[float] = (),
                       depths: Sequence[int] = (), max_tokens: int = 48, min_loops: int = 1,
                       batch_size: int | None = None, label: str | None = None,
@@ -40,21 +57,17 @@ def evaluate_policies(llm, tokenizer, problems: Sequence[dict], *, thresholds: S
     same call that hands the work to N ranks under `rltlab run --num-processes N`.
     progress: a tqdm bar over the settings.
     """
-    from rltlab.eval.gsm8k import GSM8K_STOP, evaluate_gsm8k
-    from rltlab.eval.tasks import engine_generate_fn, evaluate_arithmetic
+    from rltlab.eval.gsm8k import GSM8K_STOP
+    from rltlab.eval.tasks import engine_generate_fn
 
     wrap_generate = wrap_generate or (lambda fn: fn)
     if tasks not in ("embedded", "gsm8k"):
         raise ValueError(f"tasks must be 'embedded' or 'gsm8k', got {tasks!r}")
 
     def evaluate(generate_fn):
-        if tasks == "gsm8k":
-            return evaluate_gsm8k(generate_fn, tokenizer, list(problems),
-                                  num_fewshot=num_fewshot, batch_size=batch_size or len(problems),
-                                  eos_token_id=llm.llm_engine.eos_token_id,
-                                  num_rounds=num_rounds, keep_text=False)
-        return evaluate_arithmetic(generate_fn, tokenizer, problems, num_rounds=num_rounds,
-                                   batch_size=batch_size)
+        return score_problems(generate_fn, tokenizer, problems, tasks=tasks,
+                              num_fewshot=num_fewshot, num_rounds=num_rounds,
+                              eos_token_id=llm.llm_engine.eos_token_id, batch_size=batch_size)
 
     num_rounds = llm.llm_engine.num_rounds
     device = llm.llm_engine.runner.device

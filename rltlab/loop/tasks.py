@@ -79,10 +79,10 @@ def draft_problems(cfg: LoopConfig, model_dir: str | os.PathLike | None) -> list
     """Held-out problems for the draft head's tau: embedded word problems (chain-of-thought
     answers of ~25 tokens, so K drafts can all be used; a k-hop answer has 2 decode tokens and
     would cap tau by its length), or the first GSM8K held-out problems."""
+    from rltlab.eval.problems import eval_problems, task_eval_problems
     if cfg.tasks == "gsm8k":
-        from rltlab.eval.gsm8k import gsm8k_problems
-        return gsm8k_problems(cfg.gsm8k_path, "heldout", cfg.draft_prompts)
-    from rltlab.eval.problems import eval_problems
+        return task_eval_problems(model_dir, "gsm8k", cfg.draft_prompts,
+                                  gsm8k_path=cfg.gsm8k_path)
     return eval_problems(model_dir, cfg.draft_prompts, kinds=("arith",))
 
 
@@ -90,11 +90,7 @@ def score(generate_fn: Callable, tokenizer, problems: Sequence[dict], cfg: LoopC
           num_rounds: int, eos_token_id: int | None) -> dict[str, Any]:
     """Exact match of generate_fn on `problems` (one call over all of them), with the depth
     statistics of rltlab.eval.tasks (mean_executed, executed_hist, output_tokens, ...)."""
-    if cfg.tasks == "gsm8k":
-        from rltlab.eval.gsm8k import evaluate_gsm8k
-        return evaluate_gsm8k(generate_fn, tokenizer, list(problems),
-                              num_fewshot=cfg.gsm8k_fewshot, batch_size=len(problems),
-                              eos_token_id=eos_token_id, num_rounds=num_rounds,
-                              keep_text=False)
-    from rltlab.eval.tasks import evaluate_arithmetic
-    return evaluate_arithmetic(generate_fn, tokenizer, problems, num_rounds=num_rounds)
+    from rltlab.eval.policies import score_problems
+    return score_problems(generate_fn, tokenizer, problems, tasks=cfg.tasks,
+                          num_fewshot=cfg.gsm8k_fewshot, num_rounds=num_rounds,
+                          eos_token_id=eos_token_id)
