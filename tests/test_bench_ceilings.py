@@ -117,7 +117,7 @@ def test_group_ideal_by_hand():
 def test_bench_groups_and_decode_heavy_pair_run_tiny(capsys):
     res = bench_main(["--preset", "tiny", "--device", "cpu", "--workload", "W5", "W6", "W7",
                       "--scale", "0.02", "--modes", "gather", "--kv-gib", "0.05",
-                      "--w5-rounds", "3"])
+                      "--w5-rounds", "3", "--profile"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == res
     w5 = res["workloads"]["W5"]["modes"]["gather"]
     n = res["workloads"]["W5"]["spec"]["n"]
@@ -135,6 +135,8 @@ def test_bench_groups_and_decode_heavy_pair_run_tiny(capsys):
     assert ratios[-1] == pytest.approx(w5["closed_loop"]["tok_s"] / w5["independent"]["tok_s"],
                                        rel=1e-3)
     assert set(w5["first_pass_tok_s"]) == {"closed_loop", "independent"}
+    for loop in ("grouped_profile", "independent_profile"):   # --profile: one more loop each
+        assert w5[loop]["wall_ms"] > 0 and w5[loop]["kernel_ms_by_class"]
     assert w5["ideal_group_gain"] > 1 and w5["group_pct_of_ideal"] is not None
     # stop-token ended lengths
     assert w5["stopped_fraction"] > 0 and w5["mean_output_tokens"] < res["workloads"]["W5"][

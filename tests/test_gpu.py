@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rltlab.engine import LLM, SamplingParams
+from rltlab.engine.static_decode import CAPTURE_STATS
 from tiny_models import random_prompts, tiny_engine_model
 
 pytestmark = pytest.mark.gpu
@@ -63,11 +64,15 @@ def test_warm_up_captures_graphs_and_changes_no_output():
     before = [o.token_ids for o in LLM(model, device="cuda", max_num_seqs=4)
               .generate(prompts, params)]
     llm = LLM(model, device="cuda", max_num_seqs=4)
+    captured = CAPTURE_STATS["graphs"]
     result = llm.warm_up(prompt_len=40, max_tokens=8, progress=False)
     assert result["graphs"] > 0 and result["seconds"] > 0
-    graphs = len(llm.llm_engine.runner.static._graphs)
+    # every capture is counted: the static decoder's graphs and the prefill buckets'
+    assert CAPTURE_STATS["graphs"] - captured >= result["graphs"]
+    graphs, captured = len(llm.llm_engine.runner.static._graphs), CAPTURE_STATS["graphs"]
     assert [o.token_ids for o in llm.generate(prompts, params)] == before
     assert len(llm.llm_engine.runner.static._graphs) == graphs   # nothing new to capture
+    assert CAPTURE_STATS["graphs"] == captured
 
 
 def test_auto_loads_a_checkpoint_on_the_gpu_in_bf16():

@@ -242,7 +242,8 @@ def run_mode(model, spec: dict, mode: str, prompts, params, kv_gib: float,
     c = spec["concurrency"]
     try:
         if spec.get("n"):
-            return group_workload.run(llm, spec, prompts, params, costs, spec["rounds"])
+            return group_workload.run(llm, spec, prompts, params, costs, spec["rounds"],
+                                      profile)
         warm_up(llm, prompts, params, c)
         first_pass = None
         if spec["requests"] > 1:
@@ -339,7 +340,9 @@ def main(argv=None) -> dict:
                          "graph modes would time the eager path again)")
     ap.add_argument("--scale", type=float, default=1.0,
                     help="multiply prompt/output lengths and request counts (CPU smoke runs)")
-    ap.add_argument("--kv-gib", type=float, default=110.0)
+    ap.add_argument("--kv-gib", type=float, default=None,
+                    help="KV cache GiB per engine (default: sized from free GPU memory, as "
+                         "LLM(...) does; 2 GiB off CUDA)")
     add_spread_argument(ap)
     ap.add_argument("--weight-update", action="store_true")
     ap.add_argument("--bf16-check", action="store_true")

@@ -145,7 +145,7 @@ def kernel_profile(fn, calls: int = 5, top: int = 8) -> dict:
 def weight_update(model, kv_gib: float, mode_kwargs=None) -> dict:
     """Time a full update of every parameter from device tensors, under CUDA graphs, and check
     that a same-weights update leaves greedy outputs and log-probs unchanged."""
-    llm = LLM(model, max_num_seqs=4, max_model_len=256, kv_cache_memory_gib=min(kv_gib, 8.0),
+    llm = LLM(model, max_num_seqs=4, max_model_len=256, kv_cache_memory_gib=min(kv_gib or 8.0, 8.0),
               **(mode_kwargs or {}))
     prompts = random_prompts(4, 64, model.config.vocab_size, seed=11)
     sp = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=0,
@@ -182,7 +182,7 @@ def bf16_agreement(model, kv_gib: float, num_prompts: int = 8, max_tokens: int =
     prompts = prompts or random_prompts(num_prompts, 128, model.config.vocab_size, seed=13)
     llm = LLM(model, max_num_seqs=len(prompts),
               max_model_len=max(map(len, prompts)) + max_tokens,
-              kv_cache_memory_gib=min(kv_gib, 16.0), **engine_kwargs)
+              kv_cache_memory_gib=min(kv_gib or 16.0, 16.0), **engine_kwargs)
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens,
                                                 ignore_eos=True, logprobs=0, exit_policy="fixed"))
     del llm

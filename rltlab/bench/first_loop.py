@@ -7,7 +7,8 @@ Per workload (rltlab.bench.engine's W1-W7) two engines on the same model, one af
     group_size=its samples per prompt: W5's 8), then two closed loops of the workload;
   - cold: LLM(...), then the same two closed loops (what a user without warm_up() gets).
 It reports each loop's wall time, `first_over_second` (1.0 = no one-off cost left in the first
-loop; the goal is <= 1.05 with the warm-up) and the warm-up's own time. No untimed first pass:
+loop; the goal is <= 1.05 with the warm-up), the CUDA graphs each loop still captured (and
+their host seconds: what the warm-up missed) and the warm-up's own time. No untimed first pass:
 that is the point. Last line: JSON.
 """
 from __future__ import annotations
@@ -21,17 +22,24 @@ from rltlab.bench.ceilings import ModelCosts
 from rltlab.bench.engine import WORKLOADS, make_llm, scaled, workload_params, workload_prompts
 from rltlab.bench.models import add_model_arguments, build_model
 from rltlab.common.environment import git_commit
+from rltlab.engine.static_decode import CAPTURE_STATS
 
 GOAL = 1.05
 
 
 def two_loops(llm, prompts, params, concurrency: int, costs: ModelCosts) -> dict:
-    walls = []
+    """Both loops' wall times, and the CUDA graphs each still captured (with the host seconds
+    those captures took): what a warm-up missed."""
+    walls, captures = [], []
     for _ in range(2):
+        before = dict(CAPTURE_STATS)
         figures, _ = engine_checks.closed_loop(llm, prompts, params, concurrency, costs)
         walls.append(figures["wall_s"])
+        captures.append({"graphs": CAPTURE_STATS["graphs"] - before["graphs"],
+                         "seconds": round(CAPTURE_STATS["seconds"] - before["seconds"], 3)})
     return {"first_wall_s": round(walls[0], 3), "second_wall_s": round(walls[1], 3),
-            "first_over_second": round(walls[0] / walls[1], 4)}
+            "first_over_second": round(walls[0] / walls[1], 4),
+            "first_captures": captures[0], "second_captures": captures[1]}
 
 
 def run_workload(model, name: str, scale: float, kv_gib: float) -> dict:
@@ -80,8 +88,11 @@ def main(argv=None) -> dict:
         "workloads": {w: run_workload(model, w, args.scale, args.kv_gib)
                       for w in args.workload}}
     for name, res in result["workloads"].items():
-        print(f"{name}: warmed {res['warmed']['first_over_second']}x (warm-up "
-              f"{res['warmed']['warm_up']['seconds']:.1f} s), cold "
+        warmed = res["warmed"]
+        print(f"{name}: warmed {warmed['first_over_second']}x (warm-up "
+              f"{warmed['warm_up']['seconds']:.1f} s; the first loop still captured "
+              f"{warmed['first_captures']['graphs']} graphs in "
+              f"{warmed['first_captures']['seconds']:.2f} s), cold "
               f"{res['cold']['first_over_second']}x")
     if args.out:
         from rltlab.common.atomic import write_json_atomic

@@ -24,6 +24,7 @@ import torch
 
 from rltlab.bench.ceilings import ModelCosts
 from rltlab.bench.engine_checks import closed_loop, prefill_only
+from rltlab.common.profiling import phase_profile
 from rltlab.engine import SamplingParams
 
 
@@ -53,11 +54,13 @@ def _short(params: list[SamplingParams], max_tokens: int) -> list[SamplingParams
 
 
 def run(llm, spec: dict, prompts, params: list[SamplingParams], costs: ModelCosts,
-        rounds: int = 1) -> dict:
+        rounds: int = 1, profile: bool = False) -> dict:
     """Grouped and independent closed loops (+ the grouped prefill-only run) on one engine:
     one untimed pass of each, then `rounds` rounds of both, their order alternating; the
     figures are the last round's, group_speedup the median of the rounds' ratios (with their
-    mean and standard error: rounds are paired and independent)."""
+    mean and standard error: rounds are paired and independent). profile: after the timed
+    figures, one more loop of each under torch.profiler (grouped_profile, independent_profile:
+    rltlab.common.profiling.phase_profile)."""
     n, c = spec["n"], spec["concurrency"]
     solo_prompts, solo_params = independent(prompts, params)
     groups_out, solo_out = max(1, 2 * c // n), 2 * c
@@ -78,6 +81,12 @@ def run(llm, spec: dict, prompts, params: list[SamplingParams], costs: ModelCost
                 solo, solo_outs = closed_loop(llm, solo_prompts, solo_params, solo_out, costs)
         ratios.append(shared["tok_s"] / solo["tok_s"])
     prefill = prefill_only(llm, prompts, params, groups_out, costs)
+    profiles = {}
+    if profile:   # after the timed figures: the profiler slows what it watches
+        profiles = {"grouped_profile": phase_profile(
+                        lambda: closed_loop(llm, prompts, params, groups_out, costs)),
+                    "independent_profile": phase_profile(
+                        lambda: closed_loop(llm, solo_prompts, solo_params, solo_out, costs))}
     samples = [c for o in shared_outs for c in o.outputs]
     same = sum(a.token_ids == b.token_ids for a, b in zip(samples, solo_outs))
     mean = statistics.fmean(ratios)
@@ -90,4 +99,4 @@ def run(llm, spec: dict, prompts, params: list[SamplingParams], costs: ModelCost
             "same_tokens": round(same / len(samples), 4),
             "mean_output_tokens": round(sum(len(s.token_ids) for s in samples) / len(samples), 2),
             "stopped_fraction": round(sum(s.finish_reason == "stop" for s in samples)
-                                      / len(samples), 4)}
+                                      / len(samples), 4), **profiles}

@@ -120,7 +120,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--loops", type=int, default=5, help="rounds of (baseline, cheap) loops")
     ap.add_argument("--scale", type=float, default=1.0,
                     help="multiply prompt/output lengths and request counts (CPU smoke runs)")
-    ap.add_argument("--kv-gib", type=float, default=110.0)
+    ap.add_argument("--kv-gib", type=float, default=None,
+                    help="KV cache GiB per engine (default: sized from free GPU memory, as "
+                         "LLM(...) does; 2 GiB off CUDA)")
     add_spread_argument(ap)
     ap.add_argument("--out", help="also write the JSON here after every round (a pair's "
                     "figures marked complete: false until its decode phases are in)")

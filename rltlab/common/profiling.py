@@ -55,4 +55,4 @@ def phase_profile(fn, top: int = 10) -> dict:
             "kernel_ms_by_class": {k: round(v / 1e3, 2) for k, v in
                                    sorted(classes.items(), key=lambda kv: -kv[1])},
             "launches": sum(e.count for e in events),
-            "top_kernels": [(e.key[:70], round(own(e) / 1e3, 2), e.count) for e in events[:top]]}
+            "top_kernels": [[e.key[:70], round(own(e) / 1e3, 2), e.count] for e in events[:top]]}

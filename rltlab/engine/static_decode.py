@@ -30,6 +30,8 @@ context length 1; their outputs are never read.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -48,10 +50,17 @@ GEMV_ROWS = 1
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
 
 
+# Graphs captured by capture_graph in this process and the host seconds they took (their
+# warm-ups' Triton specialisations included): rltlab.bench.first_loop reads what a closed loop
+# still captures after LLM.warm_up().
+CAPTURE_STATS = {"graphs": 0, "seconds": 0.0}
+
+
 def capture_graph(fn, pool, warmup=None) -> torch.cuda.CUDAGraph:
     """fn captured as a CUDA graph in `pool` after two warm-ups
     on a side stream (compile / autotune / Triton specialisations outside the capture); fn must
     be idempotent, or `warmup` a version that is (fn, then undo its writes to its inputs)."""
+    start = time.perf_counter()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -61,6 +70,8 @@ def capture_graph(fn, pool, warmup=None) -> torch.cuda.CUDAGraph:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
         fn()
+    CAPTURE_STATS["graphs"] += 1
+    CAPTURE_STATS["seconds"] += time.perf_counter() - start
     return graph
 
 
