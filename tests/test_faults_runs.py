@@ -360,7 +360,9 @@ def test_failed_rerun_marks_the_headline_stale_and_keeps_the_error_tail(
     [entry] = runs.list_runs()
     assert entry["status"] == "failed" and entry["metrics_stale"] is True
     assert _cli("runs") == 0
-    assert "(stale: from an earlier attempt) steps=4" in capsys.readouterr().out
+    listing = capsys.readouterr().out
+    assert "(stale: from an earlier attempt) steps=4" in listing
+    assert "error: " in listing and "THE REAL CAUSE; (stale" in listing   # why, first
 
     (run_dir / "leftover.txt").write_text("from an earlier execution")
     runs.execute_notebook(probe_notebook, {"STEPS": 2}, run_dir=run_dir, progress=False,

@@ -276,7 +276,7 @@ def list_runs(root: str | os.PathLike | None = None) -> list[dict[str, Any]]:
     Each entry: name, date, path, notebook, status, seconds, metrics (the flat numeric
     top-level values of metrics.json, the "headline"), metrics_stale (True when metrics.json
     predates the last attempt: that attempt did not write it), problem (why a run is
-    "unreadable", else None). A run whose run.json still says "running" but whose lock no
+    "unreadable", else None), error (a failed run's recorded error, else None). A run whose run.json still says "running" but whose lock no
     process holds (killed, e.g. SIGKILL) shows as "interrupted". A damaged run.json or
     metrics.json marks that run "unreadable"; the others are listed as usual.
     """
@@ -316,7 +316,8 @@ def _describe_run(path: Path) -> dict[str, Any] | None:
             "seconds": record.get("seconds"), "metrics": headline_metrics(metrics),
             "metrics_stale": bool(metrics) and stamp is not None
             and stamp == file_stamp(path / METRICS_FILE),
-            "problem": "; ".join(problems) or None}
+            "problem": "; ".join(problems) or None,
+            "error": record.get("error") if status == "failed" else None}
 
 
 def _still_running(path: Path, record: dict[str, Any]) -> bool:

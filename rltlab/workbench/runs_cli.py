@@ -152,6 +152,12 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def _last_line(text: str, width: int = 80) -> str:
+    """An error's last non-empty line (where the exception is named), its end kept."""
+    line = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip()), "")
+    return line if len(line) <= width else "..." + line[-(width - 3):]
+
+
 def _list(args: argparse.Namespace) -> int:
     entries = runs.list_runs(args.root)
     if not entries:
@@ -165,8 +171,12 @@ def _list(args: argparse.Namespace) -> int:
         headline = ", ".join(f"{k}={_fmt(v)}" for k, v in items) or "-"
         if entry["problem"]:
             headline = entry["problem"]
-        elif entry["metrics_stale"]:    # the last attempt did not write them
-            headline = f"(stale: from an earlier attempt) {headline}"
+        else:
+            if entry["metrics_stale"]:    # the last attempt did not write them
+                headline = f"(stale: from an earlier attempt) {headline}"
+            if entry["error"]:            # why it failed first: "-" says nothing
+                headline = f"error: {_last_line(entry['error'])}" + (
+                    "" if headline == "-" else f"; {headline}")
         rows.append([entry["name"], entry["notebook"] or "-", entry["status"],
                      f"{seconds:.0f}" if isinstance(seconds, (int, float)) else "-", headline])
     header = ["RUN", "NOTEBOOK", "STATUS", "SECONDS", "HEADLINE METRICS"]
