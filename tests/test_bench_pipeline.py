@@ -32,7 +32,7 @@ def test_a_standin_runs_through_the_notebook_and_each_run_is_a_row(tmp_path, cap
     assert ROW_KEYS <= set(row)
     assert row["notebook"] == "04_evaluate" and row["rc"] == 0 and row["wall_s"] > 0
     assert row["device"] == "cpu" and row["peak_gpu_mem_gib"] is None   # DEVICE "auto", no GPU
-    assert row["parameters"]["NUM_PROBLEMS"] == "4" and row["parameters"]["DEPTHS"] == [1, 4]
+    assert row["parameters"]["NUM_PROBLEMS"] == 4 and row["parameters"]["DEPTHS"] == [1, 4]
     assert row["headline"]["problems"] == 4
     assert "random weights" in row["model"]
     standin = json.loads((tmp_path / "work" / "standin" / "config.json").read_text())
@@ -42,12 +42,14 @@ def test_a_standin_runs_through_the_notebook_and_each_run_is_a_row(tmp_path, cap
 
 
 def test_a_failing_notebook_is_a_row_with_its_error(tmp_path):
-    result = pipeline.main(["--model", str(embedded_model_dir()), "--work-dir", str(tmp_path),
-                            "--notebooks", "04_evaluate", "--param", "04_evaluate",
-                            "NUM_PROBLEMS", "-3"])
+    broken = tmp_path / "broken"    # a config.json, but no checkpoint: the notebook fails
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    result = pipeline.main(["--model", str(broken), "--work-dir", str(tmp_path),
+                            "--notebooks", "04", "--param", "04", "NUM_PROBLEMS", "3"])
     (row,) = result["runs"]
-    assert not result["all_finished"] and row["rc"] != 0
-    assert "NUM_PROBLEMS" in row["log_tail"]
+    assert not result["all_finished"] and row["rc"] != 0 and row["notebook"] == "04_evaluate"
+    assert str(broken) in row["log_tail"]
     assert row["device"] is None and row["headline"] is None
 
 
@@ -55,6 +57,8 @@ def test_a_failing_notebook_is_a_row_with_its_error(tmp_path):
     ([], "one of the arguments --config --model is required"),
     (["--model", "MODEL", "--notebooks", "05_nothing"], "unknown notebook(s) ['05_nothing']"),
     (["--model", "MODEL", "--param", "05_nothing", "K", "1"], "unknown notebook(s)"),
+    (["--model", "MODEL", "--param", "04", "NUM_PROBLEMS", "-3"], "NUM_PROBLEMS"),
+    (["--model", "MODEL", "--param", "04", "NO_SUCH", "1"], "unknown parameter(s) NO_SUCH"),
     (["--model", "MODEL", "--jobs", "0"], "--jobs must be >= 1"),
     (["--model", "MODEL", "--timeout", "0"], "--timeout must be > 0"),
     (["--model", "/nonexistent"], "no config.json there"),

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from rltlab.common.atomic import write_json_atomic
 from rltlab.common.environment import git_commit
+from rltlab.workbench import runs
 
 SIZES: dict[str, dict[str, object]] = {
     "10_rollout_update_evaluate": {"ROLLOUT_PROMPTS": 256, "EVAL_PROBLEMS": 100},
@@ -96,10 +97,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="write a random-weight stand-in of this config.json and run it")
     source.add_argument("--model", metavar="DIR", help="run this checkpoint directory")
     ap.add_argument("--notebooks", nargs="+", default=list(SIZES), metavar="NB",
-                    help=f"which notebooks, in order (default: {' '.join(SIZES)})")
+                    help="which notebooks, in order, by name or number as `rltlab run` takes "
+                         f"them (default: {' '.join(SIZES)})")
     ap.add_argument("--param", nargs=3, action="append", default=[],
                     metavar=("NOTEBOOK", "KEY", "VALUE"),
-                    help="override one notebook parameter (repeatable; VALUE as `rltlab run -p`)")
+                    help="override one notebook parameter (repeatable; VALUE as `rltlab run -p`, "
+                         "checked against the notebook before anything runs)")
     ap.add_argument("--jobs", type=int, default=1,
                     help="notebooks run at once after notebook 10 (default 1)")
     ap.add_argument("--timeout", type=float, default=None, metavar="S",
@@ -109,10 +112,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "temporary directory)")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     args = ap.parse_args(argv)
-    unknown = sorted({nb for nb in args.notebooks if nb not in SIZES}
-                     | {nb for nb, _, _ in args.param if nb not in SIZES})
+    unknown = sorted({nb for nb in args.notebooks if _notebook_key(nb) is None}
+                     | {nb for nb, _, _ in args.param if _notebook_key(nb) is None})
     if unknown:
         ap.error(f"unknown notebook(s) {unknown}; choose from {list(SIZES)}")
+    args.notebooks = [_notebook_key(nb) for nb in args.notebooks]
+    overrides: dict[str, dict[str, str]] = {}
+    for nb, key, value in args.param:
+        overrides.setdefault(_notebook_key(nb), {})[key] = value
+    try:   # the notebook's own checks, before anything runs; the JSON records typed values
+        args.overrides = {nb: runs.coerce_parameters(runs.resolve_notebook(nb), values)
+                          for nb, values in overrides.items()}
+    except ValueError as err:
+        ap.error(str(err))
     if args.jobs < 1:
         ap.error(f"--jobs must be >= 1, got {args.jobs}")
     if args.timeout is not None and not args.timeout > 0:
@@ -122,6 +134,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.model and not (Path(args.model) / "config.json").is_file():
         ap.error(f"--model {args.model}: no config.json there")
     return args
+
+
+def _notebook_key(name: str) -> str | None:
+    """A SIZES key from what `rltlab run` accepts (10, 10_rollout_update_evaluate, a path)."""
+    try:
+        stem = runs.resolve_notebook(name).stem
+    except FileNotFoundError:
+        return None
+    return stem if stem in SIZES else None
 
 
 def main(argv=None) -> dict:
@@ -138,9 +159,7 @@ def main(argv=None) -> dict:
         model = f"stand-in of {args.config} (random weights)"
     else:
         model_dir, model = Path(args.model), str(Path(args.model).resolve())
-    params = {nb: dict(SIZES[nb]) for nb in args.notebooks}
-    for nb, key, value in args.param:
-        params[nb][key] = value
+    params = {nb: {**SIZES[nb], **args.overrides.get(nb, {})} for nb in args.notebooks}
     commit = git_commit()
     first = [nb for nb in args.notebooks if nb == MAIN_JOB]
     rest = [nb for nb in args.notebooks if nb != MAIN_JOB]
