@@ -47,6 +47,21 @@ def test_parameters_and_coercion():
         runs.coerce_parameters(NOTEBOOK, {"STEPS": "x"})
 
 
+def test_shipped_notebooks_bound_their_numbers_and_explain_bare_names():
+    """A number or list of numbers out of range failed deep inside a notebook (04's
+    THRESHOLDS [0.5, 2] after loading the model); `nan` gave ast's "malformed node"."""
+    free = {"SEED", "CRASH_AT_ITERATION"}   # any int is a seed; -1 turns the crash hook off
+    for notebook in sorted(runs.NOTEBOOKS_DIR.glob("*.ipynb")):
+        for name, spec in runs.notebook_parameters(notebook).items():
+            if spec["type"] in ("int", "float", "list") and name not in free:
+                assert spec.get("bounds") or spec.get("choices"), (notebook.stem, name)
+    evaluate = runs.resolve_notebook("04")
+    with pytest.raises(ValueError, match="THRESHOLDS.*<= 1"):
+        runs.coerce_parameters(evaluate, {"THRESHOLDS": "[0.5, 2]"})
+    with pytest.raises(ValueError, match="bare name such as nan"):
+        runs.coerce_parameters(evaluate, {"THRESHOLDS": "[0.5, nan]"})
+
+
 def test_resolve_notebook_short_names(tmp_path, monkeypatch):
     nbdir = tmp_path / "notebooks"
     nbdir.mkdir()

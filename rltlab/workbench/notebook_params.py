@@ -235,5 +235,9 @@ def _coerce(name: str, text: str, spec: dict[str, Any]) -> Any:
         except (ValueError, SyntaxError):
             return text
     except (ValueError, SyntaxError) as err:
+        why = str(err)
+        if why.startswith("malformed node"):   # ast's words for a bare name, e.g. nan
+            why = ("not a Python literal: numbers, quoted strings and [lists] of them; a bare "
+                   "name such as nan or inf is none")
         raise ValueError(f"parameter {name}={text!r}: cannot convert to {type_name} "
-                         f"(default {default!r}): {err}") from None
+                         f"(default {default!r}): {why}") from None
