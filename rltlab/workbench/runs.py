@@ -162,7 +162,10 @@ def execute_notebook(notebook_path: str | os.PathLike, parameters: dict[str, Any
             papermill.execute_notebook(
                 str(notebook_path), str(run_dir / notebook_path.name), parameters=effective,
                 kernel_name=kernel_name, progress_bar=progress, cwd=str(REPO_ROOT),
-                execution_timeout=timeout, shutdown_kernel="immediate")
+                execution_timeout=timeout, shutdown_kernel="immediate",
+                # ipykernel >= 7 warns on every start that a local kernel's ZMQ traffic is
+                # unencrypted (as Jupyter's always was); cells' output and errors still show
+                extra_arguments=["--IPKernelApp.log_level=ERROR"])
         except BaseException as err:
             status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
             _record_end(run_dir, record, status, start, short_error(err))
