@@ -165,7 +165,7 @@ class LoopState:
     resumed_from: int = 0
     problems: list[dict[str, Any]] = field(default_factory=list)
     load_average_start: list[float] | None = None   # os.getloadavg() when the run started
-    engine_kwargs: dict = field(default_factory=dict)  # the engines' LLM(...) arguments
+    check_engine_kwargs: dict = field(default_factory=dict)  # the gate check engine's LLM(...)
     check_llm: Any = None              # the gate check's private engine, made on first use
     warm_up: dict | None = None        # what the engine's warm-up did (seconds, graphs)
     speed_device: str | None = None    # where tok/s is measured: "cpu" or the GPU's name
@@ -186,5 +186,5 @@ class LoopState:
         """The gate check's private engine over a copy of the model (one per run)."""
         if self.check_llm is None:
             from rltlab.engine import LLM
-            self.check_llm = LLM(self.model, self.tokenizer, **self.engine_kwargs)
+            self.check_llm = LLM(self.model, self.tokenizer, **self.check_engine_kwargs)
         return self.check_llm

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 
 from rltlab import workbench as W
-from rltlab.loop import tasks
+from rltlab.loop import memory, tasks
 from rltlab.common.atomic import default_permissions, write_json_atomic
 from rltlab.loop.addons import draft_head_step, exit_predictor_step
 from rltlab.loop.config import LoopConfig, LoopState, SimulatedCrash
@@ -63,9 +63,13 @@ def setup(run_dir: str | os.PathLike, model, tokenizer, cfg: LoopConfig,
     # (~1K tokens at 8 exemplars) and chain-of-thought answers get GSM8K_MAX_MODEL_LEN
     longest = GSM8K_MAX_MODEL_LEN if cfg.tasks == "gsm8k" else MAX_MODEL_LEN
     engine_kwargs.setdefault("max_model_len", min(longest, model.config.max_position_embeddings))
+    check_kwargs = dict(engine_kwargs)
+    shares = memory.engine_memory(model, engine_kwargs)   # on CUDA: both engines' pools
+    if shares is not None:
+        engine_kwargs["kv_cache_memory_gib"], check_kwargs["kv_cache_memory_gib"] = shares
     llm = W.make_llm(model, tokenizer, **engine_kwargs)
     state = LoopState(run_dir, cfg, model, tokenizer, llm,
-                      Path(model_dir) if model_dir else None, engine_kwargs=dict(engine_kwargs))
+                      Path(model_dir) if model_dir else None, check_engine_kwargs=check_kwargs)
     state.problems = tasks.heldout_problems(cfg, state.model_dir)
     state.load_average_start = list(os.getloadavg())
     state.speed_device = speed_device(llm)
