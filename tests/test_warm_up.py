@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rltlab.engine import LLM, SamplingParams
-from rltlab.engine.warm_up import decode_phases, prompt_lengths, warm_up
+from rltlab.engine.static_decode import StaticDecoder
+from rltlab.engine.warm_up import bucket_sweeps, decode_phases, prompt_lengths, warm_up
 from tiny_models import random_prompts, tiny_engine_model
 
 
@@ -30,6 +31,37 @@ def test_decode_phases_cover_every_depth_mixed_depths_and_the_gate():
                for _, fields in grouped[:6])
     assert all(fields["n"] == 8 and fields["temperature"] == 1.0 and fields["logprobs"] == 0
                for _, fields in grouped[6:])
+
+
+def test_bucket_sweeps_cover_every_bucket_and_depth_grouped_too():
+    assert bucket_sweeps([1, 2, 4, 8, 16], concurrency=8, num_rounds=2, group_size=4) == [
+        (1, 1, 1), (1, 2, 1), (2, 1, 1), (2, 1, 2), (2, 2, 1), (2, 2, 2), (4, 1, 1), (4, 1, 4),
+        (4, 2, 1), (4, 2, 4), (8, 1, 1), (8, 1, 4), (8, 2, 1), (8, 2, 4)]
+    assert bucket_sweeps([1, 2, 4], concurrency=4, num_rounds=1) == [(1, 1, 1), (2, 1, 1),
+                                                                      (4, 1, 1)]
+    assert bucket_sweeps([], concurrency=4, num_rounds=4) == []   # no static decoder
+
+
+@pytest.mark.slow
+def test_a_loop_draining_row_by_row_meets_no_decode_graph_the_warm_up_missed(monkeypatch):
+    """W5's first closed loop after warm_up(group_size=8) still captured 7 graphs on an H100
+    (0.9 s of a 12 s loop): a token window keeps its batch to its end, so the warm-up's loops
+    met whole-token graphs only at the batch sizes their windows started at, while a loop whose
+    rows end one by one (EOS-terminated samples) passes through every bucket."""
+    asked = []
+    launch = StaticDecoder._launch
+    monkeypatch.setattr(StaticDecoder, "_launch", lambda self, key, fn: asked.append(
+        (key, self._grouped())) or launch(self, key, fn))
+    llm = LLM(tiny_engine_model(3), max_num_seqs=32, decode_path="static", cuda_graphs=False,
+              cudnn_prefill_after=None)
+    prompts = random_prompts(40, seed=2, min_len=4, max_len=12)
+    warm_up(llm.llm_engine, concurrency=32, prompt_len=[len(p) for p in prompts], max_tokens=8,
+            progress=False, off_cuda=True)
+    warmed, asked[:] = set(asked), []
+    # 40 requests, 32 at a time, ending one by one: the batch drains through 32, 31, ..., 1
+    llm.generate(prompts, [SamplingParams(temperature=0.0, max_tokens=2 + i, ignore_eos=True,
+                                          exit_policy="fixed") for i in range(40)])
+    assert {key for key in asked if isinstance(key[0], tuple)} <= warmed
 
 
 @pytest.mark.slow

@@ -14,6 +14,11 @@ every shape a loop of the given size reaches:
     (per-round steps reading the gate); with `group_size` g > 1, every regime again with
     requests of n = g samples at temperature 1 (the GRPO shape): rows of one prompt read its
     K/V once (prefix_groups.py), through graphs of their own, and the sampler draws;
+  - whole tokens at every batch bucket: a window keeps its batch (finished rows pad it to its
+    end, token_window.py), so the loops above meet whole-token graphs only at the batch sizes
+    their windows start at; one short generate of b rows per bucket b and fixed depth (grouped
+    too, with g > 1) reaches the rest, which a loop whose rows end one by one (EOS-terminated
+    samples) meets as it drains;
   - prefill: whole prompts of each length bucket up to `prompt_len` (or, given a list of
     lengths, of the buckets those lengths fall in), admitted 1, 2, 4 and 8 at a time, each shape twice (graphs are captured at a bucket's second step) and, past
     ExecutionConfig.cudnn_prefill_after, as often as it takes cuDNN to take over.
@@ -104,7 +109,10 @@ def warm_up(engine, *, concurrency: int | None = None, prompt_len: int | Sequenc
     lengths = prompt_lengths(prompt_len)
     repeats = 2 + (engine.config.execution.cudnn_prefill_after or 0) // R
     prefill = [(n, length) for length in lengths for n in PROMPT_COUNTS if n <= concurrency]
-    bar = tqdm(total=len(phases) + len(prefill), desc="warm-up", unit="loop",
+    static = getattr(engine.runner, "static", None)
+    sweeps = bucket_sweeps(static.buckets if static is not None else [], concurrency, R,
+                           group_size)
+    bar = tqdm(total=len(phases) + len(sweeps) + len(prefill), desc="warm-up", unit="loop",
                disable=not progress)
     start = time.perf_counter()
     for name, fields in phases:
@@ -125,6 +133,15 @@ def warm_up(engine, *, concurrency: int | None = None, prompt_len: int | Sequenc
         _generate(engine, prompts, params)
         bar.set_postfix_str(name)
         bar.update()
+    short = engine.config.block_size + 1   # cheap prompts whose groups share a whole block
+    for rows, depth, n in sweeps:
+        fields = {"exit_policy": "fixed", "exit_policy_args": {"depth": depth}, "min_loops": 1,
+                  "n": n, "temperature": 1.0 if n > 1 else 0.0, "logprobs": 0 if n > 1 else None}
+        _generate(engine, _prompts(rows // n, short, vocab, gen),
+                  [SamplingParams(**fields, max_tokens=2, ignore_eos=True, seed=i)
+                   for i in range(rows // n)])
+        bar.set_postfix_str(f"{rows} rows at depth {depth}" + (", grouped" if n > 1 else ""))
+        bar.update()
     for count, length in prefill:
         for _ in range(repeats):
             prompts = _prompts(count, length, vocab, gen)
@@ -136,9 +153,24 @@ def warm_up(engine, *, concurrency: int | None = None, prompt_len: int | Sequenc
         torch.cuda.synchronize(device)
     bar.close()
     seconds = time.perf_counter() - start
-    static = getattr(engine.runner, "static", None)
     graphs = len(getattr(static, "_graphs", {})) if static is not None else 0
-    return {"seconds": seconds, "loops": len(phases) + len(prefill) * repeats, "graphs": graphs}
+    return {"seconds": seconds, "loops": len(phases) + len(sweeps) + len(prefill) * repeats,
+            "graphs": graphs}
+
+
+def bucket_sweeps(buckets: Sequence[int], concurrency: int, num_rounds: int,
+                  group_size: int = 1) -> list[tuple[int, int, int]]:
+    """(rows, depth, samples per request) of each whole-token sweep generate: every batch bucket
+    up to `concurrency` at every fixed depth, as single requests and, with group_size g > 1, as
+    requests of n = min(g, bucket) samples (bucket a multiple of n: the batch is the bucket)."""
+    out = []
+    for bucket in (b for b in buckets if b <= concurrency):
+        for depth in range(1, num_rounds + 1):
+            out.append((bucket, depth, 1))
+            n = min(group_size, bucket)
+            if group_size > 1 and bucket % n == 0 and n > 1:
+                out.append((bucket, depth, n))
+    return out
 
 
 def _prompts(count: int, length: int, vocab: int, gen: torch.Generator) -> list[list[int]]:
