@@ -3,7 +3,7 @@ consistent with itself (on the CPU, operators stand in for kernels)."""
 import pytest
 import torch
 
-from rltlab.common.profiling import KERNEL_CLASSES, phase_profile
+from rltlab.common.profiling import KERNEL_CLASSES, host_profile, phase_profile
 
 
 @pytest.mark.parametrize("name, kind", [
@@ -36,3 +36,19 @@ def test_phase_profile_attributes_a_matmul_heavy_call_to_matmul():
     assert out["kernel_ms"] == pytest.approx(sum(classes.values()), abs=0.05)
     assert 0.0 <= out["idle_pct"] <= 100.0 and out["launches"] >= 20
     assert out["top_kernels"][0][0] == "aten::mm"
+
+
+def test_host_profile_names_the_function_that_takes_the_time():
+    """cProfile's heaviest function by own time is the Python loop that spins; its own time is
+    its cumulative time (it calls nothing) and within the call's wall time."""
+    def spin():
+        total = 0
+        for i in range(400_000):
+            total += i * i
+        return total
+
+    out = host_profile(lambda: [spin(), sum(range(1000))], top=3)
+    name, calls, own_ms, cumulative_ms = out["functions"][0]
+    assert name.startswith("spin (test_profiling.py:") and calls == 1
+    assert 0 < own_ms == pytest.approx(cumulative_ms, rel=0.01)
+    assert cumulative_ms <= out["wall_ms"]

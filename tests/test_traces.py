@@ -202,6 +202,10 @@ def test_collection_overhead_profiles_both_runs_when_asked(model, tmp_path):
     plain, traced = report["profile"]["plain"], report["profile"]["traced"]
     assert plain["wall_ms"] > 0 and traced["wall_ms"] > 0
     assert traced["launches"] > plain["launches"]
+    # and under cProfile: the traced run's host functions include the collector's own
+    hosts = report["profile"]["plain_host"], report["profile"]["traced_host"]
+    assert all(h["wall_ms"] > 0 and h["functions"] for h in hosts)
+    assert all(len(row) == 4 and row[2] <= row[3] + 1e-6 for h in hosts for row in h["functions"])
     assert not any(tmp_path.iterdir())
     assert "profile" not in collection_overhead(llm, PROMPTS[:2], params(max_tokens=4),
                                                 tmp_path / "ovh")

@@ -1,5 +1,6 @@
-"""Where a call's device time goes: torch.profiler's kernels summed by class, beside the call's
-wall time (the benches' --profile options, rltlab.traces.collection_overhead)."""
+"""Where a call's time goes: its device time (torch.profiler's kernels summed by class, beside
+the call's wall time) and its host time (cProfile's heaviest functions), for the benches'
+--profile options and rltlab.traces.collection_overhead."""
 from __future__ import annotations
 
 import re
@@ -56,3 +57,26 @@ def phase_profile(fn, top: int = 10) -> dict:
                                    sorted(classes.items(), key=lambda kv: -kv[1])},
             "launches": sum(e.count for e in events),
             "top_kernels": [[e.key[:70], round(own(e) / 1e3, 2), e.count] for e in events[:top]]}
+
+
+def host_profile(fn, top: int = 12) -> dict:
+    """Where the host time of one fn() call goes (cProfile): its wall time and the `top`
+    functions by their own time, each [where, calls, own ms, cumulative ms]. A device-bound
+    call shows its waits (synchronize, item, tolist) here; a host-bound one, its Python."""
+    import cProfile
+    import pstats
+
+    _sync()
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.enable()
+    fn()
+    _sync()
+    profiler.disable()
+    wall_ms = 1e3 * (time.perf_counter() - start)
+    stats = pstats.Stats(profiler).stats   # (file, line, name) -> (prim calls, calls, tt, ct, _)
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return {"wall_ms": round(wall_ms, 2),
+            "functions": [[f"{name} ({file.rsplit('/', 1)[-1]}:{line})", calls,
+                           round(1e3 * own, 2), round(1e3 * cumulative, 2)]
+                          for (file, line, name), (_, calls, own, cumulative, _) in rows]}

@@ -485,7 +485,8 @@ def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: 
     temporary traces are checked against the free disk space first (rltlab.traces.size).
     profile: after the timed runs, one more of each under torch.profiler (`profile`: plain and
     traced, rltlab.common.profiling.phase_profile): on a GPU, the device kernel time by class
-    names what a traced run adds that no host timer sees."""
+    names what a traced run adds that no host timer sees; and one more of each under cProfile
+    (plain_host, traced_host: host_profile), the host functions that take its time."""
     import shutil
     import statistics
 
@@ -553,9 +554,11 @@ def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: 
         splits.append(split)
     profiles = None
     if profile:
-        from rltlab.common.profiling import phase_profile
+        from rltlab.common.profiling import host_profile, phase_profile
         profiles = {"plain": phase_profile(plain),
-                    "traced": phase_profile(lambda: traced(out_dir / "overhead-profile"))}
+                    "traced": phase_profile(lambda: traced(out_dir / "overhead-profile")),
+                    "plain_host": host_profile(plain),
+                    "traced_host": host_profile(lambda: traced(out_dir / "overhead-profile"))}
     try:
         out_dir.rmdir()   # only if empty (it was created for the temporary traces)
     except OSError:
