@@ -192,3 +192,18 @@ def test_evaluate_policies_shows_a_bar_over_its_settings_only_when_asked(capsys)
         assert [r["setting"] for r in rows] == ["depth=1", "t=0.5"]
         err = capsys.readouterr().err
         assert ("policies" in err and "2/2" in err) == progress, err
+
+
+def test_a_policy_sweep_past_the_models_rounds_or_empty_is_one_error():
+    """Notebook 04's DEPTHS [1, 5] and MIN_LOOPS 5 failed inside the engine mid-evaluation,
+    and DEPTHS = THRESHOLDS = [] with a bare StopIteration."""
+    from rltlab.eval.policies import check_policy_sweep
+
+    check_policy_sweep([1, 4], [0.5], 4, num_rounds=4)   # the edges are fine
+    check_policy_sweep([], [0.5], 1, num_rounds=4)
+    with pytest.raises(ValueError, match=r"DEPTHS \[5, 6\]: the model runs 4 rounds"):
+        check_policy_sweep([1, 5, 6], [0.5], 1, num_rounds=4)
+    with pytest.raises(ValueError, match="MIN_LOOPS 5: the model runs 4 rounds"):
+        check_policy_sweep([1], [0.5], 5, num_rounds=4)
+    with pytest.raises(ValueError, match="both empty"):
+        check_policy_sweep([], [], 1, num_rounds=4)

@@ -129,6 +129,21 @@ def engine_gsm8k_fn(llm, tokenizer, max_tokens: int = 1024):
     return engine_generate_fn(llm, params)
 
 
+def check_policy_sweep(depths, thresholds, min_loops: int, num_rounds: int) -> None:
+    """A notebook's sweep (its DEPTHS, THRESHOLDS and MIN_LOOPS) against the model's rounds,
+    before anything is generated: one ValueError line for an empty sweep, a depth or a
+    min_loops past num_rounds (else they failed inside the engine, mid-evaluation)."""
+    if not depths and not thresholds:
+        raise ValueError("DEPTHS and THRESHOLDS are both empty: nothing to evaluate")
+    deep = [d for d in depths if d > num_rounds]
+    if deep:
+        raise ValueError(f"DEPTHS {deep}: the model runs {num_rounds} rounds, so every depth "
+                         f"must be <= {num_rounds}")
+    if min_loops > num_rounds:
+        raise ValueError(f"MIN_LOOPS {min_loops}: the model runs {num_rounds} rounds, so it "
+                         f"must be <= {num_rounds}")
+
+
 def paired_table(scores: dict[str, list[float]], reference: str) -> list[dict[str, Any]]:
     """Paired difference (percentage points, with standard error) of every setting vs
     `reference` (a key of scores)."""

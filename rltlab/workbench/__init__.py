@@ -13,6 +13,7 @@ from importlib import import_module
 _HOMES = {
     "fixed_params": "rltlab.engine.sampling", "q_exit_params": "rltlab.engine.sampling",
     "engine_gsm8k_fn": "rltlab.eval.policies", "paired_table": "rltlab.eval.policies",
+    "check_policy_sweep": "rltlab.eval.policies",
     "text_perplexity_table": "rltlab.eval.policies",
     "encode": "rltlab.eval.problems", "eval_problems": "rltlab.eval.problems",
     "heldout_text_rows": "rltlab.eval.problems", "rollout_prompts": "rltlab.eval.problems",
