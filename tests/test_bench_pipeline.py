@@ -59,6 +59,8 @@ def test_a_failing_notebook_is_a_row_with_its_error(tmp_path):
     (["--model", "MODEL", "--param", "05_nothing", "K", "1"], "unknown notebook(s)"),
     (["--model", "MODEL", "--param", "04", "NUM_PROBLEMS", "-3"], "NUM_PROBLEMS"),
     (["--model", "MODEL", "--param", "04", "NO_SUCH", "1"], "unknown parameter(s) NO_SUCH"),
+    (["--model", "MODEL", "--notebooks", "04", "--param", "03", "STEPS", "1"],
+     "--param for 03_train_draft_heads, which --notebooks does not run"),
     (["--model", "MODEL", "--jobs", "0"], "--jobs must be >= 1"),
     (["--model", "MODEL", "--timeout", "0"], "--timeout must be > 0"),
     (["--model", "/nonexistent"], "no config.json there"),

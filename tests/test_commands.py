@@ -95,3 +95,18 @@ def test_run_command_keeps_other_errors_and_the_result():
         raise ValueError("a bug")
     with pytest.raises(ValueError, match="a bug"):
         run_command(broken)
+
+
+@pytest.mark.parametrize("module", ["rltlab.bench.engine", "rltlab.bench.paired",
+                                    "rltlab.bench.first_loop"])
+@pytest.mark.parametrize("option,value,message", [
+    ("--kv-gib", "0", "must be a finite number of GiB > 0, got 0"),
+    ("--kv-gib", "nan", "must be a finite number of GiB > 0, got nan"),
+    ("--dtype", "fp32", "invalid choice: 'fp32'"),
+])
+def test_bad_kv_memory_or_dtype_is_a_usage_error(module, option, value, message, capsys,
+                                                 monkeypatch):
+    """--kv-gib 0 was a traceback (first_loop) or a failed mode with exit 0 (engine);
+    --dtype fp32 an AttributeError from torch."""
+    assert _run_as_main(module, ["--preset", "tiny", option, value], monkeypatch) == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]

@@ -66,7 +66,7 @@ import time
 import torch
 
 from rltlab.model.presets import longest_prompt, random_prompts
-from rltlab.bench.models import add_model_arguments, build_model
+from rltlab.bench.models import add_model_arguments, build_model, positive_gib
 from rltlab.bench import ceilings, engine_checks, group_workload
 from rltlab.bench.ceilings import ModelCosts, work_of
 from rltlab.engine import LLM, SamplingParams
@@ -340,7 +340,7 @@ def main(argv=None) -> dict:
                          "graph modes would time the eager path again)")
     ap.add_argument("--scale", type=float, default=1.0,
                     help="multiply prompt/output lengths and request counts (CPU smoke runs)")
-    ap.add_argument("--kv-gib", type=float, default=None,
+    ap.add_argument("--kv-gib", type=positive_gib, default=None,
                     help="KV cache GiB per engine (default: sized from free GPU memory, as "
                          "LLM(...) does; 2 GiB off CUDA)")
     add_spread_argument(ap)

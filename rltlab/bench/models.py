@@ -10,12 +10,27 @@ from rltlab.model.architecture import OuroForCausalLM
 from rltlab.model.presets import PRESETS, preset_config, random_model
 
 
+def positive_gib(text: str) -> float:
+    """argparse type of --kv-gib: a finite number of GiB > 0 (a usage error otherwise)."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of GiB: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of GiB > 0, got {text}")
+    return value
+
+
 def add_model_arguments(ap: argparse.ArgumentParser) -> None:
     """--model/--preset/--device/--dtype: what build_model reads (shared by the bench commands)."""
     ap.add_argument("--model", help="checkpoint directory (default: a random --preset model)")
     ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
     add_device_argument(ap)
-    ap.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16")
+    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                    help="model dtype (default: bfloat16 on CUDA, float32 elsewhere)")
 
 
 def build_model(args) -> OuroForCausalLM:

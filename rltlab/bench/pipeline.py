@@ -120,6 +120,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     overrides: dict[str, dict[str, str]] = {}
     for nb, key, value in args.param:
         overrides.setdefault(_notebook_key(nb), {})[key] = value
+    stray = sorted(set(overrides) - set(args.notebooks))
+    if stray:
+        ap.error(f"--param for {', '.join(stray)}, which --notebooks does not run")
     try:   # the notebook's own checks, before anything runs; the JSON records typed values
         args.overrides = {nb: runs.coerce_parameters(runs.resolve_notebook(nb), values)
                           for nb, values in overrides.items()}

@@ -181,7 +181,8 @@ def _check_device(name: str, value: Any, source: str | None) -> None:
     if value == "auto" or value is None:
         return
     origin = f" (from {source})" if source else ""
-    if not isinstance(value, str):
+    # the notebooks run on the CPU or CUDA only (mps and meta passed and failed inside)
+    if not isinstance(value, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", value.strip()):
         raise ValueError(f"parameter {name}={value!r}{origin}: {name} must be 'auto', 'cpu', "
                          "'cuda' or 'cuda:N'")
     from rltlab.common.device import resolve_device   # imports torch: only for a set device
@@ -237,7 +238,7 @@ def _coerce(name: str, text: str, spec: dict[str, Any]) -> Any:
     except (ValueError, SyntaxError) as err:
         why = str(err)
         if why.startswith("malformed node"):   # ast's words for a bare name, e.g. nan
-            why = ("not a Python literal: numbers, quoted strings and [lists] of them; a bare "
-                   "name such as nan or inf is none")
+            why = ("not a Python literal: write numbers, quoted strings and [lists] of them "
+                   "(a bare name such as nan or inf is not one)")
         raise ValueError(f"parameter {name}={text!r}: cannot convert to {type_name} "
                          f"(default {default!r}): {why}") from None
