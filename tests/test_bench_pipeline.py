@@ -41,7 +41,7 @@ def test_a_standin_runs_through_the_notebook_and_each_run_is_a_row(tmp_path, cap
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
 
 
-def test_a_failing_notebook_is_a_row_with_its_error(tmp_path):
+def test_a_failing_notebook_is_a_row_with_its_error(tmp_path, capsys):
     broken = tmp_path / "broken"    # a config.json, but no checkpoint: the notebook fails
     broken.mkdir()
     (broken / "config.json").write_text("{}")
@@ -51,6 +51,9 @@ def test_a_failing_notebook_is_a_row_with_its_error(tmp_path):
     assert not result["all_finished"] and row["rc"] != 0 and row["notebook"] == "04_evaluate"
     assert str(broken) in row["log_tail"]
     assert row["device"] is None and row["headline"] is None
+    out = capsys.readouterr().out   # the failure is printed too, with no "None GiB"
+    assert f"[pipeline] 04_evaluate failed: FileNotFoundError: {broken}" in out
+    assert "None GiB" not in out
 
 
 @pytest.mark.parametrize("argv, message", [

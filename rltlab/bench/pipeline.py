@@ -75,9 +75,20 @@ def run_notebook(notebook: str, model_dir: Path, params: dict, run_dir: Path,
            "parameters": params, "headline": metrics.get("headline")}
     if rc != 0:
         row["log_tail"] = log[-LOG_TAIL:]
-    print(f"[pipeline] {notebook}: rc {rc}, {wall:.1f} s, device {row['device']}, "
-          f"peak GPU memory {row['peak_gpu_mem_gib']} GiB", flush=True)
+    peak = row["peak_gpu_mem_gib"]
+    memory = "" if peak is None else f", peak GPU memory {peak:.1f} GiB"
+    print(f"[pipeline] {notebook}: rc {rc}, {wall:.1f} s, device {row['device']}{memory}",
+          flush=True)
+    if rc != 0:   # the failure itself, not only in the JSON's log_tail
+        print(f"[pipeline] {notebook} failed: {_last_error_line(log)}", flush=True)
     return row
+
+
+def _last_error_line(log: str) -> str:
+    """The last line of a failed run's output that names an error (else its last line)."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    return next((ln for ln in reversed(lines) if "Error" in ln or ln.startswith("error:")),
+                lines[-1] if lines else "(no output)")
 
 
 def _read_json(path: Path) -> dict:
