@@ -419,7 +419,8 @@ def test_loop_notebook_bad_device_is_one_line(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setenv("RLTLAB_RUNS_DIR", str(tmp_path))
     nb = str(NOTEBOOKS / "10_rollout_update_evaluate.ipynb")
-    cases = [("DEVICE", "tpu", "not a torch device"), ("DTYPE", "float8", "must be one of")]
+    cases = [("DEVICE", "tpu", "must be 'auto', 'cpu', 'cuda' or 'cuda:N'"),
+             ("DTYPE", "float8", "must be one of")]
     if not torch.cuda.is_available():
         cases.append(("DEVICE", "cuda", "CUDA is not available"))
     for key, value, says in cases:
