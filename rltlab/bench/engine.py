@@ -333,13 +333,15 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m rltlab.bench.engine", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(ap)
-    ap.add_argument("--workload", nargs="+", default=["W1"], choices=sorted(WORKLOADS))
+    ap.add_argument("--workload", nargs="+", default=["W1"], choices=sorted(WORKLOADS),
+                    help="which workloads (default: W1)")
     ap.add_argument("--modes", default=None,
                     help=f"comma-separated, from plain,{','.join(MODES)} (default: "
                          "plain,eager,graph,compile on CUDA; plain,eager elsewhere, where the "
                          "graph modes would time the eager path again)")
     ap.add_argument("--scale", type=float, default=1.0,
-                    help="multiply prompt/output lengths and request counts (CPU smoke runs)")
+                    help="multiply prompt/output lengths and request counts (CPU smoke runs; "
+                         "default: 1.0)")
     ap.add_argument("--kv-gib", type=positive_gib, default=None,
                     help="KV cache GiB per engine (default: sized from free GPU memory, as "
                          "LLM(...) does; 2 GiB off CUDA)")

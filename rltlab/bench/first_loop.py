@@ -74,9 +74,10 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m rltlab.bench.first_loop",
                                  description=__doc__.split("\n\n")[0])
     add_model_arguments(ap)
-    ap.add_argument("--workload", nargs="+", default=["W3"], choices=sorted(WORKLOADS))
+    ap.add_argument("--workload", nargs="+", default=["W3"], choices=sorted(WORKLOADS),
+                    help="which workloads (default: W3)")
     ap.add_argument("--scale", type=float, default=1.0,
-                    help="scale the workloads' lengths and counts (e.g. 0.05 on a CPU)")
+                    help="scale the workloads' lengths and counts (e.g. 0.05 on a CPU; default 1.0)")
     ap.add_argument("--kv-gib", type=positive_gib, default=None,
                     help="KV cache GiB per engine (default: sized from free GPU memory, as "
                          "LLM(...) does; 2 GiB off CUDA)")

@@ -27,7 +27,8 @@ def positive_gib(text: str) -> float:
 def add_model_arguments(ap: argparse.ArgumentParser) -> None:
     """--model/--preset/--device/--dtype: what build_model reads (shared by the bench commands)."""
     ap.add_argument("--model", help="checkpoint directory (default: a random --preset model)")
-    ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    ap.add_argument("--preset", default="small", choices=sorted(PRESETS),
+                    help="the random-weight model's shape when no --model (default: small)")
     add_device_argument(ap)
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                     help="model dtype (default: bfloat16 on CUDA, float32 elsewhere)")
