@@ -46,10 +46,10 @@ def engine_memory(model, engine_kwargs: dict) -> tuple[float, float] | None:
     device = next(model.parameters()).device
     if device.type != "cuda" or {"kv_cache_memory_gib", "num_blocks"} & set(engine_kwargs):
         return None
-    cfg = model.config
+    from rltlab.eval.engines import kv_block_bytes
+
     element = next(model.parameters()).element_size()
-    sequence = (engine_kwargs["max_model_len"] * cfg.num_hidden_layers * 2 * cfg.num_rounds
-                * cfg.num_key_value_heads * cfg.head_dim * element)
+    sequence = engine_kwargs["max_model_len"] * kv_block_bytes(model.config, 1, element)
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     free, total = torch.cuda.mem_get_info(device)
     utilization = engine_kwargs.get("gpu_memory_utilization",
