@@ -66,7 +66,7 @@ import time
 import torch
 
 from rltlab.model.presets import longest_prompt, random_prompts
-from rltlab.bench.models import add_model_arguments, build_model, positive_gib
+from rltlab.bench.models import add_kv_argument, add_model_arguments, build_model
 from rltlab.bench import ceilings, engine_checks, group_workload
 from rltlab.bench.ceilings import ModelCosts, work_of
 from rltlab.engine import LLM, SamplingParams
@@ -342,9 +342,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--scale", type=float, default=1.0,
                     help="multiply prompt/output lengths and request counts (CPU smoke runs; "
                          "default: 1.0)")
-    ap.add_argument("--kv-gib", type=positive_gib, default=None,
-                    help="KV cache GiB per engine (default: sized from free GPU memory, as "
-                         "LLM(...) does; 2 GiB off CUDA)")
+    add_kv_argument(ap)
     add_spread_argument(ap)
     ap.add_argument("--weight-update", action="store_true")
     ap.add_argument("--bf16-check", action="store_true")

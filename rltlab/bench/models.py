@@ -24,6 +24,14 @@ def positive_gib(text: str) -> float:
     return value
 
 
+def add_kv_argument(ap: argparse.ArgumentParser) -> None:
+    """--kv-gib (args.kv_gib, None: the engine sizes its pool itself), shared by the closed-loop
+    benches."""
+    ap.add_argument("--kv-gib", type=positive_gib, default=None,
+                    help="KV cache GiB per engine (default: sized from free GPU memory, as "
+                         "LLM(...) does; 2 GiB off CUDA)")
+
+
 def add_model_arguments(ap: argparse.ArgumentParser) -> None:
     """--model/--preset/--device/--dtype: what build_model reads (shared by the bench commands)."""
     ap.add_argument("--model", help="checkpoint directory (default: a random --preset model)")

@@ -34,7 +34,7 @@ import sys
 from tqdm import tqdm
 
 from rltlab.bench import ceilings, engine_checks
-from rltlab.bench.models import add_model_arguments, build_model, positive_gib
+from rltlab.bench.models import add_kv_argument, add_model_arguments, build_model
 from rltlab.bench.ceilings import ModelCosts
 from rltlab.bench.engine import (DEPTH_PAIRS, MODES, WORKLOADS, add_spread_argument,
                                  check_spread, decode_phase, make_llm, scaled, warm_up,
@@ -120,9 +120,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--loops", type=int, default=5, help="rounds of (baseline, cheap) loops")
     ap.add_argument("--scale", type=float, default=1.0,
                     help="multiply prompt/output lengths and request counts (CPU smoke runs)")
-    ap.add_argument("--kv-gib", type=positive_gib, default=None,
-                    help="KV cache GiB per engine (default: sized from free GPU memory, as "
-                         "LLM(...) does; 2 GiB off CUDA)")
+    add_kv_argument(ap)
     add_spread_argument(ap)
     ap.add_argument("--out", help="also write the JSON here after every round (a pair's "
                     "figures marked complete: false until its decode phases are in)")
