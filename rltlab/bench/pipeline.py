@@ -123,14 +123,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "temporary directory)")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     args = ap.parse_args(argv)
-    unknown = sorted({nb for nb in args.notebooks if _notebook_key(nb) is None}
-                     | {nb for nb, _, _ in args.param if _notebook_key(nb) is None})
+    keys = {nb: _notebook_key(nb) for nb in {*args.notebooks, *(nb for nb, _, _ in args.param)}}
+    unknown = sorted(nb for nb, key in keys.items() if key is None)
     if unknown:
         ap.error(f"unknown notebook(s) {unknown}; choose from {list(SIZES)}")
-    args.notebooks = [_notebook_key(nb) for nb in args.notebooks]
+    args.notebooks = [keys[nb] for nb in args.notebooks]
     overrides: dict[str, dict[str, str]] = {}
     for nb, key, value in args.param:
-        overrides.setdefault(_notebook_key(nb), {})[key] = value
+        overrides.setdefault(keys[nb], {})[key] = value
     stray = sorted(set(overrides) - set(args.notebooks))
     if stray:
         ap.error(f"--param for {', '.join(stray)}, which --notebooks does not run")
