@@ -3,7 +3,7 @@ consistent with itself (on the CPU, operators stand in for kernels)."""
 import pytest
 import torch
 
-from rltlab.common.profiling import KERNEL_CLASSES, host_profile, phase_profile
+from rltlab.common.profiling import KERNEL_CLASSES, host_pauses, host_profile, phase_profile
 
 
 @pytest.mark.parametrize("name, kind", [
@@ -52,3 +52,19 @@ def test_host_profile_names_the_function_that_takes_the_time():
     assert name.startswith("spin (test_profiling.py:") and calls == 1
     assert 0 < own_ms == pytest.approx(cumulative_ms, rel=0.01)
     assert cumulative_ms <= out["wall_ms"]
+
+
+def test_host_pauses_counts_garbage_collections_inside_the_block_only():
+    import gc
+    gc.collect()   # (outside: not counted)
+    with host_pauses() as counts:
+        cycles = []
+        for _ in range(3):
+            a, b = [], []
+            a.append(b), b.append(a)   # a reference cycle only the collector frees
+            cycles.append(a)
+            gc.collect()
+    gc.collect()   # after the block: not counted
+    assert counts["gc_collections"] == 3
+    assert counts["gc_s"] >= 0
+    assert not torch.cuda.is_available() or {"device_allocs", "alloc_retries"} <= set(counts)

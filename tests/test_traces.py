@@ -188,6 +188,9 @@ def test_collection_overhead_report(model, tmp_path):
     assert set(split) == {"open", "generate", "observe", "write", "close"}
     assert all(v >= 0 for v in split.values()) and split["write"] > 0 and split["observe"] > 0
     assert split["observe"] + split["write"] <= split["generate"] <= report["traced_s"]
+    assert set(report["host_pauses"]) == {"plain", "traced"}
+    assert all(p["gc_collections"] >= 0 and 0 <= p["gc_s"] <= report[f"{run}_s"]
+               for run, p in report["host_pauses"].items())
     assert not any(tmp_path.iterdir())   # nothing left behind
     assert read_manifest  # exported
 

@@ -3,6 +3,8 @@ the call's wall time) and its host time (cProfile's heaviest functions), for the
 --profile options and rltlab.traces.collection_overhead."""
 from __future__ import annotations
 
+import contextlib
+import gc
 import re
 import time
 
@@ -57,6 +59,40 @@ def phase_profile(fn, top: int = 10) -> dict:
                                    sorted(classes.items(), key=lambda kv: -kv[1])},
             "launches": sum(e.count for e in events),
             "top_kernels": [[e.key[:70], round(own(e) / 1e3, 2), e.count] for e in events[:top]]}
+
+
+@contextlib.contextmanager
+def host_pauses():
+    """Count what stalls a host thread without showing in its own functions, over the block:
+    Python's garbage collector (collections and their seconds, through gc.callbacks) and, on
+    CUDA, the caching allocator's calls to cudaMalloc (device_allocs) and its retries
+    (alloc_retries: a failed cudaMalloc frees the whole cache and synchronizes). Yields a
+    dict that holds the counts once the block has ended."""
+    counts = {"gc_collections": 0, "gc_s": 0.0}
+    started = []
+
+    def on_gc(phase, info):
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            counts["gc_collections"] += 1
+            counts["gc_s"] += time.perf_counter() - started.pop()
+
+    def allocator():
+        if not torch.cuda.is_available():
+            return {}
+        stats = torch.cuda.memory_stats()
+        return {"device_allocs": stats.get("num_device_alloc", 0),
+                "alloc_retries": stats.get("num_alloc_retries", 0)}
+
+    before = allocator()
+    gc.callbacks.append(on_gc)
+    try:
+        yield counts
+    finally:
+        gc.callbacks.remove(on_gc)
+        counts["gc_s"] = round(counts["gc_s"], 4)
+        counts.update({k: v - before[k] for k, v in allocator().items()})
 
 
 def host_profile(fn, top: int = 12) -> dict:

@@ -481,7 +481,9 @@ def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: 
     in the decode capture and its statistics), traced_split_s (where a traced run's host time
     went: open = the collector's construction, its model hash included; generate = generate()
     in all, of it observe = observer_s and write = records into shards; close = the last
-    shard and the manifest), output tokens, the device and dtypes. The
+    shard and the manifest), host_pauses (plain / traced, medians: the garbage collector's
+    collections and seconds, and on CUDA the allocator's cudaMalloc calls and retries during
+    the timed runs, rltlab.common.profiling.host_pauses), output tokens, the device and dtypes. The
     temporary traces are checked against the free disk space first (rltlab.traces.size).
     profile: after the timed runs, one more of each under torch.profiler (`profile`: plain and
     traced, rltlab.common.profiling.phase_profile): on a GPU, the device kernel time by class
@@ -490,6 +492,7 @@ def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: 
     import shutil
     import statistics
 
+    from rltlab.common.profiling import host_pauses
     from rltlab.engine.llm import LLM
     from rltlab.traces.size import check_disk, trace_bytes
 
@@ -535,12 +538,17 @@ def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: 
                      write=collector.stats["write_s"])
         return outs, split
 
+    pauses = {"plain": [], "traced": []}
+
     def timed(fn, *args):
         _sync(engine)
-        t0 = time.perf_counter()
-        result = fn(*args)
-        _sync(engine)
-        return result, time.perf_counter() - t0
+        with host_pauses() as counts:
+            t0 = time.perf_counter()
+            result = fn(*args)
+            _sync(engine)
+            seconds = time.perf_counter() - t0
+        pauses["plain" if fn is plain else "traced"].append(counts)
+        return result, seconds
 
     plain()                                   # warm-ups: graphs, kernels, allocator
     traced(out_dir / "overhead-warmup")
@@ -574,6 +582,8 @@ def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: 
             "observer_s": statistics.median(s["observe"] for s in splits),
             "traced_split_s": {part: round(statistics.median(s[part] for s in splits), 4)
                                for part in splits[0]},
+            "host_pauses": {run: {k: statistics.median(c[k] for c in counts) for k in counts[0]}
+                            for run, counts in pauses.items()},
             "output_tokens": tokens,
             "traced_output_tokens": traced_tokens, "prompts": len(prompts),
             "repeats": repeats,
