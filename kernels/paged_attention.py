@@ -124,39 +124,39 @@ def _decode_kernel(
     # writes (the host's copy lands before the chain starts): read before the wait (pdl.py).
     ctx = tl.load(ctx_ptr + row)
     plane = tl.load(planes_ptr + row).to(tl.int64)
-    # With a shared-prefix plan (kernels/shared_prefix.py) the row's own keys begin at start;
-    # its group's program covers [0, start) in the slots after this kernel's splits.
+    # With a shared-prefix plan (kernels/shared_prefix.py) a row in a group (start > 0) has
+    # all of its attention done by its group's programs, own keys included.
     first = 0
     if HAS_START:
         first = tl.load(start_ptr + row)
     await_previous_kernel(GDC)
+    if first == 0:
+        g = tl.arange(0, BLOCK_G)
+        d = tl.arange(0, BLOCK_D)
+        g_mask = g < GROUP
+        d_mask = d < HEAD_DIM
+        heads = kv_head * GROUP + g
+        q = tl.load(q_ptr + row * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                    mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(DOT_DTYPE)
 
-    g = tl.arange(0, BLOCK_G)
-    d = tl.arange(0, BLOCK_D)
-    g_mask = g < GROUP
-    d_mask = d < HEAD_DIM
-    heads = kv_head * GROUP + g
-    q = tl.load(q_ptr + row * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(DOT_DTYPE)
-
-    start = first + split * tiles_per_split * BLOCK_N
-    end = tl.minimum(start + tiles_per_split * BLOCK_N, ctx)
-    # An empty split (start >= ctx) gives zeros with lse = -inf: zero weight in the merge.
-    out, lse = attend_range(
-        q, start, end, k_ptr + plane * stride_kp + kv_head * stride_kh,
-        v_ptr + plane * stride_vp + kv_head * stride_vh, bt_ptr + row * stride_btb, block_size,
-        stride_kb, stride_ks, stride_vb, stride_vs, d, d_mask, qk_scale,
-        BLOCK_G, BLOCK_N, BLOCK_D, DOT_DTYPE, INPUT_PRECISION)
-    out_offs = row * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :]
-    tl.store(out_ptr + out_offs, out, mask=g_mask[:, None] & d_mask[None, :])
-    # lse is a contiguous [B, Hq, num_slots] buffer (num_slots >= the splits).
-    lse_offs = (row * GROUP * tl.num_programs(1) + heads) * num_slots + split
-    tl.store(lse_ptr + lse_offs, lse, mask=g_mask)
-    if HAS_START:
-        # A row in no group gets nothing from the shared-range slots: zero weight there.
-        if (first == 0) & (split == 0):
-            for extra in range(tl.num_programs(2), num_slots):
-                tl.store(lse_ptr + lse_offs + extra, float("-inf"), mask=g_mask)
+        start = split * tiles_per_split * BLOCK_N
+        end = tl.minimum(start + tiles_per_split * BLOCK_N, ctx)
+        # An empty split (start >= ctx) gives zeros with lse = -inf: zero weight in the merge.
+        out, lse = attend_range(
+            q, start, end, k_ptr + plane * stride_kp + kv_head * stride_kh,
+            v_ptr + plane * stride_vp + kv_head * stride_vh, bt_ptr + row * stride_btb,
+            block_size, stride_kb, stride_ks, stride_vb, stride_vs, d, d_mask, qk_scale,
+            BLOCK_G, BLOCK_N, BLOCK_D, DOT_DTYPE, INPUT_PRECISION)
+        out_offs = row * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :]
+        tl.store(out_ptr + out_offs, out, mask=g_mask[:, None] & d_mask[None, :])
+        # lse is a contiguous [B, Hq, num_slots] buffer (num_slots >= the splits).
+        lse_offs = (row * GROUP * tl.num_programs(1) + heads) * num_slots + split
+        tl.store(lse_ptr + lse_offs, lse, mask=g_mask)
+        if HAS_START:
+            # A row in no group gets nothing from the shared-range slots: zero weight there.
+            if split == 0:
+                for extra in range(tl.num_programs(2), num_slots):
+                    tl.store(lse_ptr + lse_offs + extra, float("-inf"), mask=g_mask)
 
 
 @triton.jit
@@ -196,14 +196,16 @@ def _default_num_splits(work_items, max_context_len, block_n, device):
 
 def paged_decode_attention(q, k_cache, v_cache, planes, block_tables, context_lens, scale, *,
                            max_context_len=None, num_splits=None, block_n=None, pdl=False,
-                           prefetch=None, shared: SharedPrefix | None = None):
+                           prefetch=None, shared: SharedPrefix | None = None,
+                           num_prefix_splits=None):
     """Triton version of paged_decode_attention_ref (same arguments and result).
 
     max_context_len: host-side upper bound on context_lens (default: block table capacity);
     only used to size the key-range split. num_splits / block_n override the heuristics.
     pdl: launch with programmatic dependent launch (kernels/pdl.py).
     prefetch: (weight, nbytes) to bring into L2 for a later kernel (kernels/l2_prefetch.py).
-    shared: rows whose prompt K/V is read once per group (kernels/shared_prefix.py).
+    shared: rows whose prompt K/V is read once per group (kernels/shared_prefix.py);
+    num_prefix_splits overrides the split of its shared range.
     """
     launch = launch_options(pdl, q.device)
     pf_args, pf_meta = prefetch_args(prefetch, placeholder=q)
@@ -220,9 +222,11 @@ def paged_decode_attention(q, k_cache, v_cache, planes, block_tables, context_le
     if num_splits is None:
         num_splits = _default_num_splits(batch * num_kv_heads, max_context_len, block_n, q.device)
     num_splits, tiles_per_split = _split_range(num_splits, num_tiles)
-    prefix = (0, 1) if shared is None else \
-        _split_range(prefix_splits(batch, num_kv_heads, max_context_len, block_n, q.device),
-                     num_tiles)
+    if shared is not None:
+        prefix = _split_range(num_prefix_splits or prefix_splits(
+            batch, num_kv_heads, max_context_len, block_n, q.device), num_tiles)
+    else:
+        prefix = (0, 1)
     slots = num_splits + prefix[0]
     dot_dtype, precision = dot_config(k_cache.dtype)
     out = torch.empty_like(q)
@@ -245,9 +249,9 @@ def paged_decode_attention(q, k_cache, v_cache, planes, block_tables, context_le
         HAS_START=shared is not None, **launch,
     )
     if shared is not None:
-        launch_shared_prefix(q, k_cache, v_cache, planes, block_tables, shared, part, lse,
-                             num_splits, *prefix, scale * LOG2E, block_n,
-                             (dot_dtype, precision), DECODE_CONFIG["num_warps"],
+        launch_shared_prefix(q, k_cache, v_cache, planes, block_tables, context_lens, shared,
+                             part, lse, (num_splits, tiles_per_split), prefix, scale * LOG2E,
+                             block_n, (dot_dtype, precision), DECODE_CONFIG["num_warps"],
                              DECODE_CONFIG["num_stages"])
     if slots > 1:
         _merge_splits_kernel[(batch * num_heads,)](

@@ -6,13 +6,19 @@ reads those blocks once per row: at 512-token prompts, n = 8 and ~100 generated 
 a decode step's K/V traffic is the same prompt read eight times over, and decode at c = 128 is
 bound by that traffic (W5 in rltlab.bench.engine).
 
-Here a decode step splits each grouped row's keys at the group's shared length L:
-  * positions [0, L): one program per (group, kv head, split) loads each K/V tile once and
-    scores it against every member's queries together (members x GQA heads form the M side of
-    tl.dot), writing one partial softmax result per member and split;
-  * positions [L, ctx): the row's own pass (paged_attention._decode_kernel from start = L);
+Here a decode step splits each grouped row's keys at the group's shared length L, and one
+program per (group, kv head, split) does both parts of its members' attention:
+  * positions [0, L): it loads each K/V tile of its share of the range once and scores it
+    against every member's queries together (members x GQA heads form the M side of tl.dot),
+    writing one partial softmax result per member and split;
+  * positions [L, ctx): the members' own keys, a few tiles each (the tokens generated so far).
+    The group's programs share them out, (member, key-range split) by (member, split), so a
+    member's own pass runs where the group's prefix pass ran, not as a program of its own: as
+    one program per row and head (paged_attention._decode_kernel from start = L), these passes
+    were a few dependent tile loads each, latency-bound, and took more time than the prefix;
   * the split merge (log-sum-exp weighted) combines both, as it combines key-range splits.
-The result is the same attention; only the summation order differs.
+The result is the same attention; only the summation order differs. Rows in no group take
+paged_attention._decode_kernel as before.
 
 SharedPrefix is the plan; shared_prefix_plan builds it on the host from what a decode step
 stages anyway (planes, context lengths, block tables). Two rows may share [0, L) when they read
@@ -40,7 +46,8 @@ MAX_MEMBERS = 16
 @dataclass
 class SharedPrefix:
     """Per decode row b (all int32 tensors on the attention's device):
-    start [B]: the row's own pass begins here (0 if it is in no group);
+    start [B]: where the row's own keys begin, after its group's shared prefix (0 if it is in
+    no group: _decode_kernel then reads all of its keys);
     length [B]: if row b leads a group, the length L of the group's shared prefix, else 0;
     members [B, MAX_MEMBERS]: the leader's group (itself included), padded with -1."""
     start: torch.Tensor
@@ -88,15 +95,16 @@ def shared_prefix_plan(planes: np.ndarray, context_lens: np.ndarray, tables: np.
 
 @triton.jit
 def _shared_prefix_kernel(
-    q_ptr, k_ptr, v_ptr, planes_ptr, bt_ptr, length_ptr, members_ptr, out_ptr, lse_ptr,
-    num_rows, qk_scale, block_size, tiles_per_split, slot0, num_slots,
+    q_ptr, k_ptr, v_ptr, planes_ptr, bt_ptr, ctx_ptr, length_ptr, members_ptr, out_ptr, lse_ptr,
+    num_rows, qk_scale, block_size, tiles_per_split, slot0, num_slots, own_splits,
+    own_tiles_per_split,
     stride_qb, stride_qh,
     stride_kp, stride_kb, stride_ks, stride_kh,
     stride_vp, stride_vb, stride_vs, stride_vh,
     stride_btb, stride_mb,
     stride_ob, stride_oh, stride_os,
-    GROUP: tl.constexpr, MEMBERS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    GROUP: tl.constexpr, MEMBERS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_DTYPE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     # One program = (group leader row, kv head, split of the shared range). Rows that lead no
@@ -104,6 +112,7 @@ def _shared_prefix_kernel(
     leader = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    splits = tl.num_programs(2)
     length = tl.load(length_ptr + leader)
     if length > 0:
         m_idx = tl.arange(0, BLOCK_M)
@@ -118,20 +127,47 @@ def _shared_prefix_kernel(
         q = tl.load(q_ptr + member[:, None] * stride_qb + heads[:, None] * stride_qh + d[None, :],
                     mask=valid[:, None] & d_mask[None, :], other=0.0).to(DOT_DTYPE)
         plane = tl.load(planes_ptr + leader).to(tl.int64)
+        k_base = k_ptr + plane * stride_kp + kv_head * stride_kh
+        v_base = v_ptr + plane * stride_vp + kv_head * stride_vh
         first = split * tiles_per_split * BLOCK_N
         # An empty split (first >= length) writes lse = -inf: zero weight in the merge.
         out, lse = attend_range(
-            q, first, tl.minimum(first + tiles_per_split * BLOCK_N, length),
-            k_ptr + plane * stride_kp + kv_head * stride_kh,
-            v_ptr + plane * stride_vp + kv_head * stride_vh, bt_ptr + leader * stride_btb,
-            block_size, stride_kb, stride_ks, stride_vb, stride_vs, d, d_mask, qk_scale,
-            BLOCK_M, BLOCK_N, BLOCK_D, DOT_DTYPE, INPUT_PRECISION)
+            q, first, tl.minimum(first + tiles_per_split * BLOCK_N, length), k_base, v_base,
+            bt_ptr + leader * stride_btb, block_size, stride_kb, stride_ks, stride_vb, stride_vs,
+            d, d_mask, qk_scale, BLOCK_M, BLOCK_N, BLOCK_D, DOT_DTYPE, INPUT_PRECISION)
         slot = slot0 + split
         out_offs = (member[:, None] * stride_ob + heads[:, None] * stride_oh + slot * stride_os
                     + d[None, :])
         tl.store(out_ptr + out_offs, out, mask=valid[:, None] & d_mask[None, :])
         lse_offs = (member * GROUP * tl.num_programs(1) + heads) * num_slots + slot
         tl.store(lse_ptr + lse_offs, lse, mask=valid)
+
+        # The members' own keys [length, ctx): work item (member j, own split c) -> slot c of
+        # member j, the slots _decode_kernel fills for a row in no group; items are dealt out
+        # to the group's programs in turn.
+        g = tl.arange(0, BLOCK_G)
+        g_mask = g < GROUP
+        own_heads = kv_head * GROUP + g
+        for item in range(split, MEMBERS * own_splits, splits):
+            j = item // own_splits
+            c = item % own_splits
+            row = tl.load(members_ptr + leader * stride_mb + j)
+            if (row >= 0) & (row < num_rows):
+                ctx = tl.load(ctx_ptr + row)
+                start = length + c * own_tiles_per_split * BLOCK_N
+                q_row = tl.load(q_ptr + row * stride_qb + own_heads[:, None] * stride_qh
+                                + d[None, :], mask=g_mask[:, None] & d_mask[None, :],
+                                other=0.0).to(DOT_DTYPE)
+                own, own_lse = attend_range(
+                    q_row, start, tl.minimum(start + own_tiles_per_split * BLOCK_N, ctx),
+                    k_base, v_base, bt_ptr + row * stride_btb, block_size, stride_kb, stride_ks,
+                    stride_vb, stride_vs, d, d_mask, qk_scale, BLOCK_G, BLOCK_N, BLOCK_D,
+                    DOT_DTYPE, INPUT_PRECISION)
+                tl.store(out_ptr + row * stride_ob + own_heads[:, None] * stride_oh
+                         + c * stride_os + d[None, :], own,
+                         mask=g_mask[:, None] & d_mask[None, :])
+                tl.store(lse_ptr + (row * GROUP * tl.num_programs(1) + own_heads) * num_slots
+                         + c, own_lse, mask=g_mask)
 
 
 def prefix_splits(rows: int, num_kv_heads: int, max_context_len: int, block_n: int,
@@ -145,25 +181,29 @@ def prefix_splits(rows: int, num_kv_heads: int, max_context_len: int, block_n: i
     return max(1, min(triton.cdiv(max_context_len, block_n), (4 * sms) // work))
 
 
-def launch_shared_prefix(q, k_cache, v_cache, planes, block_tables, shared: SharedPrefix,
-                         part, lse, slot0: int, splits: int, tiles_per_split: int, scale_log2,
-                         block_n: int, dot: tuple, num_warps: int, num_stages: int) -> None:
-    """Write the groups' shared-range partial results into part / lse slots
-    slot0 .. slot0 + splits - 1 of their members (part [B, Hq, slots, D] fp32, lse
-    [B, Hq, slots])."""
+def launch_shared_prefix(q, k_cache, v_cache, planes, block_tables, context_lens,
+                         shared: SharedPrefix, part, lse, own: tuple[int, int],
+                         prefix: tuple[int, int], scale_log2, block_n: int, dot: tuple,
+                         num_warps: int, num_stages: int) -> None:
+    """The groups' attention, written into their members' part / lse slots (part
+    [B, Hq, slots, D] fp32, lse [B, Hq, slots]): own = (splits, tiles per split) of the
+    members' own keys, in slots 0 .. splits - 1 as paged_attention._decode_kernel's key-range
+    splits; prefix = (splits, tiles per split) of the shared range, in the slots after
+    them."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[3]
     group = num_heads // num_kv_heads
     assert shared.members.stride(-1) == 1 and shared.members.shape[1] == MAX_MEMBERS
     block_m = max(16, triton.next_power_of_2(MAX_MEMBERS * group))
-    _shared_prefix_kernel[(batch, num_kv_heads, splits)](
-        q, k_cache, v_cache, planes, block_tables, shared.length, shared.members, part, lse,
-        batch, scale_log2, k_cache.shape[2], tiles_per_split, slot0, lse.shape[2],
+    _shared_prefix_kernel[(batch, num_kv_heads, prefix[0])](
+        q, k_cache, v_cache, planes, block_tables, context_lens, shared.length, shared.members,
+        part, lse, batch, scale_log2, k_cache.shape[2], prefix[1], own[0], lse.shape[2], *own,
         q.stride(0), q.stride(1),
         *k_cache.stride()[:4], *v_cache.stride()[:4],
         block_tables.stride(0), shared.members.stride(0),
         part.stride(0), part.stride(1), part.stride(2),
-        GROUP=group, MEMBERS=MAX_MEMBERS, BLOCK_M=block_m, BLOCK_N=block_n,
+        GROUP=group, MEMBERS=MAX_MEMBERS, BLOCK_M=block_m,
+        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         HEAD_DIM=head_dim, BLOCK_D=dot_block_d(head_dim),
         DOT_DTYPE=dot[0], INPUT_PRECISION=dot[1], num_warps=num_warps, num_stages=num_stages,
     )

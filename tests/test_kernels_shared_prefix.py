@@ -76,9 +76,13 @@ def test_plan_splits_groups_larger_than_max_members():
 
 
 @needs_triton
-@pytest.mark.parametrize("hq,hkv,block_size,prompt,num_splits", [
-    (4, 4, 8, 40, 1), (4, 2, 16, 48, 3), (6, 2, 8, 24, 2)])
-def test_shared_prefix_attention_matches_ref(hq, hkv, block_size, prompt, num_splits):
+@pytest.mark.parametrize("hq,hkv,block_size,prompt,num_splits,prefix_splits", [
+    (4, 4, 8, 40, 1, 1), (4, 2, 16, 48, 3, 2), (6, 2, 8, 24, 2, 3), (4, 4, 8, 16, 1, 5)])
+def test_shared_prefix_attention_matches_ref(hq, hkv, block_size, prompt, num_splits,
+                                             prefix_splits):
+    """Every row's attention, grouped or not, for any split of the shared range and of the
+    rows' own keys: the group programs deal the members' own splits out among themselves
+    (with 5 prefix splits over a 16-key prefix, some programs get only own keys)."""
     dim, planes_n, max_blocks = 32, 3, 10
     tables, ctx = grouped_rows([4, 1, 3, 2], prompt, (prompt + 1, max_blocks * block_size),
                                block_size, max_blocks, num_blocks=96, seed=hq + prompt)
@@ -92,7 +96,8 @@ def test_shared_prefix_attention_matches_ref(hq, hkv, block_size, prompt, num_sp
     assert groups >= 1 and int((plan.start > 0).sum()) >= 4
     want = paged_decode_attention_ref(q, kv[0], kv[1], planes, tables, ctx, dim ** -0.5)
     got = paged_decode_attention(q, kv[0], kv[1], planes, tables, ctx, dim ** -0.5,
-                                 num_splits=num_splits, block_n=16, shared=plan)
+                                 num_splits=num_splits, block_n=16, shared=plan,
+                                 num_prefix_splits=prefix_splits)
     torch.testing.assert_close(got, want, **FP32)
 
 
