@@ -25,7 +25,10 @@ SCRIPT = textwrap.dedent("""
         signature = {name: "constexpr" if name in constexprs else
                      TYPES.get(name, "*i32" if name.endswith("_ptr") else "i32")
                      for name in kernel.arg_names}
-        triton.compile(ASTSource(kernel, signature, constexprs),
+        # as a launch specialises them: pointers and strides divisible by 16
+        aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+                   if name not in constexprs and (name.endswith("_ptr") or name.startswith("stride"))}
+        triton.compile(ASTSource(kernel, signature, constexprs, aligned),
                        target=GPUTarget("cuda", 90, 32))
         print("compiled", kernel.__name__)
 
