@@ -103,10 +103,12 @@ def test_run_command_keeps_other_errors_and_the_result():
     ("--kv-gib", "0", "must be a finite number of GiB > 0, got 0"),
     ("--kv-gib", "nan", "must be a finite number of GiB > 0, got nan"),
     ("--dtype", "fp32", "invalid choice: 'fp32'"),
+    ("--scale", "0", "must be a finite factor > 0, got 0"),
+    ("--scale", "-1", "must be a finite factor > 0, got -1"),
 ])
-def test_bad_kv_memory_or_dtype_is_a_usage_error(module, option, value, message, capsys,
+def test_bad_kv_memory_dtype_or_scale_is_a_usage_error(module, option, value, message, capsys,
                                                  monkeypatch):
     """--kv-gib 0 was a traceback (first_loop) or a failed mode with exit 0 (engine);
-    --dtype fp32 an AttributeError from torch."""
+    --dtype fp32 an AttributeError from torch; --scale 0 ran the minimum sizes without a word."""
     assert _run_as_main(module, ["--preset", "tiny", option, value], monkeypatch) == 2
     assert message in capsys.readouterr().err.strip().splitlines()[-1]

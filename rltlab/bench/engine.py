@@ -66,7 +66,7 @@ import time
 import torch
 
 from rltlab.model.presets import longest_prompt, random_prompts
-from rltlab.bench.models import add_kv_argument, add_model_arguments, build_model
+from rltlab.bench.models import add_kv_argument, add_model_arguments, build_model, positive_scale
 from rltlab.bench import ceilings, engine_checks, group_workload
 from rltlab.bench.ceilings import ModelCosts, work_of
 from rltlab.engine import LLM, SamplingParams
@@ -339,7 +339,7 @@ def main(argv=None) -> dict:
                     help=f"comma-separated, from plain,{','.join(MODES)} (default: "
                          "plain,eager,graph,compile on CUDA; plain,eager elsewhere, where the "
                          "graph modes would time the eager path again)")
-    ap.add_argument("--scale", type=float, default=1.0,
+    ap.add_argument("--scale", type=positive_scale, default=1.0,
                     help="multiply prompt/output lengths and request counts (CPU smoke runs; "
                          "default: 1.0)")
     add_kv_argument(ap)

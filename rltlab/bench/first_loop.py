@@ -20,7 +20,7 @@ import json
 from rltlab.bench import engine_checks
 from rltlab.bench.ceilings import ModelCosts
 from rltlab.bench.engine import WORKLOADS, make_llm, scaled, workload_params, workload_prompts
-from rltlab.bench.models import add_kv_argument, add_model_arguments, build_model
+from rltlab.bench.models import add_kv_argument, add_model_arguments, build_model, positive_scale
 from rltlab.common.environment import git_commit
 from rltlab.engine.static_decode import CAPTURE_STATS
 
@@ -76,7 +76,7 @@ def main(argv=None) -> dict:
     add_model_arguments(ap)
     ap.add_argument("--workload", nargs="+", default=["W3"], choices=sorted(WORKLOADS),
                     help="which workloads (default: W3)")
-    ap.add_argument("--scale", type=float, default=1.0,
+    ap.add_argument("--scale", type=positive_scale, default=1.0,
                     help="scale the workloads' lengths and counts (e.g. 0.05 on a CPU; default 1.0)")
     add_kv_argument(ap)
     ap.add_argument("--out", default=None, help="also write the JSON here")

@@ -10,18 +10,29 @@ from rltlab.model.architecture import OuroForCausalLM
 from rltlab.model.presets import PRESETS, preset_config, random_model
 
 
-def positive_gib(text: str) -> float:
-    """argparse type of --kv-gib: a finite number of GiB > 0 (a usage error otherwise)."""
+def _positive(text: str, what: str) -> float:
     import argparse
     import math
 
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of GiB: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
     if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number of GiB > 0, got {text}")
+        raise argparse.ArgumentTypeError(f"must be a finite {what.split(' ', 1)[1]} > 0, "
+                                         f"got {text}")
     return value
+
+
+def positive_gib(text: str) -> float:
+    """argparse type of --kv-gib: a finite number of GiB > 0 (a usage error otherwise)."""
+    return _positive(text, "a number of GiB")
+
+
+def positive_scale(text: str) -> float:
+    """argparse type of the benches' --scale: a finite factor > 0 (a usage error otherwise;
+    the scaled sizes are then floored at their minimums, as scaled() says)."""
+    return _positive(text, "a factor")
 
 
 def add_kv_argument(ap: argparse.ArgumentParser) -> None:

@@ -34,7 +34,7 @@ import sys
 from tqdm import tqdm
 
 from rltlab.bench import ceilings, engine_checks
-from rltlab.bench.models import add_kv_argument, add_model_arguments, build_model
+from rltlab.bench.models import add_kv_argument, add_model_arguments, build_model, positive_scale
 from rltlab.bench.ceilings import ModelCosts
 from rltlab.bench.engine import (DEPTH_PAIRS, MODES, WORKLOADS, add_spread_argument,
                                  check_spread, decode_phase, make_llm, scaled, warm_up,
@@ -118,7 +118,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--pair", nargs="+", default=sorted(DEPTH_PAIRS), choices=sorted(DEPTH_PAIRS))
     ap.add_argument("--modes", default="graph", help=f"comma-separated, from {','.join(MODES)}")
     ap.add_argument("--loops", type=int, default=5, help="rounds of (baseline, cheap) loops")
-    ap.add_argument("--scale", type=float, default=1.0,
+    ap.add_argument("--scale", type=positive_scale, default=1.0,
                     help="multiply prompt/output lengths and request counts (CPU smoke runs)")
     add_kv_argument(ap)
     add_spread_argument(ap)
