@@ -103,3 +103,38 @@ def test_lookahead_exit_patch_on_cuda_equals_the_cpu(tmp_path):
         outputs[device] = [(o.outputs[0].token_ids, o.outputs[0].exit_depths)
                            for o in llm.generate(PROMPTS, params)]
     assert outputs["cuda"] == outputs["cpu"]
+
+
+@pytest.mark.parametrize("prefix_splits", [None, 3])
+def test_shared_prefix_attention_compiled_equals_the_reference(prefix_splits):
+    """The compiled shared-prefix kernels at Ouro's head shape (16 heads of 128, key tiles of
+    64) on groups of 8 rows with a 512-key prompt and own keys of different lengths, plus rows
+    in no group: fp32 outputs equal paged_decode_attention_ref's (the own keys are done by the
+    group programs, dealt out by member and key-range split)."""
+    import numpy as np
+
+    from rltlab import kernels
+
+    g = torch.Generator().manual_seed(11)
+    block_size, blocks, heads, dim, prompt = 16, 48, 16, 128, 512
+    rows, shared_blocks = 20, prompt // block_size
+    free = torch.randperm(rows * blocks, generator=g).tolist()
+    tables = []
+    for group in ([8] * 2 + [1] * 4):
+        common = [free.pop() for _ in range(shared_blocks)]
+        tables += [common + [free.pop() for _ in range(blocks - shared_blocks)]
+                   for _ in range(group)]
+    tables = torch.tensor(tables, dtype=torch.int32)
+    ctx = torch.randint(prompt + 1, blocks * block_size, (rows,), generator=g, dtype=torch.int32)
+    planes = torch.zeros(rows, dtype=torch.int32)
+    start, length = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
+    members = np.full((rows, kernels.MAX_MEMBERS), -1, np.int32)
+    assert kernels.shared_prefix_plan(planes.numpy(), ctx.numpy(), tables.numpy(), block_size,
+                                      start, length, members) == 2
+    kv = torch.randn(2, 1, rows * blocks, block_size, heads, dim, generator=g).cuda()
+    q = torch.randn(rows, heads, dim, generator=g).cuda()
+    plan = kernels.SharedPrefix(*(torch.from_numpy(a).cuda() for a in (start, length, members)))
+    args = (q, kv[0], kv[1], planes.cuda(), tables.cuda(), ctx.cuda(), dim ** -0.5)
+    want = kernels.paged_decode_attention_ref(*args)
+    got = kernels.paged_decode_attention(*args, shared=plan, num_prefix_splits=prefix_splits)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
