@@ -48,8 +48,11 @@ class SharedPrefix:
     """Per decode row b (all int32 tensors on the attention's device):
     start [B]: where the row's own keys begin, after its group's shared prefix (0 if it is in
     no group: _decode_kernel then reads all of its keys);
-    length [B]: if row b leads a group, the length L of the group's shared prefix, else 0;
-    members [B, MAX_MEMBERS]: the leader's group (itself included), padded with -1."""
+    and per group g, in the order of their first rows (g < the number of groups; a group's
+    first row is at least g, so the groups of rows < n sit in slots < n):
+    length [B]: the length L of group g's shared prefix, 0 past the last group;
+    members [B, MAX_MEMBERS]: group g's rows, its first row (the leader) first, padded with
+    -1."""
     start: torch.Tensor
     length: torch.Tensor
     members: torch.Tensor
@@ -66,7 +69,8 @@ def shared_prefix_plan(planes: np.ndarray, context_lens: np.ndarray, tables: np.
     plane and the same first block form a group (in row order, up to MAX_MEMBERS each); its
     shared length is the common run of identical leading blocks, times block_size, capped at
     the shortest context minus one (at least 1: the rows share their first block and each
-    context holds 2+ positions). Returns the number of groups."""
+    context holds 2+ positions). Groups take slots 0, 1, ... of length / members in the order
+    of their leaders. Returns the number of groups."""
     rows = len(planes)
     start[:], length[:], members[:] = 0, 0, -1
     if rows < 2:
@@ -87,8 +91,8 @@ def shared_prefix_plan(planes: np.ndarray, context_lens: np.ndarray, tables: np.
             run = blocks if common.all() else int(np.argmin(common))
             shared = min(run * block_size, shortest - 1)
             start[chunk] = shared
-            length[chunk[0]] = shared
-            members[chunk[0], : len(chunk)] = chunk
+            length[groups] = shared
+            members[groups, : len(chunk)] = chunk
             groups += 1
     return groups
 
@@ -96,7 +100,7 @@ def shared_prefix_plan(planes: np.ndarray, context_lens: np.ndarray, tables: np.
 @triton.jit
 def _shared_prefix_kernel(
     q_ptr, k_ptr, v_ptr, planes_ptr, bt_ptr, ctx_ptr, length_ptr, members_ptr, out_ptr, lse_ptr,
-    num_rows, qk_scale, block_size, tiles_per_split, slot0, num_slots, own_splits,
+    num_rows, num_heads, qk_scale, block_size, tiles_per_split, slot0, num_slots, own_splits,
     own_tiles_per_split,
     stride_qb, stride_qh,
     stride_kp, stride_kb, stride_ks, stride_kh,
@@ -107,20 +111,24 @@ def _shared_prefix_kernel(
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_DTYPE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
-    # One program = (group leader row, kv head, split of the shared range). Rows that lead no
-    # group (length 0) have nothing to do.
-    leader = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    splits = tl.num_programs(2)
-    length = tl.load(length_ptr + leader)
-    if length > 0:
+    # One program = (kv head, split of the shared range) x group slot, the group slot the
+    # slowest axis: the groups' programs are dispatched first, the empty slots' (length 0) after
+    # them, while the last groups run. A group whose leader is past the launch's rows has none
+    # of its rows in it.
+    splits = tl.num_programs(0) // (num_heads // GROUP)
+    kv_head = tl.program_id(0) // splits
+    split = tl.program_id(0) % splits
+    group_slot = tl.program_id(1)
+    length = tl.load(length_ptr + group_slot)
+    leader = tl.load(members_ptr + group_slot * stride_mb)
+    if (length > 0) & (leader < num_rows):
         m_idx = tl.arange(0, BLOCK_M)
         d = tl.arange(0, BLOCK_D)
         d_mask = d < HEAD_DIM
         member_j = m_idx // GROUP
         in_group = member_j < MEMBERS
-        member = tl.load(members_ptr + leader * stride_mb + member_j, mask=in_group, other=-1)
+        member = tl.load(members_ptr + group_slot * stride_mb + member_j, mask=in_group,
+                         other=-1)
         valid = in_group & (member >= 0) & (member < num_rows)
         member = tl.where(valid, member, 0)
         heads = kv_head * GROUP + m_idx % GROUP
@@ -139,7 +147,7 @@ def _shared_prefix_kernel(
         out_offs = (member[:, None] * stride_ob + heads[:, None] * stride_oh + slot * stride_os
                     + d[None, :])
         tl.store(out_ptr + out_offs, out, mask=valid[:, None] & d_mask[None, :])
-        lse_offs = (member * GROUP * tl.num_programs(1) + heads) * num_slots + slot
+        lse_offs = (member * num_heads + heads) * num_slots + slot
         tl.store(lse_ptr + lse_offs, lse, mask=valid)
 
         # The members' own keys [length, ctx): work item (member j, own split c) -> slot c of
@@ -151,7 +159,7 @@ def _shared_prefix_kernel(
         for item in range(split, MEMBERS * own_splits, splits):
             j = item // own_splits
             c = item % own_splits
-            row = tl.load(members_ptr + leader * stride_mb + j)
+            row = tl.load(members_ptr + group_slot * stride_mb + j)
             if (row >= 0) & (row < num_rows):
                 ctx = tl.load(ctx_ptr + row)
                 start = length + c * own_tiles_per_split * BLOCK_N
@@ -166,8 +174,8 @@ def _shared_prefix_kernel(
                 tl.store(out_ptr + row * stride_ob + own_heads[:, None] * stride_oh
                          + c * stride_os + d[None, :], own,
                          mask=g_mask[:, None] & d_mask[None, :])
-                tl.store(lse_ptr + (row * GROUP * tl.num_programs(1) + own_heads) * num_slots
-                         + c, own_lse, mask=g_mask)
+                tl.store(lse_ptr + (row * num_heads + own_heads) * num_slots + c, own_lse,
+                         mask=g_mask)
 
 
 def prefix_splits(rows: int, num_kv_heads: int, max_context_len: int, block_n: int,
@@ -195,9 +203,9 @@ def launch_shared_prefix(q, k_cache, v_cache, planes, block_tables, context_lens
     group = num_heads // num_kv_heads
     assert shared.members.stride(-1) == 1 and shared.members.shape[1] == MAX_MEMBERS
     block_m = max(16, triton.next_power_of_2(MAX_MEMBERS * group))
-    _shared_prefix_kernel[(batch, num_kv_heads, prefix[0])](
+    _shared_prefix_kernel[(num_kv_heads * prefix[0], batch)](
         q, k_cache, v_cache, planes, block_tables, context_lens, shared.length, shared.members,
-        part, lse, batch, scale_log2, k_cache.shape[2], prefix[1], own[0], lse.shape[2], *own,
+        part, lse, batch, num_heads, scale_log2, k_cache.shape[2], prefix[1], own[0], lse.shape[2], *own,
         q.stride(0), q.stride(1),
         *k_cache.stride()[:4], *v_cache.stride()[:4],
         block_tables.stride(0), shared.members.stride(0),

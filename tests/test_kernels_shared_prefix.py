@@ -52,8 +52,10 @@ def test_plan_groups_rows_by_plane_and_shared_blocks():
     planes = torch.tensor([0, 0, 1, 0, 2, 2], dtype=torch.int32)   # row 2 reads another plane
     groups, plan = plan_for(planes, ctx, tables, 8)
     assert groups == 2   # rows (0, 1) and rows (4, 5); row 2 and row 3 stand alone
-    assert plan.members[0, :3].tolist() == [0, 1, -1] and plan.members[4, :3].tolist() == [4, 5, -1]
-    assert plan.length.tolist() == [40, 0, 0, 0, 40, 0]
+    # groups in slots 0, 1, ... in the order of their first rows
+    assert plan.members[0, :3].tolist() == [0, 1, -1] and plan.members[1, :3].tolist() == [4, 5, -1]
+    assert (plan.members[2:] == -1).all()
+    assert plan.length.tolist() == [40, 40, 0, 0, 0, 0]
     assert plan.start.tolist() == [40, 40, 0, 0, 40, 40]
 
 
@@ -71,8 +73,7 @@ def test_plan_splits_groups_larger_than_max_members():
                                num_blocks=64)
     groups, plan = plan_for(torch.zeros(n, dtype=torch.int32), ctx, tables, 8)
     assert groups == 2 and (plan.members[0] >= 0).sum() == MAX_MEMBERS
-    assert plan.members[MAX_MEMBERS, :3].tolist() == [MAX_MEMBERS, MAX_MEMBERS + 1,
-                                                      MAX_MEMBERS + 2]
+    assert plan.members[1, :4].tolist() == [MAX_MEMBERS, MAX_MEMBERS + 1, MAX_MEMBERS + 2, -1]
 
 
 @needs_triton
@@ -102,16 +103,17 @@ def test_shared_prefix_attention_matches_ref(hq, hkv, block_size, prompt, num_sp
 
 
 @needs_triton
-def test_rows_past_the_launch_are_left_out_of_their_group():
-    """A launch over the first n rows (a ragged round) must not read members beyond them."""
+@pytest.mark.parametrize("n", [2, 5])
+def test_rows_past_the_launch_are_left_out_of_their_group(n):
+    """A launch over the first n rows (a ragged round) must not read members beyond them: with
+    n = 5 the second group (rows 4, 5) keeps one row in the launch."""
     block_size, dim = 8, 16
-    tables, ctx = grouped_rows([4], 32, (33, 60), block_size, 8, num_blocks=40)
+    tables, ctx = grouped_rows([4, 2], 32, (33, 60), block_size, 8, num_blocks=60)
     g = torch.Generator().manual_seed(3)
-    kv = torch.randn(2, 1, 40, block_size, 2, dim, generator=g)
-    q = torch.randn(4, 2, dim, generator=g)
-    planes = torch.zeros(4, dtype=torch.int32)
+    kv = torch.randn(2, 1, 60, block_size, 2, dim, generator=g)
+    q = torch.randn(6, 2, dim, generator=g)
+    planes = torch.zeros(6, dtype=torch.int32)
     _, plan = plan_for(planes, ctx, tables, block_size)
-    n = 2
     want = paged_decode_attention_ref(q[:n], kv[0], kv[1], planes[:n], tables[:n], ctx[:n],
                                       dim ** -0.5)
     got = paged_decode_attention(q[:n], kv[0], kv[1], planes[:n], tables[:n], ctx[:n],
