@@ -190,7 +190,7 @@ def test_collection_overhead_report(model, tmp_path):
     assert split["observe"] + split["write"] <= split["generate"] <= report["traced_s"]
     assert set(report["host_pauses"]) == {"plain", "traced"}
     assert all(p["gc_collections"] >= 0 and 0 <= p["gc_s"] <= report[f"{run}_s"]
-               for run, p in report["host_pauses"].items())
+               and p["graphs_captured"] == 0 for run, p in report["host_pauses"].items())
     assert not any(tmp_path.iterdir())   # nothing left behind
     assert read_manifest  # exported
 
@@ -212,3 +212,26 @@ def test_collection_overhead_profiles_both_runs_when_asked(model, tmp_path):
     assert not any(tmp_path.iterdir())
     assert "profile" not in collection_overhead(llm, PROMPTS[:2], params(max_tokens=4),
                                                 tmp_path / "ovh")
+
+
+def test_collection_overhead_counts_graph_captures_in_the_timed_runs(model, tmp_path,
+                                                                     monkeypatch):
+    """A CUDA graph captured inside a timed run is one-off work the warm-ups missed: reported
+    on that run's side (here a traced generate that 'captures' one graph each call)."""
+    from rltlab.engine.static_decode import CAPTURE_STATS
+    from rltlab.traces import collect
+
+    generate = collect.TraceCollector.generate
+
+    def capturing_generate(self, *args, **kwargs):
+        CAPTURE_STATS["graphs"] += 1
+        CAPTURE_STATS["seconds"] += 0.25
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(collect.TraceCollector, "generate", capturing_generate)
+    monkeypatch.setitem(CAPTURE_STATS, "graphs", CAPTURE_STATS["graphs"])
+    monkeypatch.setitem(CAPTURE_STATS, "seconds", CAPTURE_STATS["seconds"])
+    report = collection_overhead(LLM(model), PROMPTS[:2], params(max_tokens=3), tmp_path / "o")
+    assert report["host_pauses"]["traced"]["graphs_captured"] == 1
+    assert report["host_pauses"]["traced"]["capture_s"] == pytest.approx(0.25)
+    assert report["host_pauses"]["plain"]["graphs_captured"] == 0

@@ -481,9 +481,10 @@ def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: 
     in the decode capture and its statistics), traced_split_s (where a traced run's host time
     went: open = the collector's construction, its model hash included; generate = generate()
     in all, of it observe = observer_s and write = records into shards; close = the last
-    shard and the manifest), host_pauses (plain / traced, medians: the garbage collector's
-    collections and seconds, and on CUDA the allocator's cudaMalloc calls and retries during
-    the timed runs, rltlab.common.profiling.host_pauses), output tokens, the device and dtypes. The
+    shard and the manifest), host_pauses (plain / traced, medians over the timed runs: the
+    garbage collector's collections and seconds, on CUDA the allocator's cudaMalloc calls and
+    retries, rltlab.common.profiling.host_pauses, and the CUDA graphs captured and their
+    seconds, which the warm-up runs should leave at 0), output tokens, the device and dtypes. The
     temporary traces are checked against the free disk space first (rltlab.traces.size).
     profile: after the timed runs, one more of each under torch.profiler (`profile`: plain and
     traced, rltlab.common.profiling.phase_profile): on a GPU, the device kernel time by class
@@ -494,6 +495,7 @@ def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: 
 
     from rltlab.common.profiling import host_pauses
     from rltlab.engine.llm import LLM
+    from rltlab.engine.static_decode import CAPTURE_STATS
     from rltlab.traces.size import check_disk, trace_bytes
 
     if not isinstance(llm, LLM):
@@ -542,11 +544,15 @@ def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: 
 
     def timed(fn, *args):
         _sync(engine)
+        captured = dict(CAPTURE_STATS)
         with host_pauses() as counts:
             t0 = time.perf_counter()
             result = fn(*args)
             _sync(engine)
             seconds = time.perf_counter() - t0
+        # one-off work the warm-up runs should have done: CUDA graphs captured in a timed run
+        counts.update(graphs_captured=CAPTURE_STATS["graphs"] - captured["graphs"],
+                      capture_s=round(CAPTURE_STATS["seconds"] - captured["seconds"], 4))
         pauses["plain" if fn is plain else "traced"].append(counts)
         return result, seconds
 
