@@ -112,3 +112,10 @@ def test_bad_kv_memory_dtype_or_scale_is_a_usage_error(module, option, value, me
     --dtype fp32 an AttributeError from torch; --scale 0 ran the minimum sizes without a word."""
     assert _run_as_main(module, ["--preset", "tiny", option, value], monkeypatch) == 2
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_gemv_bench_refuses_a_row_count_below_one(capsys, monkeypatch):
+    """Checked before the bench looks for a GPU: a usage line, not a GPU message."""
+    assert _run_as_main("rltlab.bench.gemv", ["--cublas-rows", "128", "0"], monkeypatch) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "error: --rows and --cublas-rows take row counts >= 1")

@@ -17,6 +17,10 @@ num_stages, SPLIT_K); split-K candidates (kernels/small_batch.py) are among them
 and down projections.
 --pdl launches the Triton kernels with programmatic dependent launch (rltlab.kernels.pdl), as the
 engine's one-row rounds do on Hopper; its sweep then covers the one-row tiles only.
+--cublas-rows M [M ...] also times cuBLAS alone on each matmul at those row counts (any M, e.g.
+the 128 rows of a closed loop's decode step, where the engine leaves every matmul to cuBLAS):
+ms per call, and the share of the copy bandwidth its weight bytes reach (the weakest shape is
+where a decode step's matmul time goes past its weight bytes).
 --config takes the shape from a config.json instead of --preset; --dtype float32 times the fp32
 paths (several rows as FMA products, kernels/small_batch.py); its sweep covers only the FMA
 tiles, at each --rows count above one.
@@ -108,9 +112,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--shapes", nargs="+", default=None,
                     choices=("qkv", "o", "gate_up", "down"),
                     help="sweep only these of the layer's matmuls (default: all four)")
+    ap.add_argument("--cublas-rows", type=int, nargs="+", default=[], metavar="M",
+                    help="also time cuBLAS alone per matmul at these row counts: ms per call "
+                         "and %% of the copy bandwidth its weight bytes reach")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if any(m < 1 for m in args.rows + args.cublas_rows):
+        ap.error("--rows and --cublas-rows take row counts >= 1")
     if not torch.cuda.is_available():
         raise SystemExit("rltlab.bench.gemv times CUDA graphs: it needs a GPU")
     from rltlab.model.presets import PRESETS
@@ -128,7 +137,7 @@ def main(argv=None) -> dict:
               "device": torch.cuda.get_device_name(),
               "pdl": args.pdl,
               "copy_bandwidth_gb_s": copy_bandwidth(dev), "round_weight_bytes": round_bytes,
-              "tiles": {}, "rows": {}}
+              "tiles": {}, "rows": {}, "cublas_rows": {}}
 
     triton_gemv = functools.partial(small_m_linear, pdl=args.pdl)
 
@@ -185,6 +194,18 @@ def main(argv=None) -> dict:
                for label, t in ms.items()},
             "speedup": round(ms["cublas"] / ms["triton"], 3)}
         print(f"rows={m}: {json.dumps(result['rows'][m])}", flush=True)
+    for m in args.cublas_rows:
+        per_shape = {}
+        for name, (n, k, _) in shapes.items():
+            x = torch.randn(m, k, device=dev, dtype=dtype, generator=gen)
+            ms = graph_ms(lambda: [F.linear(x, w) for w in weights[name]], args.repeats) / layers
+            weight_bytes = n * k * dtype.itemsize
+            per_shape[name] = {
+                "N": n, "K": k, "ms_per_call": round(ms, 5),
+                "weight_pct_of_copy_bw": round(100 * weight_bytes / (ms / 1e3) / 1e9
+                                               / result["copy_bandwidth_gb_s"], 1)}
+        result["cublas_rows"][m] = per_shape
+        print(f"cublas rows={m}: {json.dumps(per_shape)}", flush=True)
     if args.out:
         write_text_atomic(args.out, json.dumps(result, indent=1))
     print(json.dumps(result))
