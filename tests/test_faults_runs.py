@@ -244,18 +244,25 @@ def test_run_dir_that_cannot_be_a_directory_is_refused_in_one_line(tmp_path, cap
 
 def test_inputs_a_notebook_would_miss_mid_run_are_refused_before_anything_is_written(
         tmp_path, capsys, monkeypatch):
-    """A MODEL_DIR or TRACE_DIR that is not a directory, TASKS gsm8k without GSM8K_PATH, a
-    GSM8K_PATH that is no file, --start-over without a run directory: each failed inside the
-    notebook (one after a 478 s evaluation), leaving a failed run directory. Now: one error
-    line, exit 2, nothing written; through the API a RunRefused."""
+    """A MODEL_DIR or TRACE_DIR that is not a directory, a MODEL_DIR without a checkpoint's
+    files, TASKS gsm8k without GSM8K_PATH, a GSM8K_PATH that is no file, --start-over without
+    a run directory: each failed inside the notebook (one after a
+    478 s evaluation), leaving a failed run directory. Now: one error line, exit 2, nothing
+    written; through the API a RunRefused."""
     monkeypatch.setenv("RLTLAB_RUNS_DIR", str(tmp_path / "runs"))
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
+    no_model = tmp_path / "not-a-model"
+    no_model.mkdir()
+    (no_model / "config.json").write_text("{}")
     cases = [("04", ["-p", "MODEL_DIR", str(tmp_path / "none")], "MODEL_DIR", "not a directory"),
              ("04", ["-p", "MODEL_DIR", str(a_file)], "MODEL_DIR", "not a directory"),
+             ("04", ["-p", "MODEL_DIR", str(no_model)], "MODEL_DIR",
+              "not a checkpoint directory, it has no tokenizer.json, model.safetensors"),
              ("03", ["-p", "TRACE_DIR", str(tmp_path / "none")], "TRACE_DIR", "not a directory"),
              ("04", ["-p", "TASKS", "gsm8k"], "TASKS", "needs GSM8K_PATH"),
              ("04", ["-p", "GSM8K_PATH", str(tmp_path / "no.jsonl")], "GSM8K_PATH", "no such file"),
+             ("04", ["-p", "GSM8K_PATH", str(no_model)], "GSM8K_PATH", "a directory, not a file"),
              ("04", ["--start-over"], "--start-over", "--run-dir")]
     before = _snapshot(tmp_path)
     for notebook, argv, name, message in cases:
@@ -269,6 +276,21 @@ def test_inputs_a_notebook_would_miss_mid_run_are_refused_before_anything_is_wri
                                       progress=False)
             assert type(refused.value).__name__ == "RunRefused"
     assert _snapshot(tmp_path) == before
+
+
+def test_an_empty_sweep_that_would_break_the_notebook_is_refused(tmp_path, capsys,
+                                                                monkeypatch):
+    """`-p THRESHOLDS "[]"` to notebook 10 passed the checks and failed after 28 s ("a curve
+    needs at least one point"), leaving a failed run directory: now one line, exit 2. (The
+    other notebooks' sweeps run empty: 02's and 04's each skip that family.)"""
+    monkeypatch.setenv("RLTLAB_RUNS_DIR", str(tmp_path / "runs"))
+    before = _snapshot(tmp_path)
+    assert _cli("run", "10", "-p", "THRESHOLDS", "[]", "--no-progress") == 2
+    err = capsys.readouterr().err
+    assert err == "error: parameter THRESHOLDS=[]: THRESHOLDS must not be empty\n", err
+    assert _snapshot(tmp_path) == before
+    spec = runs.notebook_parameters(runs.resolve_notebook("10"))["THRESHOLDS"]
+    assert spec["non_empty"] and spec["bounds"] == [(">=", 0.0), ("<=", 1.0)]
 
 
 # ----------------------------------------------------------------------------- C3

@@ -32,6 +32,22 @@ def test_quality_vs_depth(tmp_path):
         plots.plot_quality_vs_depth([{"x": 1}], tmp_path)
 
 
+def test_quality_vs_depth_keeps_error_bars_in_view(tmp_path, monkeypatch):
+    """The y axis stopped at 1.1 x the best quality, cutting off a 95 +- 10 point's bar."""
+    tops = []
+    real = plots.save_figure
+
+    def keep(fig, out_dir, stem):
+        tops.append(fig.axes[0].get_ylim()[1])
+        return real(fig, out_dir, stem)
+
+    monkeypatch.setattr(plots, "save_figure", keep)
+    rows = [{"policy": "q", "mean_rounds": 2.0, "quality": 95.0, "se": 10.0},
+            {"policy": "q", "mean_rounds": 3.0, "quality": 90.0, "se": 2.0}]
+    plots.plot_quality_vs_depth(rows, tmp_path, yerr="se")
+    assert tops[0] >= 105
+
+
 def test_pareto_front():
     idx = plots.pareto_front([1, 2, 3, 2.5], [0.5, 0.4, 0.9, 0.95])
     assert idx.tolist() == [0, 3]

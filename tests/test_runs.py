@@ -60,6 +60,9 @@ def test_shipped_notebooks_bound_their_numbers_and_explain_bare_names():
         runs.coerce_parameters(evaluate, {"THRESHOLDS": "[0.5, 2]"})
     with pytest.raises(ValueError, match="bare name such as nan"):
         runs.coerce_parameters(evaluate, {"THRESHOLDS": "[0.5, nan]"})
+    # notebook 02's evaluation needs a text row (TEXT_ROWS 0 passed, then failed inside)
+    with pytest.raises(ValueError, match="TEXT_ROWS.*>= 1"):
+        runs.coerce_parameters(runs.resolve_notebook("02"), {"TEXT_ROWS": "0"})
 
 
 def test_resolve_notebook_short_names(tmp_path, monkeypatch):
@@ -130,3 +133,19 @@ def test_cli_run_and_runs(tmp_path, monkeypatch, capsys):
     assert runs_cli.main(parser.parse_args(["runs"])) == 0
     table = capsys.readouterr().out
     assert "-cli" in table and "finished" in table and "steps=2" in table
+
+
+def test_the_workbench_silences_tqdms_missing_widgets_warning():
+    """Every cell with a progress bar printed tqdm's "IProgress not found" warning under
+    papermill (no ipywidgets); the text bars it falls back to are what the notebooks want. In a
+    fresh interpreter, as a notebook kernel imports the workbench (pytest resets filters)."""
+    import subprocess
+    import sys
+
+    code = ("import warnings, rltlab.workbench\n"
+            "warnings.warn('IProgress not found. Please update jupyter and ipywidgets.')\n"
+            "warnings.warn('another warning')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0
+    assert "another warning" in done.stderr and "IProgress" not in done.stderr

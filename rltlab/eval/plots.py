@@ -76,7 +76,8 @@ def plot_quality_vs_depth(df: Any, out_dir: str | os.PathLike, *, x: str = "mean
     ax.set_xlabel("mean executed rounds per decode token (rounds)")
     ax.set_ylabel(quality_label)
     if (df[y] >= 0).all():
-        ax.set_ylim(bottom=0, top=max(1.0, float(df[y].max()) * 1.1))
+        top = df[y] + (df[yerr].fillna(0) if yerr and yerr in df else 0)   # error bars in view
+        ax.set_ylim(bottom=0, top=max(1.0, float(top.max()) * 1.1))
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(title=policy, fontsize=8)

@@ -86,7 +86,8 @@ def lookahead_row(state: LoopState, name: str, threshold: float, label: str,
         state.tokenizer, state.problems, cfg, R, llm.llm_engine.eos_token_id)
     seconds = time.perf_counter() - start
     hist = {int(d): n for d, n in res.get("executed_hist", {}).items()}
-    row = {"policy": label, "setting": f"p>={threshold:g}", "threshold": None, "depth": None,
+    shown = f"p>={round(threshold, 4):g}"   # as notebook 02 shows a calibrated threshold
+    row = {"policy": label, "setting": shown, "threshold": None, "depth": None,
            "lookahead_threshold": threshold, "calibrated": calibrated,
            "quality": 100 * res["exact_match"], "quality_se": 100 * res["exact_match_se"],
            "mean_rounds": res.get("mean_executed", math.nan),
@@ -97,7 +98,7 @@ def lookahead_row(state: LoopState, name: str, threshold: float, label: str,
            "fire_rate": hist.get(exit_round, 0) / max(1, sum(hist.values()))
            if exit_round < R else None,
            "seconds": round(seconds, 3), "tokens_per_s": res["output_tokens"] / seconds,
-           "key": f"{label} p>={threshold:g}"}
+           "key": f"{label} {shown}"}
     if full is not None:
         d = paired_difference(res["scores"], before["scores"][full["key"]])
         row.update(diff_vs_full_pp=100 * d.diff, diff_vs_full_se_pp=100 * d.se)

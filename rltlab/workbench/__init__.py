@@ -8,7 +8,12 @@ It re-exports the stage functions that notebooks call, so a notebook needs one i
 names resolve on first use (PEP 562), so `rltlab runs` and `rltlab run` start without
 importing torch and the engine.
 """
+import warnings
 from importlib import import_module
+
+# tqdm.auto in a notebook kernel without ipywidgets (papermill's, or a plain Jupyter install)
+# falls back to text bars, and warns into every cell that shows one.
+warnings.filterwarnings("ignore", message="IProgress not found")
 
 _HOMES = {
     "fixed_params": "rltlab.engine.sampling", "q_exit_params": "rltlab.engine.sampling",

@@ -1,10 +1,11 @@
 """The ``parameters`` cell of a workbench notebook: names, defaults, types, help and bounds.
 
 Every top-level ``NAME = <literal>  # help`` line of the cell is a parameter. A help comment may
-end with bounds in brackets, which every value must meet (each element of a list):
+end with bounds in brackets, which every value must meet (each element of a list), and which
+may begin with "non-empty" for a list that an empty value would break:
 
     NUM_PROMPTS = 64  # training-split arithmetic prompts [>= 1]
-    THRESHOLDS = [0.3, 0.5, 1.0]  # Q-exit threshold sweep [>= 0, <= 1]
+    THRESHOLDS = [0.3, 0.5, 1.0]  # Q-exit threshold sweep [non-empty, >= 0, <= 1]
 
 Values given as strings (from the CLI) are converted to the type of the default; unknown names
 are rejected with the list of known ones; a value out of bounds is rejected naming the
@@ -32,7 +33,7 @@ import tokenize
 from pathlib import Path
 from typing import Any
 
-_BOUNDS_RE = re.compile(r"\s*\[((?:\s*[<>]=?\s*-?[0-9.eE+-]+\s*,?)+)\]\s*$")
+_BOUNDS_RE = re.compile(r"\s*\[\s*(non-empty\s*(?:,|(?=\])))?((?:\s*[<>]=?\s*-?[0-9.eE+-]+\s*,?)*)\]\s*$")
 _BOUND_RE = re.compile(r"([<>]=?)\s*(-?[0-9.eE+-]+)")
 _CHOICES_RE = re.compile(r"\s*\[one of:\s*([^\]]+)\]\s*$")
 DEVICE_PARAMETER = "DEVICE"
@@ -62,7 +63,8 @@ def notebook_parameters(notebook_path: str | os.PathLike) -> dict[str, dict[str,
     Parsed with `ast` (papermill's own inspection trips over '=' inside comments): every
     top-level ``NAME = <literal>`` assignment is a parameter; `type` is the default's type
     name (an annotation wins), `help` the trailing comment, `bounds` the [(op, number)] pairs
-    at the end of the help comment, `choices` the values of a trailing "[one of: a, b]".
+    at the end of the help comment and `non_empty` whether they begin with "non-empty",
+    `choices` the values of a trailing "[one of: a, b]".
     """
     import nbformat
 
@@ -96,11 +98,13 @@ def notebook_parameters(notebook_path: str | os.PathLike) -> dict[str, dict[str,
         type_name = annotation or (type(default).__name__ if literal else "expr")
         help_text = comments.get(node.lineno, "")
         match = _BOUNDS_RE.search(help_text)
-        bounds = [(op, float(num)) for op, num in _BOUND_RE.findall(match.group(1))] \
+        if match and not (match.group(1) or match.group(2).strip()):
+            match = None   # "[]": no bounds
+        bounds = [(op, float(num)) for op, num in _BOUND_RE.findall(match.group(2))] \
             if match else []
         choices = _CHOICES_RE.search(help_text)
         params[name] = {"default": default, "type": type_name, "help": help_text,
-                        "bounds": bounds,
+                        "bounds": bounds, "non_empty": bool(match and match.group(1)),
                         "choices": [c.strip() for c in choices.group(1).split(",") if c.strip()]
                         if choices else []}
     return params
@@ -134,6 +138,9 @@ def check_bounds(known: dict[str, dict[str, Any]], values: dict[str, Any],
         _check_choices(name, value, spec, source)
         if name == DEVICE_PARAMETER:
             _check_device(name, value, source)
+        if spec.get("non_empty") and isinstance(value, (list, tuple)) and not value:
+            origin = f" (from {source})" if source else ""
+            raise ValueError(f"parameter {name}={value!r}{origin}: {name} must not be empty")
         bounds = spec.get("bounds")
         if not bounds or (value is None and spec["default"] is None):
             continue
@@ -153,18 +160,30 @@ def check_inputs(known: dict[str, dict[str, Any]], values: dict[str, Any],
                  source: str | None = None) -> None:
     """Raise ValueError in one line for inputs a notebook would only find missing after it
     started (its defaults where `values` has no entry): a MODEL_DIR or TRACE_DIR that is not
-    a directory, TASKS "gsm8k" without GSM8K_PATH, a GSM8K_PATH that is not a file."""
+    a directory, a MODEL_DIR without a checkpoint's files (config.json, tokenizer.json,
+    model.safetensors or its index), TASKS "gsm8k" without GSM8K_PATH, a GSM8K_PATH that is
+    not a file."""
     value = {name: values.get(name, spec["default"]) for name, spec in known.items()}
     origin = f" (from {source})" if source else ""
     for name in ("MODEL_DIR", "TRACE_DIR"):
         if value.get(name) is not None and not Path(value[name]).expanduser().is_dir():
             raise ValueError(f"parameter {name}={value[name]!r}{origin}: not a directory")
+    if value.get("MODEL_DIR") is not None:
+        root = Path(value["MODEL_DIR"]).expanduser()
+        missing = [f for f in ("config.json", "tokenizer.json") if not (root / f).is_file()]
+        if not any((root / f).is_file() for f in ("model.safetensors",
+                                                  "model.safetensors.index.json")):
+            missing.append("model.safetensors (or model.safetensors.index.json)")
+        if missing:
+            raise ValueError(f"parameter MODEL_DIR={value['MODEL_DIR']!r}{origin}: not a "
+                             f"checkpoint directory, it has no {', '.join(missing)}")
     if value.get("TASKS") == "gsm8k" and not value.get("GSM8K_PATH"):
         raise ValueError(f"parameter TASKS='gsm8k'{origin} needs GSM8K_PATH: a local JSONL of "
                          "question / answer records")
     path = value.get("GSM8K_PATH")
     if path is not None and not Path(path).expanduser().is_file():
-        raise ValueError(f"parameter GSM8K_PATH={path!r}{origin}: no such file")
+        what = "a directory, not a file" if Path(path).expanduser().is_dir() else "no such file"
+        raise ValueError(f"parameter GSM8K_PATH={path!r}{origin}: {what}")
 
 
 def _check_choices(name: str, value: Any, spec: dict[str, Any], source: str | None) -> None:
