@@ -1,6 +1,7 @@
 """python -m rltlab.bench.pipeline: every notebook through `rltlab run` on a stand-in (or a given
 checkpoint), one JSON row per notebook with the keys issue 59's pipeline record names."""
 import json
+import shutil
 
 import pytest
 
@@ -42,9 +43,12 @@ def test_a_standin_runs_through_the_notebook_and_each_run_is_a_row(tmp_path, cap
 
 
 def test_a_failing_notebook_is_a_row_with_its_error(tmp_path, capsys):
-    broken = tmp_path / "broken"    # a config.json, but no checkpoint: the notebook fails
+    # a checkpoint's files (rltlab run's check passes), an empty config: the notebook fails
+    broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text("{}")
+    (broken / "model.safetensors").write_bytes(b"")
+    shutil.copy(embedded_model_dir() / "tokenizer.json", broken / "tokenizer.json")
     result = pipeline.main(["--model", str(broken), "--work-dir", str(tmp_path),
                             "--notebooks", "04", "--param", "04", "NUM_PROBLEMS", "3"])
     (row,) = result["runs"]
@@ -52,7 +56,7 @@ def test_a_failing_notebook_is_a_row_with_its_error(tmp_path, capsys):
     assert str(broken) in row["log_tail"]
     assert row["device"] is None and row["headline"] is None
     out = capsys.readouterr().out   # the failure is printed too, with no "None GiB"
-    assert f"[pipeline] 04_evaluate failed: FileNotFoundError: {broken}" in out
+    assert f"[pipeline] 04_evaluate failed: ValueError: {broken}/config.json: config has no" in out
     assert "None GiB" not in out
 
 
