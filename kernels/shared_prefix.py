@@ -205,7 +205,8 @@ def launch_shared_prefix(q, k_cache, v_cache, planes, block_tables, context_lens
     block_m = max(16, triton.next_power_of_2(MAX_MEMBERS * group))
     _shared_prefix_kernel[(num_kv_heads * prefix[0], batch)](
         q, k_cache, v_cache, planes, block_tables, context_lens, shared.length, shared.members,
-        part, lse, batch, num_heads, scale_log2, k_cache.shape[2], prefix[1], own[0], lse.shape[2], *own,
+        part, lse, batch, num_heads, scale_log2, k_cache.shape[2], prefix[1], own[0],
+        lse.shape[2], *own,
         q.stride(0), q.stride(1),
         *k_cache.stride()[:4], *v_cache.stride()[:4],
         block_tables.stride(0), shared.members.stride(0),

@@ -34,7 +34,8 @@ SCRIPT = textwrap.dedent("""
                      types.get(name, "*i32" if name.endswith("_ptr") else "i32")
                      for name in kernel.arg_names}
         aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
-                   if name not in constexprs and (name.endswith("_ptr") or name.startswith("stride"))}
+                   if name not in constexprs
+                   and (name.endswith("_ptr") or name.startswith("stride"))}
         triton.compile(ASTSource(kernel, signature, constexprs, aligned),
                        target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": num_warps, "num_stages": num_stages,

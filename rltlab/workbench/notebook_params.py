@@ -33,7 +33,8 @@ import tokenize
 from pathlib import Path
 from typing import Any
 
-_BOUNDS_RE = re.compile(r"\s*\[\s*(non-empty\s*(?:,|(?=\])))?((?:\s*[<>]=?\s*-?[0-9.eE+-]+\s*,?)*)\]\s*$")
+_BOUNDS_RE = re.compile(r"\s*\[\s*(non-empty\s*(?:,|(?=\])))?"
+                        r"((?:\s*[<>]=?\s*-?[0-9.eE+-]+\s*,?)*)\]\s*$")
 _BOUND_RE = re.compile(r"([<>]=?)\s*(-?[0-9.eE+-]+)")
 _CHOICES_RE = re.compile(r"\s*\[one of:\s*([^\]]+)\]\s*$")
 DEVICE_PARAMETER = "DEVICE"
