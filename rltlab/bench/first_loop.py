@@ -22,7 +22,7 @@ from rltlab.bench.ceilings import ModelCosts
 from rltlab.bench.engine import WORKLOADS, make_llm, scaled, workload_params, workload_prompts
 from rltlab.bench.models import add_kv_argument, add_model_arguments, build_model, positive_scale
 from rltlab.common.environment import git_commit
-from rltlab.engine.static_decode import CAPTURE_STATS
+from rltlab.engine.static_decode import graphs_captured
 
 GOAL = 1.05
 
@@ -32,11 +32,11 @@ def two_loops(llm, prompts, params, concurrency: int, costs: ModelCosts) -> dict
     those captures took): what a warm-up missed."""
     walls, captures = [], []
     for _ in range(2):
-        before = dict(CAPTURE_STATS)
-        figures, _ = engine_checks.closed_loop(llm, prompts, params, concurrency, costs)
+        with graphs_captured() as captured:
+            figures, _ = engine_checks.closed_loop(llm, prompts, params, concurrency, costs)
         walls.append(figures["wall_s"])
-        captures.append({"graphs": CAPTURE_STATS["graphs"] - before["graphs"],
-                         "seconds": round(CAPTURE_STATS["seconds"] - before["seconds"], 3)})
+        captures.append({"graphs": captured["graphs"],
+                         "seconds": round(captured["seconds"], 3)})
     return {"first_wall_s": round(walls[0], 3), "second_wall_s": round(walls[1], 3),
             "first_over_second": round(walls[0] / walls[1], 4),
             "first_captures": captures[0], "second_captures": captures[1]}

@@ -30,6 +30,7 @@ context length 1; their outputs are never read.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -52,8 +53,19 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512
 
 # Graphs captured by capture_graph in this process and the host seconds they took (their
 # warm-ups' Triton specialisations included): rltlab.bench.first_loop reads what a closed loop
-# still captures after LLM.warm_up().
+# still captures after LLM.warm_up() (graphs_captured).
 CAPTURE_STATS = {"graphs": 0, "seconds": 0.0}
+
+
+@contextlib.contextmanager
+def graphs_captured():
+    """The graphs capture_graph made inside the block and their host seconds: a dict like
+    CAPTURE_STATS, filled once the block has ended."""
+    before, counts = dict(CAPTURE_STATS), {}
+    try:
+        yield counts
+    finally:
+        counts.update({k: CAPTURE_STATS[k] - before[k] for k in before})
 
 
 def capture_graph(fn, pool, warmup=None) -> torch.cuda.CUDAGraph:

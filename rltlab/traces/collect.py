@@ -495,7 +495,7 @@ def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: 
 
     from rltlab.common.profiling import host_pauses
     from rltlab.engine.llm import LLM
-    from rltlab.engine.static_decode import CAPTURE_STATS
+    from rltlab.engine.static_decode import graphs_captured
     from rltlab.traces.size import check_disk, trace_bytes
 
     if not isinstance(llm, LLM):
@@ -544,15 +544,14 @@ def collection_overhead(llm, prompts: Sequence[Sequence[int]], params, out_dir: 
 
     def timed(fn, *args):
         _sync(engine)
-        captured = dict(CAPTURE_STATS)
-        with host_pauses() as counts:
+        with host_pauses() as counts, graphs_captured() as captured:
             t0 = time.perf_counter()
             result = fn(*args)
             _sync(engine)
             seconds = time.perf_counter() - t0
         # one-off work the warm-up runs should have done: CUDA graphs captured in a timed run
-        counts.update(graphs_captured=CAPTURE_STATS["graphs"] - captured["graphs"],
-                      capture_s=round(CAPTURE_STATS["seconds"] - captured["seconds"], 4))
+        counts.update(graphs_captured=captured["graphs"],
+                      capture_s=round(captured["seconds"], 4))
         pauses["plain" if fn is plain else "traced"].append(counts)
         return result, seconds
 
